@@ -1,0 +1,8 @@
+"""nats-bridge: replicate NATS JetStream streams from edge servers into an aggregate stream, losing nothing.
+
+The package is layered like h11/wsproto: ``bridge.core`` holds pure state machines (no sockets, no clocks of
+their own), ``bridge.io`` the thin nats-py adapters, ``bridge.runtime`` the anyio task structure that drives
+one pipeline per source, and ``bridge.cli`` the commands.
+"""
+
+__version__ = "0.1.0"
