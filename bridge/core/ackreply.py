@@ -1,0 +1,62 @@
+"""Parsing of the JetStream ack subject that rides on every pushed data message.
+
+For ``ack_policy: flow_control`` nobody listens on this subject; it is pure metadata telling which stream and
+consumer sent the message, its stream sequence, its delivery sequence within the current consumer epoch, the
+store time and the pending count. Two layouts exist (protocol.md section 2.1, ADR-15):
+
+* v1, 9 tokens: ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts_ns>.<pending>``
+* v2, 11 or 12 tokens: ``$JS.ACK.<domain|_>.<account_hash>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts_ns>
+  .<pending>[.<random>]``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class AckInfo:
+    """What a data message's ack subject says about it."""
+
+    stream: str
+    consumer: str
+    delivered: int
+    stream_seq: int
+    consumer_seq: int
+    timestamp_ns: int
+    pending: int
+    domain: str | None = None
+    account_hash: str | None = None
+
+
+def parse_ack_subject(subject: str) -> AckInfo | None:
+    """Parse a v1 or v2 ``$JS.ACK`` subject; ``None`` when it is not one (wrong prefix, token count or numbers)."""
+    if not subject.startswith("$JS.ACK."):
+        return None
+    tokens = subject.split(".")
+    n = len(tokens)
+    domain: str | None
+    account_hash: str | None
+    if n == 9:
+        domain = account_hash = None
+        base = 2
+    elif n in (11, 12):
+        domain = None if tokens[2] == "_" else tokens[2]
+        account_hash = tokens[3]
+        base = 4
+    else:
+        return None
+    try:
+        return AckInfo(
+            stream=tokens[base],
+            consumer=tokens[base + 1],
+            delivered=int(tokens[base + 2]),
+            stream_seq=int(tokens[base + 3]),
+            consumer_seq=int(tokens[base + 4]),
+            timestamp_ns=int(tokens[base + 5]),
+            pending=int(tokens[base + 6]),
+            domain=domain,
+            account_hash=account_hash,
+        )
+    except ValueError:
+        return None

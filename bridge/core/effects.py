@@ -1,0 +1,68 @@
+"""What the engine asks its adapters to do. The engine only returns these; it never performs I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from bridge.core.pipeline import Entry
+
+
+class ResetCause(StrEnum):
+    """Why a RESET was requested (also a metrics label)."""
+
+    START = "start"
+    GAP = "gap"
+    REWIND = "rewind"
+    HEARTBEAT_MISMATCH = "heartbeat_mismatch"
+    SILENCE = "silence"
+    RECONNECT = "reconnect"
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Publish ``entry.message`` to the aggregate; report the outcome with ``(entry.order, attempt)``."""
+
+    entry: Entry
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerFlowControl:
+    """Publish a flow-control answer to ``subject``.
+
+    With ``last_consumer > 0`` the answer carries ``Nats-Last-Consumer``/``Nats-Last-Stream`` (a cumulative ack
+    of what is stored); with 0 it is an empty message that only releases the consumer's byte window.
+    """
+
+    subject: str
+    last_consumer: int
+    last_stream: int
+
+    @property
+    def acks(self) -> bool:
+        return self.last_consumer > 0 and self.last_stream > 0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReset:
+    """Stop taking deliveries, send ``CONSUMER.RESET`` (empty body: back to the ack floor), then take them again.
+
+    Report ``reset_succeeded(reset_seq)`` or ``reset_failed(reason)``.
+    """
+
+    cause: ResetCause
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A state change worth one log line (never per message)."""
+
+    event: str
+    level: str = "info"
+    fields: Mapping[str, object] = field(default_factory=dict)
+
+
+Effect = Publish | AnswerFlowControl | RequestReset | Notice

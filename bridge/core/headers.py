@@ -1,0 +1,114 @@
+"""What the bridge writes into the aggregate's headers, and what it does with the origin's headers.
+
+Provenance (every replicated message), under the ``Bridge-`` prefix because the server reserves ``Nats-``
+(2.15 rejects client publishes carrying ``Nats-Stream-Source``, error 10227):
+
+==================  =====================================================================================
+``Nats-Msg-Id``      ``<source>:<origin stream>:<origin seq>``: deterministic, so a retried publish is
+                     deduplicated by the target within its duplicate window
+``Bridge-Source``    the configured source name
+``Bridge-Stream``    the origin stream
+``Bridge-Seq``       the origin stream sequence
+``Bridge-Prev``      the origin sequence the bridge replicated just before this one (or the point a forward
+                     reset skipped to): links the copies into a chain so restart recovery can tell a
+                     contiguous run from one with a hole (see ``bridge.core.recovery``)
+``Bridge-Subject``   the origin subject (the aggregate subject may carry a prefix)
+``Bridge-Time``      the origin store time, nanoseconds since the epoch
+==================  =====================================================================================
+
+Origin headers policy: every header whose name starts with ``Nats-`` or ``Bridge-`` (any case) is kept, renamed
+to ``Bridge-Orig-<name>``; all others pass unchanged. Renaming rather than stripping loses nothing, and no origin
+header can make the target act: ``Nats-Expected-*`` would fail the publish, ``Nats-Batch-*`` would make it part
+of an atomic batch, ``Nats-Rollup`` would purge the aggregate, ``Nats-TTL`` would expire the copy (or be rejected
+without ``allow_msg_ttl``), ``Nats-Msg-Id`` would dedupe across sources, ``Nats-Stream-Source`` is rejected,
+``Nats-Schedule*``/``Nats-Incr`` would run schedules or counters, and a forged ``Bridge-Seq`` would corrupt
+recovery. The server's own sourcing strips ``Nats-Expected-*``/``Nats-Batch-*`` and stores with checks disabled;
+a client cannot, so one rule covers every present and future reserved header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MSG_ID = "Nats-Msg-Id"
+SOURCE = "Bridge-Source"
+STREAM = "Bridge-Stream"
+SEQ = "Bridge-Seq"
+PREV = "Bridge-Prev"
+SUBJECT = "Bridge-Subject"
+TIME = "Bridge-Time"
+ORIGINAL_PREFIX = "Bridge-Orig-"
+
+_RESERVED_PREFIXES = ("nats-", "bridge-")
+
+
+def msg_id(source: str, stream: str, stream_seq: int) -> str:
+    """The deterministic ``Nats-Msg-Id`` of one origin message."""
+    return f"{source}:{stream}:{stream_seq}"
+
+
+def rename_reserved(name: str) -> str:
+    """The name an origin header gets in the aggregate."""
+    if name.lower().startswith(_RESERVED_PREFIXES):
+        return ORIGINAL_PREFIX + name
+    return name
+
+
+def build_headers(
+    origin: Mapping[str, str] | None,
+    *,
+    source: str,
+    stream: str,
+    stream_seq: int,
+    prev_seq: int,
+    subject: str,
+    timestamp_ns: int,
+) -> dict[str, str]:
+    """Headers for the aggregate copy of one origin message: the origin's (policy applied) plus provenance."""
+    out: dict[str, str] = {}
+    if origin:
+        for name, value in origin.items():
+            out[rename_reserved(name)] = value
+    out[MSG_ID] = msg_id(source, stream, stream_seq)
+    out[SOURCE] = source
+    out[STREAM] = stream
+    out[SEQ] = str(stream_seq)
+    out[PREV] = str(prev_seq)
+    out[SUBJECT] = subject
+    out[TIME] = str(timestamp_ns)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """What an aggregate copy says about its origin."""
+
+    source: str
+    stream: str
+    stream_seq: int
+    prev_seq: int
+    subject: str
+    timestamp_ns: int
+
+
+def parse_provenance(headers: Mapping[str, str] | None) -> Provenance | None:
+    """Read provenance from an aggregate message's headers; ``None`` when it is not a bridge copy."""
+    if not headers:
+        return None
+    try:
+        return Provenance(
+            source=headers[SOURCE],
+            stream=headers[STREAM],
+            stream_seq=int(headers[SEQ]),
+            prev_seq=int(headers.get(PREV, "0")),
+            subject=headers.get(SUBJECT, ""),
+            timestamp_ns=int(headers.get(TIME, "0")),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def aggregate_subject(origin_subject: str, prefix: str | None) -> str:
+    """The subject a copy is published on: the origin subject, under ``prefix`` when one is configured."""
+    return f"{prefix}.{origin_subject}" if prefix else origin_subject

@@ -1,0 +1,84 @@
+"""Telling apart what a push consumer sends to its deliver subject: data, flow-control requests, heartbeats.
+
+All three arrive on the one deliver subject in one ordered stream (protocol.md section 2). The server's own test
+(``stream.go`` ``isControlMsg``): empty payload and a header block starting ``NATS/1.0 100``. A flow-control
+request carries a reply subject (``$JS.FC...``); an idle heartbeat does not, and carries ``Nats-Last-Consumer``,
+``Nats-Last-Stream`` and, while a flow-control request is unanswered, ``Nats-Consumer-Stalled``.
+nats-py presents the status line as the pseudo-headers ``Status`` and ``Description``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from bridge.core.ackreply import AckInfo, parse_ack_subject
+
+STATUS = "Status"
+DESCRIPTION = "Description"
+LAST_CONSUMER = "Nats-Last-Consumer"
+LAST_STREAM = "Nats-Last-Stream"
+CONSUMER_STALLED = "Nats-Consumer-Stalled"
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """A stored message delivered by the consumer."""
+
+    ack: AckInfo
+    subject: str
+    headers: Mapping[str, str] | None
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControlRequest:
+    """The server asks for a flow-control answer on ``reply``; it covers every delivery before it."""
+
+    reply: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Idle heartbeat: the consumer's last delivery sequence and, if any, the unanswered flow-control subject."""
+
+    last_consumer: int | None
+    last_stream: int | None
+    stalled: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unrecognised:
+    """Something on the deliver subject that is none of the above (kept to count and log, never to act on)."""
+
+    reason: str
+
+
+Inbound = Data | FlowControlRequest | Heartbeat | Unrecognised
+
+
+def _int_or_none(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def classify(subject: str, reply: str, headers: Mapping[str, str] | None, payload: bytes) -> Inbound:
+    """Classify one message received on the deliver subject."""
+    if headers is not None and not payload and headers.get(STATUS) == "100":
+        if reply:
+            return FlowControlRequest(reply)
+        return Heartbeat(
+            last_consumer=_int_or_none(headers.get(LAST_CONSUMER)),
+            last_stream=_int_or_none(headers.get(LAST_STREAM)),
+            stalled=headers.get(CONSUMER_STALLED) or None,
+        )
+    if headers is not None and STATUS in headers:
+        return Unrecognised(f"status {headers.get(STATUS)} {headers.get(DESCRIPTION, '')}".strip())
+    ack = parse_ack_subject(reply) if reply else None
+    if ack is None:
+        return Unrecognised(f"no JetStream ack subject (reply {reply!r})")
+    return Data(ack=ack, subject=subject, headers=headers, payload=payload)

@@ -1,0 +1,269 @@
+"""The ordered, pipelined publish window of one source and the stored watermark it proves.
+
+Entries are kept in origin order. Up to ``window`` publishes are un-acked at once (never one await per message);
+the watermark advances only over the contiguous prefix of entries the target acknowledged, so a fast ack for a
+later message never vouches for an earlier one. A failed publish (error ack, ack timeout, connection loss) is
+never skipped: the pipeline turns *degraded*, stops sending new entries, and after a backoff re-sends the
+earliest failed entry alone as a probe, with the same ``Nats-Msg-Id``. When the probe is stored the remaining
+failed entries are re-sent in order, then new ones resume. A message the target can never store therefore
+blocks its source (and only its source), retried with backoff, reported by ``blocked``.
+
+Each entry carries a per-attempt token (``order``, ``attempt``). An ack for any attempt proves the message stored
+(a late success of an earlier attempt is still a success); a failure counts only for the current attempt.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+
+from bridge.core.backoff import Backoff
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundMessage:
+    """One message to publish to the aggregate."""
+
+    subject: str
+    headers: dict[str, str]
+    payload: bytes
+
+
+class EntryState(Enum):
+    QUEUED = "queued"
+    SENT = "sent"
+    FAILED = "failed"
+    STORED = "stored"
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One origin message (or a marker with no message) travelling through the pipeline."""
+
+    order: int
+    stream_seq: int
+    message: OutboundMessage | None
+    state: EntryState
+    attempt: int = 0
+    deadline: float = 0.0
+    last_error: str = ""
+
+    def __lt__(self, other: Entry) -> bool:
+        return self.order < other.order
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Publish ``entry.message`` now; its ack comes back with ``(entry.order, attempt)``."""
+
+    entry: Entry
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Why the pipeline is not moving: the earliest failed entry, since when, and what the target said."""
+
+    stream_seq: int
+    since: float
+    reason: str
+    attempts: int
+
+
+@dataclass
+class PublishPipeline:
+    """Pipelined publishing with an in-order stored watermark. Pure: time is passed in."""
+
+    window: int
+    ack_timeout: float
+    retry: Backoff
+    watermark: int = 0
+
+    _entries: deque[Entry] = field(default_factory=deque)
+    _fresh: deque[Entry] = field(default_factory=deque)
+    _retry: list[Entry] = field(default_factory=list)
+    _by_order: dict[int, Entry] = field(default_factory=dict)
+    _in_flight: OrderedDict[int, Entry] = field(default_factory=OrderedDict)
+    _next_order: int = 1
+    _degraded: bool = False
+    _probe: Entry | None = None
+    _retry_at: float = 0.0
+    _failures: int = 0
+    _blocked_since: float = 0.0
+    stored_messages: int = 0
+
+    # -- feeding --------------------------------------------------------------------------------------------
+
+    def add(self, stream_seq: int, message: OutboundMessage) -> None:
+        """Queue an origin message for publishing (after every entry already queued)."""
+        entry = Entry(self._next_order, stream_seq, message, EntryState.QUEUED)
+        self._next_order += 1
+        self._entries.append(entry)
+        self._fresh.append(entry)
+        self._by_order[entry.order] = entry
+
+    def add_stored(self, stream_seq: int) -> bool:
+        """Record ``stream_seq`` as already in the target (found there at recovery, or skipped by a forward reset).
+
+        Returns True when the watermark advanced.
+        """
+        entry = Entry(self._next_order, stream_seq, None, EntryState.STORED)
+        self._next_order += 1
+        self._entries.append(entry)
+        return self._advance()
+
+    # -- sending ------------------------------------------------------------------------------------------
+
+    def take_sendable(self, now: float) -> list[Send]:
+        """Entries to publish now, in order, respecting the window and the degraded-mode probe."""
+        out: list[Send] = []
+        if self._degraded:
+            if self._probe is None and self._retry and now >= self._retry_at:
+                self._probe = self._retry.pop(0)
+                out.append(self._send(self._probe, now))
+            return out
+        while self._retry and len(self._in_flight) < self.window:
+            out.append(self._send(self._retry.pop(0), now))
+        while self._fresh and len(self._in_flight) < self.window:
+            out.append(self._send(self._fresh.popleft(), now))
+        return out
+
+    def _send(self, entry: Entry, now: float) -> Send:
+        entry.state = EntryState.SENT
+        entry.attempt += 1
+        entry.deadline = now + self.ack_timeout
+        self._in_flight.pop(entry.order, None)
+        self._in_flight[entry.order] = entry
+        return Send(entry, entry.attempt)
+
+    # -- outcomes -----------------------------------------------------------------------------------------
+
+    def stored(self, order: int, attempt: int) -> bool:
+        """The target stored (or already had) entry ``order``. Returns True when the watermark advanced."""
+        entry = self._by_order.get(order)
+        if entry is None or entry.state is EntryState.STORED:
+            return False
+        if entry.state is EntryState.FAILED:
+            # a late success of an earlier attempt: stored all the same, no longer to retry
+            i = bisect.bisect_left(self._retry, entry)
+            if i < len(self._retry) and self._retry[i] is entry:
+                del self._retry[i]
+        entry.state = EntryState.STORED
+        self.stored_messages += 1
+        self._in_flight.pop(order, None)
+        was_probe = entry is self._probe
+        if was_probe:
+            self._probe = None
+        if self._degraded and (was_probe or (self._probe is None and not self._retry)):
+            # the earliest failed message got through: re-send the others in order, then resume
+            self._degraded = False
+            self._failures = 0
+        return self._advance()
+
+    def failed(self, order: int, attempt: int, reason: str, now: float) -> bool:
+        """The current attempt of entry ``order`` failed. Returns True when this newly blocks the pipeline."""
+        entry = self._by_order.get(order)
+        if entry is None or entry.state is not EntryState.SENT or entry.attempt != attempt:
+            return False
+        return self._fail(entry, reason, now)
+
+    def _fail(self, entry: Entry, reason: str, now: float) -> bool:
+        entry.state = EntryState.FAILED
+        entry.last_error = reason
+        self._in_flight.pop(entry.order, None)
+        bisect.insort(self._retry, entry)
+        newly = not self._degraded
+        if entry is self._probe or newly:
+            # a failed probe (or the first failure) sets the next probe time; failures of messages sent
+            # before the pipeline degraded do not push it further
+            self._probe = None
+            self._failures += 1
+            self._retry_at = now + self.retry.delay(self._failures)
+        if newly:
+            self._degraded = True
+            self._blocked_since = now
+        return newly
+
+    def expire(self, now: float) -> list[Entry]:
+        """Fail every sent entry whose ack is overdue; returns them."""
+        expired: list[Entry] = []
+        while self._in_flight:
+            entry = next(iter(self._in_flight.values()))
+            if entry.deadline > now:
+                break
+            expired.append(entry)
+            self._fail(entry, f"no publish ack within {self.ack_timeout:g}s", now)
+        return expired
+
+    def fail_in_flight(self, reason: str, now: float) -> int:
+        """Every sent entry is presumed failed (e.g. the target connection was lost). Returns how many."""
+        entries = list(self._in_flight.values())
+        for entry in entries:
+            self._fail(entry, reason, now)
+        return len(entries)
+
+    def retry_now(self) -> None:
+        """Bring the next probe forward (the target is back); the backoff level is kept."""
+        self._retry_at = 0.0
+
+    # -- watermark ----------------------------------------------------------------------------------------
+
+    def _advance(self) -> bool:
+        advanced = False
+        entries = self._entries
+        while entries and entries[0].state is EntryState.STORED:
+            entry = entries.popleft()
+            self._by_order.pop(entry.order, None)
+            if entry.stream_seq > self.watermark:
+                self.watermark = entry.stream_seq
+                advanced = True
+        return advanced
+
+    # -- views --------------------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def backlog(self) -> int:
+        """Entries not yet stored (queued, sent or failed)."""
+        return sum(1 for e in self._entries if e.state is not EntryState.STORED)
+
+    @property
+    def empty(self) -> bool:
+        return not self._entries
+
+    @property
+    def failures(self) -> int:
+        """Consecutive failed attempts of the message blocking the pipeline (0 while it flows)."""
+        return self._failures
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded
+
+    @property
+    def blocked(self) -> Blocked | None:
+        """The reason the pipeline is blocked, or None while it flows."""
+        if not self._degraded:
+            return None
+        head = self._probe if self._probe is not None else (self._retry[0] if self._retry else None)
+        if head is None:
+            return None
+        return Blocked(head.stream_seq, self._blocked_since, head.last_error, self._failures)
+
+    def next_deadline(self) -> float | None:
+        """The earliest time ``take_sendable`` or ``expire`` has something to do."""
+        times = []
+        if self._in_flight:
+            times.append(next(iter(self._in_flight.values())).deadline)
+        if self._degraded and self._probe is None and self._retry:
+            times.append(self._retry_at)
+        return min(times) if times else None
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries)

@@ -1,0 +1,140 @@
+"""Reading a source's newest copies back from the aggregate, for restart recovery.
+
+The server's own sourcing scans its destination backwards for the newest ``Nats-Stream-Source`` per source
+(protocol.md 4.4). A client cannot read backwards, so this reads backwards in forward chunks: positions
+``[hi - n + 1, hi]``, then the chunk below it with ``n`` doubled, until it has ``depth`` copies of the source or
+reaches the first message. Each chunk is one batched Direct Get (``{"seq", "batch", "next_by_subj"}``, ended by a
+``204 EOB`` status; ``adr-jetstream-direct-get.txt``) when the stream allows direct access, else one
+``STREAM.MSG.GET`` per message. With a ``subject_prefix`` the server filters other sources out; without one
+every message of the chunk is read and its ``Bridge-Source`` compared.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import anyio
+from nats.aio.client import Client as NATS
+
+from bridge.core import headers as hdr
+from bridge.core.recovery import Copy
+from bridge.errors import TargetUnavailable
+from bridge.io.jsapi import ApiError, JsApi
+
+MAX_CHUNK = 65536
+BATCH = 1024
+MAX_BYTES = 8 * 1024 * 1024
+
+
+def parse_header_block(raw: bytes) -> dict[str, str]:
+    """Parse a ``NATS/1.0`` header block (as returned base64 by ``STREAM.MSG.GET``)."""
+    out: dict[str, str] = {}
+    for line in raw.decode(errors="replace").split("\r\n")[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            out[name.strip()] = value.strip()
+    return out
+
+
+async def read_source_tail(
+    nc: NATS, api: JsApi, stream: str, source: str, subject_filter: str, depth: int, timeout: float
+) -> list[Copy]:
+    """Up to ``depth`` of the newest copies of ``source`` in ``stream`` (fewer if the stream has fewer)."""
+    try:
+        info = await api.stream_info(stream, timeout=timeout)
+    except ApiError as exc:
+        raise TargetUnavailable(f"aggregate stream {stream!r}: {exc.description}") from exc
+    state = info.get("state", {})
+    first, last = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
+    direct = bool(info.get("config", {}).get("allow_direct"))
+    copies: list[Copy] = []
+    if last == 0 or state.get("messages", 0) == 0:
+        return copies
+    hi, chunk = last, 1024
+    while hi >= first and len(copies) < depth:
+        lo = max(first, hi - chunk + 1)
+        if direct:
+            found = await _direct_range(nc, api, stream, lo, hi, subject_filter, timeout)
+        else:
+            found = await _msg_get_range(api, stream, lo, hi, subject_filter, timeout)
+        for headers in found:
+            prov = hdr.parse_provenance(headers)
+            if prov is not None and prov.source == source:
+                copies.append(Copy(prov.stream_seq, prov.prev_seq))
+        hi, chunk = lo - 1, min(chunk * 2, MAX_CHUNK)
+    copies.sort(key=lambda c: c.stream_seq)
+    return copies[-depth:]
+
+
+async def _direct_range(
+    nc: NATS, api: JsApi, stream: str, lo: int, hi: int, subject_filter: str, timeout: float
+) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, pending_msgs_limit=BATCH * 4, pending_bytes_limit=MAX_BYTES * 4)
+    try:
+        seq = lo
+        while seq <= hi:
+            body = {
+                "seq": seq,
+                "batch": min(BATCH, hi - seq + 1),
+                "next_by_subj": subject_filter,
+                "max_bytes": MAX_BYTES,
+            }
+            await nc.publish(f"{api.prefix}.DIRECT.GET.{stream}", json.dumps(body).encode(), reply=inbox)
+            got_any = False
+            done = False
+            with anyio.fail_after(timeout):
+                while True:
+                    msg = await sub.next_msg(timeout=timeout)
+                    headers: dict[str, Any] = dict(msg.headers or {})
+                    status = headers.get("Status")
+                    if status == "204":  # end of batch
+                        if int(headers.get("Nats-Num-Pending", "0") or 0) == 0:
+                            done = True
+                        break
+                    if status == "404":  # nothing at or after seq for this filter
+                        done = True
+                        break
+                    if status:
+                        raise TargetUnavailable(
+                            f"direct get on {stream!r}: status {status} {headers.get('Description')}"
+                        )
+                    mseq = int(headers.get("Nats-Sequence", "0"))
+                    got_any = True
+                    seq = mseq + 1
+                    if mseq > hi:
+                        done = True
+                        continue
+                    out.append(headers)
+            if done or not got_any:
+                break
+    except TimeoutError as exc:
+        raise TargetUnavailable(f"direct get on {stream!r} timed out after {timeout:g}s") from exc
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+async def _msg_get_range(
+    api: JsApi, stream: str, lo: int, hi: int, subject_filter: str, timeout: float
+) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    seq = lo
+    while seq <= hi:
+        try:
+            reply = await api.request(f"STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": subject_filter}, timeout)
+        except ApiError as exc:
+            if exc.code == 404:
+                break
+            raise TargetUnavailable(f"message get on {stream!r}: {exc.description}") from exc
+        message = reply.get("message", {})
+        mseq = int(message.get("seq", 0))
+        if mseq == 0 or mseq > hi:
+            break
+        raw = message.get("hdrs")
+        out.append(parse_header_block(base64.b64decode(raw)) if raw else {})
+        seq = mseq + 1
+    return out

@@ -1,0 +1,141 @@
+"""Opening nats-py connections from the bridge's configuration (auth, TLS, reconnect policy).
+
+Both sides reconnect forever: the bridge is a daemon and a server restart is routine. The first connection is
+retried by the caller (nats-py gives up on a failed initial connect), with the error mapped to the side's type.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import nats
+from nats.aio.client import Client as NATS
+
+from bridge.errors import BridgeError
+
+
+class _Auth(Protocol):
+    user: str | None
+    nkey_seed_file: Any
+    creds_file: Any
+
+    @property
+    def password(self) -> Any: ...
+    @property
+    def token(self) -> Any: ...
+
+
+class _Tls(Protocol):
+    ca_file: Any
+    cert_file: Any
+    key_file: Any
+
+
+class ConnectionSettings(Protocol):
+    """What a side's configuration offers to open a connection (TargetConfig and SourceConfig both do)."""
+
+    servers: list[str]
+
+    @property
+    def auth(self) -> Any: ...
+    @property
+    def tls(self) -> Any: ...
+
+
+Callback = Callable[[], Awaitable[None]]
+ErrorCallback = Callable[[Exception], Awaitable[None]]
+
+
+def _secret(value: Any) -> str | None:
+    if value is None:
+        return None
+    getter = getattr(value, "get_secret_value", None)
+    return str(getter() if getter else value)
+
+
+def tls_context(tls: Any) -> ssl.SSLContext | None:
+    """An SSL context for the side's ``tls`` settings, or None when TLS is not configured."""
+    if tls is None:
+        return None
+    ca = getattr(tls, "ca_file", None)
+    cert = getattr(tls, "cert_file", None)
+    key = getattr(tls, "key_file", None)
+    if not (ca or cert):
+        return None
+    ctx = ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH, cafile=str(ca) if ca else None)
+    if cert:
+        ctx.load_cert_chain(str(cert), str(key) if key else None)
+    return ctx
+
+
+def connect_options(side: ConnectionSettings, *, name: str) -> dict[str, Any]:
+    """nats-py ``connect`` keyword arguments for one side (no callbacks)."""
+    opts: dict[str, Any] = {
+        "servers": list(side.servers),
+        "name": name,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "connect_timeout": 2,
+        "ping_interval": 10,
+        "max_outstanding_pings": 2,
+        # while reconnecting, publishes are refused rather than buffered: the engine retries them itself,
+        # and a large buffer would only hide how far behind the target is
+        "pending_size": 0,
+    }
+    auth = side.auth
+    if auth is not None:
+        if getattr(auth, "user", None):
+            opts["user"] = auth.user
+            opts["password"] = _secret(getattr(auth, "password", None)) or ""
+        token = _secret(getattr(auth, "token", None))
+        if token:
+            opts["token"] = token
+        if getattr(auth, "nkey_seed_file", None):
+            opts["nkeys_seed"] = str(auth.nkey_seed_file)
+        if getattr(auth, "creds_file", None):
+            opts["user_credentials"] = str(auth.creds_file)
+    ctx = tls_context(side.tls)
+    if ctx is not None:
+        opts["tls"] = ctx
+    return opts
+
+
+async def open_connection(
+    side: ConnectionSettings,
+    *,
+    name: str,
+    error_type: type[BridgeError],
+    on_disconnected: Callback | None = None,
+    on_reconnected: Callback | None = None,
+    on_error: ErrorCallback | None = None,
+) -> NATS:
+    """Connect once; raise ``error_type`` (never a nats-py exception) naming the servers when it fails."""
+
+    async def _noop() -> None:
+        return None
+
+    async def _noop_err(_: Exception) -> None:
+        return None
+
+    opts = connect_options(side, name=name)
+    try:
+        nc: NATS = await nats.connect(
+            **opts,
+            disconnected_cb=on_disconnected or _noop,
+            reconnected_cb=on_reconnected or _noop,
+            error_cb=on_error or _noop_err,
+        )
+    except Exception as exc:  # nats-py raises a wide variety (OSError, NoServersError, auth errors...)
+        raise error_type(f"cannot connect to {', '.join(side.servers)}: {describe(exc)}") from exc
+    return nc
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line description of a nats-py or OS error, never including credentials."""
+    text = str(exc).strip() or type(exc).__name__
+    if type(exc).__name__ not in text:
+        text = f"{type(exc).__name__}: {text}"
+    return text.splitlines()[0][:300]

@@ -1,0 +1,90 @@
+"""The few JetStream API calls the bridge makes, as plain requests on a core connection.
+
+Plain requests (not nats-py's JetStream context) keep the API prefix explicit (``$JS.API`` or
+``$JS.<domain>.API``: across a leaf link only the domain form reaches the leaf, protocol.md section 6), keep
+``pedantic`` creates possible, and keep every error in the bridge's own types.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from bridge.errors import BridgeError
+from bridge.io.connect import describe
+
+# err_code values the bridge reacts to (nats-server server/errors.json)
+STREAM_NOT_FOUND = 10059
+CONSUMER_NOT_FOUND = 10014
+
+
+class ApiError(BridgeError):
+    """The JetStream API answered with an error."""
+
+    def __init__(self, subject: str, code: int, err_code: int, description: str) -> None:
+        self.subject = subject
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+        super().__init__(f"{description} (code {code}, err_code {err_code})")
+
+
+class ApiTimeout(BridgeError):
+    """No answer in time (for RESET: the consumer is missing or has no leader, protocol.md section 5)."""
+
+
+class ApiUnavailable(BridgeError):
+    """No JetStream responder, or the connection is not usable."""
+
+
+@dataclass(frozen=True, slots=True)
+class JsApi:
+    """JetStream API requests under one prefix."""
+
+    nc: NATS
+    prefix: str = "$JS.API"
+
+    async def request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> dict[str, Any]:
+        """Send ``<prefix>.<path>`` with a JSON body (empty payload when None); return the decoded reply."""
+        subject = f"{self.prefix}.{path}"
+        payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
+        try:
+            msg = await self.nc.request(subject, payload, timeout=timeout)
+        except NatsTimeoutError as exc:
+            raise ApiTimeout(f"no reply to {subject} within {timeout:g}s") from exc
+        except NoRespondersError as exc:
+            raise ApiUnavailable(f"no JetStream responder for {subject} (is JetStream enabled, domain right?)") from exc
+        except Exception as exc:  # connection closed/reconnecting and friends
+            raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+        try:
+            reply: dict[str, Any] = json.loads(msg.data) if msg.data else {}
+        except ValueError as exc:
+            raise ApiUnavailable(f"{subject}: undecodable reply {msg.data[:100]!r}") from exc
+        err = reply.get("error")
+        if err:
+            raise ApiError(subject, int(err.get("code", 0)), int(err.get("err_code", 0)), str(err.get("description")))
+        return reply
+
+    async def stream_info(self, stream: str, timeout: float = 5.0) -> dict[str, Any]:
+        return await self.request(f"STREAM.INFO.{stream}", None, timeout)
+
+    async def consumer_info(self, stream: str, consumer: str, timeout: float = 5.0) -> dict[str, Any]:
+        return await self.request(f"CONSUMER.INFO.{stream}.{consumer}", None, timeout)
+
+    async def create_consumer(
+        self, stream: str, config: dict[str, Any], *, pedantic: bool = True, timeout: float = 5.0
+    ) -> dict[str, Any]:
+        """Create or update a durable (``CONSUMER.CREATE.<stream>.<name>``); pedantic: the server forces nothing."""
+        body: dict[str, Any] = {"stream_name": stream, "config": config}
+        if pedantic:
+            body["pedantic"] = True
+        return await self.request(f"CONSUMER.CREATE.{stream}.{config['durable_name']}", body, timeout)
+
+    async def reset_consumer(self, stream: str, consumer: str, timeout: float) -> dict[str, Any]:
+        """``CONSUMER.RESET`` with an empty body: back to the ack floor. The reply holds ``reset_seq``."""
+        return await self.request(f"CONSUMER.RESET.{stream}.{consumer}", None, timeout)
