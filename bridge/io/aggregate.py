@@ -55,17 +55,33 @@ async def read_source_tail(
     hi, chunk = last, 1024
     while hi >= first and len(copies) < depth:
         lo = max(first, hi - chunk + 1)
-        if direct:
-            found = await _direct_range(nc, api, stream, lo, hi, subject_filter, timeout)
-        else:
-            found = await _msg_get_range(api, stream, lo, hi, subject_filter, timeout)
-        for headers in found:
+        for headers in await read_range(nc, api, stream, lo, hi, subject_filter, timeout, direct=direct):
             prov = hdr.parse_provenance(headers)
             if prov is not None and prov.source == source:
                 copies.append(Copy(prov.stream_seq, prov.prev_seq))
         hi, chunk = lo - 1, min(chunk * 2, MAX_CHUNK)
     copies.sort(key=lambda c: c.stream_seq)
     return copies[-depth:]
+
+
+async def read_range(
+    nc: NATS,
+    api: JsApi,
+    stream: str,
+    lo: int,
+    hi: int,
+    subject_filter: str = ">",
+    timeout: float = 5.0,
+    *,
+    direct: bool = True,
+) -> list[dict[str, str]]:
+    """Headers of the messages with sequence in ``[lo, hi]`` matching ``subject_filter``, in stream order.
+
+    Each dict also holds ``Nats-Sequence`` (the aggregate sequence) when read by Direct Get.
+    """
+    if direct:
+        return await _direct_range(nc, api, stream, lo, hi, subject_filter, timeout)
+    return await _msg_get_range(api, stream, lo, hi, subject_filter, timeout)
 
 
 async def _direct_range(
@@ -135,6 +151,8 @@ async def _msg_get_range(
         if mseq == 0 or mseq > hi:
             break
         raw = message.get("hdrs")
-        out.append(parse_header_block(base64.b64decode(raw)) if raw else {})
+        headers = parse_header_block(base64.b64decode(raw)) if raw else {}
+        headers["Nats-Sequence"] = str(mseq)
+        out.append(headers)
         seq = mseq + 1
     return out

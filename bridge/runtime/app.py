@@ -124,7 +124,8 @@ class Bridge:
         )
 
     async def _target_disconnected(self) -> None:
-        self.log.warning("target.disconnected")
+        if not self.stop.is_set():
+            self.log.warning("target.disconnected")
 
     async def _target_reconnected(self) -> None:
         self.log.info("target.reconnected")

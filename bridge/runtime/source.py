@@ -229,6 +229,7 @@ class SourceRunner:
         )
 
     async def _close(self) -> None:
+        self._stopping = True
         with anyio.CancelScope(shield=True):
             if self._publisher is not None:
                 await self._publisher.stop()
@@ -266,7 +267,8 @@ class SourceRunner:
         self._emit(self.engine.target_reconnected(self.clock()))
 
     async def _on_disconnected(self) -> None:
-        self.log.warning("origin.disconnected")
+        if not self._stopping:
+            self.log.warning("origin.disconnected")
 
     async def _on_reconnected(self) -> None:
         self.log.info("origin.reconnected")

