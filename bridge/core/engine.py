@@ -447,6 +447,9 @@ class SourceEngine:
     def _pump(self, now: float, effects: list[Effect]) -> None:
         if self.phase is Phase.STOPPING:
             return
+        failures = self.pipeline.failures
         for send in self.pipeline.take_sendable(now):
             self.stats.published += 1
             effects.append(Publish(send.entry, send.attempt))
+        if self.pipeline.failures != failures:
+            self._note_blocked(effects, now)

@@ -31,6 +31,12 @@ class OutboundMessage:
     headers: dict[str, str]
     payload: bytes
 
+    @property
+    def size(self) -> int:
+        """Bytes the server counts against ``max_msg_size``/``max_payload``: the header block plus the payload."""
+        header_block = 12 + sum(len(k) + len(v) + 4 for k, v in self.headers.items())  # NATS/1.0 CRLF ... CRLF
+        return header_block + len(self.payload)
+
 
 class EntryState(Enum):
     QUEUED = "queued"
@@ -94,6 +100,7 @@ class PublishPipeline:
     _failures: int = 0
     _blocked_since: float = 0.0
     stored_messages: int = 0
+    size_limit: int = 0  # largest message the target accepts (0: unknown); larger ones are not sent at all
 
     # -- feeding --------------------------------------------------------------------------------------------
 
@@ -118,18 +125,38 @@ class PublishPipeline:
     # -- sending ------------------------------------------------------------------------------------------
 
     def take_sendable(self, now: float) -> list[Send]:
-        """Entries to publish now, in order, respecting the window and the degraded-mode probe."""
+        """Entries to publish now, in order, respecting the window and the degraded-mode probe.
+
+        An entry larger than ``size_limit`` is failed without being sent, and nothing after it is sent: a message
+        the target must refuse would otherwise let the ones behind it be stored first.
+        """
         out: list[Send] = []
         if self._degraded:
             if self._probe is None and self._retry and now >= self._retry_at:
                 self._probe = self._retry.pop(0)
+                if self._too_large(self._probe, now):
+                    return out
                 out.append(self._send(self._probe, now))
             return out
         while self._retry and len(self._in_flight) < self.window:
-            out.append(self._send(self._retry.pop(0), now))
+            entry = self._retry.pop(0)
+            if self._too_large(entry, now):
+                return out
+            out.append(self._send(entry, now))
         while self._fresh and len(self._in_flight) < self.window:
-            out.append(self._send(self._fresh.popleft(), now))
+            entry = self._fresh.popleft()
+            if self._too_large(entry, now):
+                return out
+            out.append(self._send(entry, now))
         return out
+
+    def _too_large(self, entry: Entry, now: float) -> bool:
+        assert entry.message is not None
+        size = entry.message.size
+        if not self.size_limit or size <= self.size_limit:
+            return False
+        self._fail(entry, f"message of {size} bytes exceeds the target's limit of {self.size_limit} bytes", now)
+        return True
 
     def _send(self, entry: Entry, now: float) -> Send:
         entry.state = EntryState.SENT

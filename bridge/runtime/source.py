@@ -43,6 +43,7 @@ from bridge.io.target import AckOutcome, SourcePublisher
 from bridge.logs import get_logger
 
 TICK = 0.1
+LIMITS_REFRESH = 5.0  # seconds between re-reading the target's size limits while blocked
 SETUP_BACKOFF = Backoff(1.0, 30.0)
 
 
@@ -172,6 +173,22 @@ class SourceRunner:
         if self._publisher is None:
             self._publisher = SourcePublisher(self.target.nc, self._on_outcome)
             await self._publisher.start()
+        await self._refresh_size_limit()
+
+    async def _refresh_size_limit(self) -> None:
+        """Learn the largest message the target takes (stream ``max_msg_size``, server ``max_payload``).
+
+        The pipeline does not send a message above it (see ``PublishPipeline.take_sendable``); refreshed while the
+        source is blocked so that raising the limit unblocks it.
+        """
+        limits = [int(self.target.nc.max_payload or 0)]
+        try:
+            info = await self.target.api.stream_info(self.target.stream, timeout=self.engine_cfg.reset_timeout)
+            limits.append(int(info.get("config", {}).get("max_msg_size", -1)))
+        except BridgeError as exc:
+            self.log.debug("target.limits_unknown", error=str(exc))
+        positive = [n for n in limits if n > 0]
+        self.engine.pipeline.size_limit = min(positive) if positive else 0
 
     async def _recover(self, origin_info: dict[str, Any]) -> None:
         src = self.source
@@ -278,9 +295,14 @@ class SourceRunner:
         self.log.warning("origin.error", error=describe(exc))
 
     async def _ticker(self) -> None:
+        last_refresh = self.clock()
         while True:
             await anyio.sleep(TICK)
-            self._emit(self.engine.tick(self.clock()))
+            now = self.clock()
+            if self.engine.pipeline.degraded and now - last_refresh >= LIMITS_REFRESH:
+                last_refresh = now
+                await self._refresh_size_limit()
+            self._emit(self.engine.tick(now))
             self._changed.set()
 
     # -- effects --------------------------------------------------------------------------------------------

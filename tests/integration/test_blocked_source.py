@@ -1,0 +1,144 @@
+"""A message the aggregate can never store blocks its own source, loudly, and nothing else.
+
+Two sources replicate into one aggregate whose ``max_msg_size`` is smaller than one message of source "big".
+That source must stop at the oversize message (the origin keeps it and everything after it, nothing acked past
+it, an error logged with the server's reason), while source "small" replicates completely. Raising the limit
+unblocks it, and it finishes in order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import nats
+import pytest
+from nats.js.api import RetentionPolicy, StreamConfig
+
+from bridge import logs
+from bridge.config import load_config
+from bridge.core import headers as hdr
+from bridge.embedded import Topology
+from bridge.io.aggregate import read_range
+from bridge.io.jsapi import JsApi
+from bridge.runtime.app import Bridge
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 4096
+COUNT = 200
+OVERSIZE_AT = 101  # origin sequence of the message too large for the aggregate
+
+
+def _config(topology: Topology, tmp_path: Path) -> Path:
+    path = tmp_path / "bridge.toml"
+    path.write_text(
+        f"""
+[engine]
+publish_retry_initial = 0.1
+publish_retry_max = 0.5
+
+[target]
+servers = ["{topology.hub.url}"]
+stream = "AGG"
+
+[[sources]]
+name = "big"
+servers = ["{topology.leaf.url}"]
+stream = "BIG"
+subject_prefix = "agg.big"
+
+[[sources]]
+name = "small"
+servers = ["{topology.leaf.url}"]
+stream = "SMALL"
+subject_prefix = "agg.small"
+"""
+    )
+    return path
+
+
+async def _copies(nc: Any, source: str) -> list[int]:
+    info = await nc.jetstream().stream_info("AGG")
+    if info.state.messages == 0:
+        return []
+    found = await read_range(nc, JsApi(nc), "AGG", info.state.first_seq, info.state.last_seq, f"agg.{source}.>")
+    return [p.stream_seq for p in map(hdr.parse_provenance, found) if p is not None]
+
+
+async def _until(condition: Any, timeout: float, what: str) -> None:
+    with anyio.fail_after(timeout):
+        while not await condition():
+            await anyio.sleep(0.05)
+
+
+async def test_oversize_message_blocks_only_its_source(topology: Topology, tmp_path: Path) -> None:
+    log = io.StringIO()
+    logs.configure("info", "json", stream=log)
+    leaf = await nats.connect(topology.leaf.url)
+    hub = await nats.connect(topology.hub.url)
+    ljs, hjs = leaf.jetstream(), hub.jetstream()
+    try:
+        for name in ("BIG", "SMALL"):
+            await ljs.add_stream(
+                StreamConfig(name=name, subjects=[f"{name.lower()}.>"], retention=RetentionPolicy.WORK_QUEUE)
+            )
+        await hjs.add_stream(StreamConfig(name="AGG", subjects=["agg.>"], allow_direct=True, max_msg_size=LIMIT))
+        for seq in range(1, COUNT + 1):
+            size = LIMIT * 2 if seq == OVERSIZE_AT else 100
+            await ljs.publish("big.x", b"b" * size)
+            await ljs.publish("small.x", b"s" * 100)
+
+        bridge = Bridge(load_config(_config(topology, tmp_path), environ={}))
+
+        async def scenario(b: Bridge) -> None:
+            try:
+                # the small source completes while the big one is stuck
+                await _until(lambda: _has(hub, "small", COUNT), 30, "small source complete")
+                await _until(lambda: _has(hub, "big", OVERSIZE_AT - 1), 30, "big source up to the oversize message")
+
+                async def blocked_logged() -> bool:
+                    return any(
+                        json.loads(line).get("event") == "publish.blocked"
+                        and json.loads(line).get("origin_seq") == OVERSIZE_AT
+                        for line in log.getvalue().splitlines()
+                        if line.startswith("{")
+                    )
+
+                await _until(blocked_logged, 10, "publish.blocked logged")
+                # nothing from the oversize message on was acked at the origin, so the WorkQueue still holds it all
+                consumer = await ljs.consumer_info("BIG", "nats-bridge-big")
+                assert consumer.ack_floor.stream_seq < OVERSIZE_AT
+                origin = await ljs.stream_info("BIG")
+                assert origin.state.first_seq <= OVERSIZE_AT
+                assert origin.state.messages >= COUNT - OVERSIZE_AT + 1
+                assert sorted(await _copies(hub, "big")) == list(range(1, OVERSIZE_AT))
+                assert b.runners[0].engine.pipeline.blocked is not None
+
+                # the operator raises the limit: the source unblocks and finishes, in order, once each
+                await hjs.update_stream(
+                    StreamConfig(name="AGG", subjects=["agg.>"], allow_direct=True, max_msg_size=LIMIT * 4)
+                )
+                await _until(lambda: _has(hub, "big", COUNT), 30, "big source complete")
+                assert await _copies(hub, "big") == list(range(1, COUNT + 1))
+                assert await _copies(hub, "small") == list(range(1, COUNT + 1))
+
+                async def origin_empty() -> bool:
+                    return bool((await ljs.stream_info("BIG")).state.messages == 0)
+
+                await _until(origin_empty, 10, "big origin drained")
+            finally:
+                b.stop.set()
+
+        await bridge.run(handle_signals=False, on_started=scenario)
+    finally:
+        await leaf.close()
+        await hub.close()
+        logs.configure("info", "console")
+
+
+async def _has(nc: Any, source: str, count: int) -> bool:
+    return len(set(await _copies(nc, source))) >= count
