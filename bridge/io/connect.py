@@ -117,19 +117,31 @@ async def open_connection(
     async def _noop() -> None:
         return None
 
-    async def _noop_err(_: Exception) -> None:
-        return None
-
     opts = connect_options(side, name=name)
+    # nats-py retries a failed *first* connect forever when reconnects are unlimited, so it would never return
+    # (nor see a SIGTERM); connect with a bounded attempt count, then let the live connection reconnect forever
+    opts["max_reconnect_attempts"] = 1
+    connected = False
+    last_error: list[Exception] = []
+
+    async def errors(exc: Exception) -> None:
+        if connected and on_error is not None:
+            await on_error(exc)
+        elif not connected:  # failed first attempts are reported once, by the caller, with the real cause
+            last_error[:] = [exc]
+
     try:
         nc: NATS = await nats.connect(
             **opts,
             disconnected_cb=on_disconnected or _noop,
             reconnected_cb=on_reconnected or _noop,
-            error_cb=on_error or _noop_err,
+            error_cb=errors,
         )
     except Exception as exc:  # nats-py raises a wide variety (OSError, NoServersError, auth errors...)
-        raise error_type(f"cannot connect to {', '.join(side.servers)}: {describe(exc)}") from exc
+        cause = last_error[0] if last_error else exc
+        raise error_type(f"cannot connect to {', '.join(side.servers)}: {describe(cause)}") from exc
+    connected = True
+    nc.options["max_reconnect_attempts"] = -1
     return nc
 
 
