@@ -21,7 +21,7 @@ from nats.aio.client import Client as NATS
 from bridge.core import headers as hdr
 from bridge.core.recovery import Copy
 from bridge.errors import TargetUnavailable
-from bridge.io.jsapi import ApiError, JsApi
+from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
 
 MAX_CHUNK = 65536
 BATCH = 1024
@@ -45,6 +45,8 @@ async def read_source_tail(
     try:
         info = await api.stream_info(stream, timeout=timeout)
     except ApiError as exc:
+        if exc.err_code == STREAM_NOT_FOUND:
+            return []  # a stream that does not exist holds no copies; publishes will block until it does
         raise TargetUnavailable(f"aggregate stream {stream!r}: {exc.description}") from exc
     state = info.get("state", {})
     first, last = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
