@@ -1,0 +1,88 @@
+"""Replication with the v2 ``$JS.ACK``/``$JS.FC`` subject layout (server feature flag ``js_ack_fc_v2``).
+
+The v2 layout adds the JetStream domain and an account hash (11 or 12 tokens) so that flow-control answers cannot
+reach a same-named consumer on another leaf. The bridge must parse it from real deliveries, and its flow-control
+answers to v2 ``$JS.FC`` subjects must ack the origin (a WorkQueue that empties proves they did).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import nats
+import pytest
+from nats.aio.msg import Msg
+from nats.js.api import RetentionPolicy, StreamConfig
+
+from bridge.config import load_config
+from bridge.core.ackreply import parse_ack_subject
+from bridge.embedded import start_topology
+from bridge.runtime.app import Bridge
+from bridge.runtime.source import SourceRunner
+
+pytestmark = pytest.mark.anyio
+
+COUNT = 3000
+
+
+async def test_v2_ack_and_flow_control_subjects(
+    nats_server_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, set[Any]] = {"tokens": set(), "domains": set(), "fc": set()}
+    original = SourceRunner._on_delivery
+
+    async def spy(self: SourceRunner, msg: Msg) -> None:
+        if msg.reply.startswith("$JS.ACK."):
+            seen["tokens"].add(len(msg.reply.split(".")))
+            info = parse_ack_subject(msg.reply)
+            seen["domains"].add(info.domain if info else "unparsed")
+        elif msg.reply.startswith("$JS.FC."):
+            seen["fc"].add(len(msg.reply.split(".")))
+        await original(self, msg)
+
+    monkeypatch.setattr(SourceRunner, "_on_delivery", spy)
+    with start_topology(
+        tmp_path / "servers", binary=nats_server_bin, leaf_extra="feature_flags { js_ack_fc_v2: true }"
+    ) as topology:
+        leaf = await nats.connect(topology.leaf.url)
+        hub = await nats.connect(topology.hub.url)
+        ljs, hjs = leaf.jetstream(), hub.jetstream()
+        try:
+            await ljs.add_stream(StreamConfig(name="ORIGIN", subjects=["o.>"], retention=RetentionPolicy.WORK_QUEUE))
+            await hjs.add_stream(StreamConfig(name="AGG", subjects=["agg.>"], allow_direct=True))
+            for i in range(COUNT):
+                await ljs.publish(f"o.{i % 5}", b"m")
+            config = tmp_path / "bridge.toml"
+            config.write_text(
+                f"""
+[target]
+servers = ["{topology.hub.url}"]
+stream = "AGG"
+[[sources]]
+name = "v2"
+servers = ["{topology.leaf.url}"]
+stream = "ORIGIN"
+subject_prefix = "agg"
+max_ack_pending = 500
+"""
+            )
+            bridge = Bridge(load_config(config, environ={}))
+
+            async def scenario(b: Bridge) -> None:
+                try:
+                    with anyio.fail_after(30):
+                        while (await ljs.stream_info("ORIGIN")).state.messages > 0:
+                            await anyio.sleep(0.05)
+                finally:
+                    b.stop.set()
+
+            await bridge.run(handle_signals=False, on_started=scenario)
+            assert (await hjs.stream_info("AGG")).state.messages == COUNT
+        finally:
+            await leaf.close()
+            await hub.close()
+    assert seen["tokens"] <= {11, 12} and seen["tokens"], seen
+    assert seen["domains"] == {"leaf"}
+    assert seen["fc"] and seen["fc"] <= {7}, seen  # $JS.FC.<domain>.<hash>.<stream>.<consumer>.<id>
