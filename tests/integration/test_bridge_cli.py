@@ -1,0 +1,174 @@
+"""``python -m bridge run|check -c FILE`` as an operator sees it: exit codes and what is printed.
+
+Invalid configuration: exit 2, a header line and one line per problem naming the key on stderr, no traceback,
+for ``run`` and ``check`` alike. ``check`` against real servers: exit 0 with an OK line per source, exit 1 when the
+aggregate stream is missing.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from bridge.embedded import Topology
+
+from .helpers import (
+    AGGREGATE,
+    ORIGIN,
+    SourceSpec,
+    connect,
+    consumer_exists,
+    create_aggregate,
+    create_stream,
+    run_cli,
+    write_config,
+)
+
+GOOD_SOURCE = """
+[[sources]]
+name = "edge1"
+servers = ["nats://127.0.0.1:4222"]
+stream = "ORDERS"
+"""
+
+BAD_CONFIGS = {
+    "unknown-key": (
+        """
+        [target]
+        stream = "AGG"
+        strem = "typo"
+        """
+        + GOOD_SOURCE,
+        ["target.strem"],
+    ),
+    "missing-target-stream": (
+        """
+        [target]
+        servers = ["nats://127.0.0.1:4222"]
+        """
+        + GOOD_SOURCE,
+        ["target.stream"],
+    ),
+    "max-ack-pending-zero": (
+        """
+        [target]
+        stream = "AGG"
+        """
+        + GOOD_SOURCE
+        + "max_ack_pending = 0\n",
+        ["max_ack_pending"],
+    ),
+    "duplicate-source-names": (
+        """
+        [target]
+        stream = "AGG"
+        """
+        + GOOD_SOURCE
+        + GOOD_SOURCE,
+        ["name"],
+    ),
+    "two-problems": (
+        """
+        [target]
+        stream = "AGG"
+        colour = "blue"
+        """
+        + GOOD_SOURCE
+        + "max_ack_pending = 0\n",
+        ["target.colour", "max_ack_pending"],
+    ),
+    "toml-syntax-error": (
+        """
+        [target]
+        stream = "AGG
+        """,
+        ["line 3"],
+    ),
+}
+
+
+def problem_lines(stderr: str) -> list[str]:
+    """The lines after the header: one per problem."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines, "nothing on stderr"
+    assert lines[0].startswith("nats-bridge: invalid configuration"), lines[0]
+    return lines[1:]
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_invalid_config_exits_2_with_one_line_per_problem(tmp_path: Path, case: str, command: str) -> None:
+    text, keys = BAD_CONFIGS[case]
+    path = tmp_path / "bridge.toml"
+    path.write_text(textwrap.dedent(text))
+    done = run_cli(command, "-c", str(path))
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr + done.stdout
+    problems = problem_lines(done.stderr)
+    assert len(problems) == len(keys), problems
+    for key in keys:
+        assert sum(key in line for line in problems) == 1, (key, problems)
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_missing_config_file_exits_2(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nope.toml"
+    done = run_cli(command, "-c", str(missing))
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr + done.stdout
+    problems = problem_lines(done.stderr)
+    assert len(problems) == 1 and str(missing) in problems[0], problems
+
+
+def test_duplicate_names_line_names_the_second_source(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.toml"
+    path.write_text(textwrap.dedent(BAD_CONFIGS["duplicate-source-names"][0]))
+    problems = problem_lines(run_cli("check", "-c", str(path)).stderr)
+    assert len(problems) == 1 and problems[0].strip().startswith("sources[1].name"), problems
+
+
+def test_zero_max_ack_pending_line_names_the_source_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.toml"
+    path.write_text(textwrap.dedent(BAD_CONFIGS["max-ack-pending-zero"][0]))
+    problems = problem_lines(run_cli("run", "-c", str(path)).stderr)
+    assert len(problems) == 1 and problems[0].strip().startswith("sources[edge1].max_ack_pending"), problems
+
+
+@pytest.mark.anyio
+async def test_check_against_running_topology(topology: Topology, tmp_path: Path) -> None:
+    specs = [
+        SourceSpec(name="direct", servers=topology.leaf.url, subject_prefix="edge.direct"),
+        SourceSpec(
+            name="sidecar",
+            servers=topology.hub.url,
+            domain="leaf",
+            stream="ORDERS_B",
+            subject_prefix="edge.sidecar",
+        ),
+    ]
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=specs)
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_stream(leaf_nc, "ORDERS_B", ["b.>"], retention="interest")
+
+        # no aggregate yet: exit 1, the target named as failing, the sources still checked
+        done = await anyio.to_thread.run_sync(lambda: run_cli("check", "-c", str(config)))
+        assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+        assert "Traceback" not in done.stdout + done.stderr
+        assert any(line.startswith("FAIL") and AGGREGATE in line for line in done.stdout.splitlines()), done.stdout
+
+        await create_aggregate(hub_nc)
+        done = await anyio.to_thread.run_sync(lambda: run_cli("check", "-c", str(config)))
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        assert "Traceback" not in done.stdout + done.stderr
+        lines = done.stdout.splitlines()
+        for spec in specs:
+            ok = [line for line in lines if line.startswith("OK") and f"source {spec.name}:" in line]
+            assert len(ok) == 1, (spec.name, lines)
+        assert not any(line.startswith("FAIL") for line in lines), lines
+        # a managed consumer is created by check, ready for run
+        assert await consumer_exists(leaf_nc, ORIGIN, specs[0].consumer_name)
+        assert await consumer_exists(leaf_nc, "ORDERS_B", specs[1].consumer_name)

@@ -1,0 +1,203 @@
+"""The bridge process dies (SIGKILL) or is stopped (SIGTERM) mid-stream and is started again.
+
+The aggregate's duplicate window is 1 s and the restart waits it out, so the target's own dedupe cannot hide a
+re-published copy: no duplicate must come from the bridge's recovery (the watermark read back from the aggregate's
+provenance headers). WorkQueue origin: an ack deletes, so nothing acked may be missing from the aggregate.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from bridge.embedded import Topology
+
+from .helpers import (
+    AGGREGATE,
+    ORIGIN,
+    TEST_ENGINE,
+    BridgeFactory,
+    FcTap,
+    Publisher,
+    SourceSpec,
+    ack_floor,
+    aggregate_count,
+    assert_exact,
+    bridge_procs_fixture,  # noqa: F401
+    connect,
+    consumer_info,
+    create_aggregate,
+    create_stream,
+    js_request,
+    origin_seqs_by_source,
+    stream_messages,
+    wait_for_value,
+    wait_until,
+    write_config,
+)
+
+N = 5000
+DUPLICATE_WINDOW = 1.0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+async def test_restart_mid_stream_no_loss_no_duplicate(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory, signal_name: str
+) -> None:
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=2000)
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+    grace = float(TEST_ENGINE["shutdown_grace"])
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(hub_nc, duplicate_window=DUPLICATE_WINDOW)
+        tap = FcTap(leaf_nc, hub_nc, {spec.consumer_name: "edge.one.>"})
+        async with tap.running():
+            # a backlog, so the bridge has a full publish window in flight when it is stopped
+            backlog = Publisher(leaf_nc, N // 2)
+            await backlog.run()
+            first = bridge_procs(config)
+            publisher = Publisher(leaf_nc, N - N // 2, rate=2000)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(publisher.run)
+                await wait_until(
+                    lambda: _at_least(aggregate_count(hub_nc, "edge.one.>"), N // 5),
+                    timeout=30,
+                    what="a fifth of the copies",
+                    interval=0.01,
+                )
+                stopped_at = time.monotonic()
+                if signal_name == "SIGKILL":
+                    assert await first.akill() == -9
+                else:
+                    code = await first.astop(grace + 5)
+                    took = time.monotonic() - stopped_at
+                    assert code == 0, f"exit code {code} after SIGTERM"
+                    assert took <= grace + 2, f"SIGTERM took {took:.1f}s (shutdown_grace {grace:g}s)"
+                    assert first.count("source.stopped") == 1
+                    assert "Traceback" not in first.log_text()
+                copies_at_stop = await aggregate_count(hub_nc, "edge.one.>")
+                assert copies_at_stop < N, "not mid-stream: everything was already replicated"
+
+                # the origin holds everything the aggregate does not (WorkQueue: acked = deleted)
+                floor = ack_floor(await consumer_info(leaf_nc, ORIGIN, spec.consumer_name))
+                assert floor <= copies_at_stop, f"origin acked up to {floor}, aggregate holds {copies_at_stop}"
+
+                # the target's dedupe window must not be what prevents duplicates after the restart
+                remaining = stopped_at + DUPLICATE_WINDOW + 0.5 - time.monotonic()
+                if remaining > 0:
+                    await anyio.sleep(remaining)  # a time condition: the window is measured in time
+                second = bridge_procs(config)
+                await second.wait_event("reset.done", timeout=20)
+
+            assert backlog.seqs + publisher.seqs == list(range(1, N + 1))
+            await wait_for_value(
+                lambda: stream_messages(leaf_nc, ORIGIN), 0, timeout=60, what="origin messages", interval=0.1
+            )
+            assert await second.astop(grace + 5) == 0
+
+        seqs = (await origin_seqs_by_source(hub_nc)).get("edge1", [])
+        assert_exact(seqs, range(1, N + 1), "edge1 copies")
+        assert tap.violations == []
+        recovered = [e for e in second.events() if e.get("event") == "recovery.done"]
+        assert recovered and recovered[0]["watermark"] > 0, recovered
+        print(f"{signal_name}: {copies_at_stop} copies at stop, ack floor {floor}, recovery {recovered[0]}")
+
+
+async def _at_least(value: object, expected: int) -> bool:
+    return bool(await value >= expected)  # type: ignore[misc]
+
+
+@pytest.mark.anyio
+async def test_crash_with_a_hole_recovers_from_the_provenance_chain(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """One message the aggregate cannot take yet (its subject is not captured) while the ones after it are stored:
+    a hole. SIGKILL, restart after the duplicate window: recovery must see the hole (Bridge-Prev chain), keep the
+    origin acked only below it, not re-copy what is above it, and fill it once the aggregate accepts it."""
+    n, hole = 600, 250
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=1000)
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        window_ns = int(DUPLICATE_WINDOW * 1e9)
+        # captures orders.<one token> only: the hole's subject has two
+        await create_stream(hub_nc, AGGREGATE, ["edge.one.orders.*"], allow_direct=True, duplicate_window=window_ns)
+        await Publisher(leaf_nc, n, subject=lambda i: "orders.late.x" if i + 1 == hole else f"orders.{i % 7}").run()
+
+        first = bridge_procs(config)
+        await wait_for_value(
+            lambda: aggregate_count(hub_nc, "edge.one.>"), n - 1, timeout=30, what="every copy but the hole"
+        )
+        await first.wait_event("publish.blocked", timeout=10, origin_seq=hole)
+        assert ack_floor(await consumer_info(leaf_nc, ORIGIN, spec.consumer_name)) < hole
+        assert await first.akill() == -9
+        killed_at = time.monotonic()
+        remaining = killed_at + DUPLICATE_WINDOW + 0.5 - time.monotonic()
+        await anyio.sleep(max(0.0, remaining))  # a time condition: the target's dedupe window must have passed
+
+        second = bridge_procs(config)
+        await second.wait_event("recovery.done", timeout=20)
+        recovered = next(e for e in second.events() if e.get("event") == "recovery.done")
+        assert recovered["watermark"] == hole - 1, recovered
+        assert recovered["present_above"] == n - hole, recovered
+        await second.wait_event("publish.blocked", timeout=10, origin_seq=hole)
+
+        async def floor() -> int:
+            return ack_floor(await consumer_info(leaf_nc, ORIGIN, spec.consumer_name))
+
+        await wait_for_value(floor, hole - 1, timeout=10, what="ack floor up to the hole")
+        assert await stream_messages(leaf_nc, ORIGIN) == n - hole + 1, "the origin keeps the hole and after"
+
+        await js_request(
+            hub_nc,
+            f"STREAM.UPDATE.{AGGREGATE}",
+            {
+                "name": AGGREGATE,
+                "subjects": ["edge.>"],
+                "allow_direct": True,
+                "duplicate_window": window_ns,
+                "storage": "file",
+            },
+        )
+        await wait_for_value(
+            lambda: stream_messages(leaf_nc, ORIGIN), 0, timeout=30, what="origin messages", interval=0.1
+        )
+        assert await second.astop(15) == 0
+
+        seqs = (await origin_seqs_by_source(hub_nc)).get("edge1", [])
+        assert sorted(seqs) == list(range(1, n + 1)), f"missing or duplicated: {len(seqs)} copies for {n}"
+        assert seqs.index(hole) == n - 1  # stored last: see test_bridge_replication's order test
+
+
+@pytest.mark.anyio
+async def test_interest_origin_keeps_messages_while_the_bridge_is_away(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """The bridge's durable (no inactive_threshold) keeps interest while no one is subscribed: an Interest origin
+    retains what arrives while the bridge is stopped, and the restarted bridge replicates it."""
+    n = 1000
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=300)
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="interest")
+        await create_aggregate(hub_nc)
+        first = bridge_procs(config)
+        await first.wait_event("reset.done", timeout=20)
+        await Publisher(leaf_nc, n).run()
+        await wait_for_value(lambda: stream_messages(leaf_nc, ORIGIN), 0, timeout=30, what="origin messages")
+        assert await first.astop(15) == 0
+
+        # nobody subscribed now: the messages must stay for the durable
+        await Publisher(leaf_nc, n).run()
+        info = await consumer_info(leaf_nc, ORIGIN, spec.consumer_name)
+        assert not info.get("push_bound"), "the stopped bridge still looks subscribed"
+        assert await stream_messages(leaf_nc, ORIGIN) == n
+
+        second = bridge_procs(config)
+        await wait_for_value(lambda: stream_messages(leaf_nc, ORIGIN), 0, timeout=30, what="origin messages")
+        assert await second.astop(15) == 0
+        assert_exact((await origin_seqs_by_source(hub_nc)).get("edge1", []), range(1, 2 * n + 1), "edge1 copies")
