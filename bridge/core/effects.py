@@ -57,6 +57,18 @@ class RequestReset:
 
 
 @dataclass(frozen=True, slots=True)
+class VerifyStored:
+    """Look up which of ``stream_seqs`` the aggregate holds (its newest copies of this source).
+
+    Asked after an ambiguous publish failure (ack timeout, lost connection), before anything is re-sent. Report
+    ``verified(generation, present)`` or ``verify_failed(reason)``.
+    """
+
+    generation: int
+    stream_seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Notice:
     """A state change worth one log line (never per message)."""
 
@@ -65,4 +77,4 @@ class Notice:
     fields: Mapping[str, object] = field(default_factory=dict)
 
 
-Effect = Publish | AnswerFlowControl | RequestReset | Notice
+Effect = Publish | AnswerFlowControl | RequestReset | VerifyStored | Notice

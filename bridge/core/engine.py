@@ -4,11 +4,12 @@ It is fed what arrives (deliveries, flow-control requests, heartbeats, publish o
 ticks) and returns ``Effect`` values for the adapters to carry out. Time is always an argument. The invariants it
 keeps (design.md) and how:
 
-1. **Safety.** A flow-control answer names ``Nats-Last-Stream: W`` where ``W`` is the pipeline's watermark: the
-   contiguous prefix of publish acks (plus skips adopted from forward resets and copies found in the aggregate at
-   recovery). ``Nats-Last-Consumer`` is the newest delivery sequence *of the current epoch* whose message is
-   covered by ``W``. An FC request is answered only once every delivery before it is covered; a stalled FC
-   subject is answered with the same (possibly smaller) position. While a reset is pending, answers are empty.
+1. **Safety.** A flow-control answer names the newest delivery *of the current epoch* whose message is covered
+   by the pipeline's watermark ``W`` (the contiguous prefix of publish acks, plus skips adopted from forward resets
+   and copies found in the aggregate at recovery): ``Nats-Last-Consumer`` is its delivery sequence,
+   ``Nats-Last-Stream`` its stream sequence, which is at most ``W``. An FC request is answered only once every
+   delivery before it is covered; a stalled FC subject is answered with the same (possibly smaller) position.
+   While a reset is pending, answers are empty and held requests wait for the new epoch.
 2. **No duplicates.** ``accepted`` is the highest origin sequence handed to the pipeline (which never drops what
    it was given) or skipped; a delivery at or below it is dropped, so nothing is published twice whatever the
    target's duplicate window.
@@ -32,7 +33,15 @@ from enum import Enum
 
 from bridge.core import headers as hdr
 from bridge.core.backoff import Backoff
-from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset, ResetCause
+from bridge.core.effects import (
+    AnswerFlowControl,
+    Effect,
+    Notice,
+    Publish,
+    RequestReset,
+    ResetCause,
+    VerifyStored,
+)
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, Unrecognised
 from bridge.core.pipeline import OutboundMessage, PublishPipeline
 
@@ -93,7 +102,7 @@ class SourceEngine:
         self.resets: Counter[str] = Counter()
         self._epoch_last_sseq = 0
         self._records: deque[tuple[int, int]] = deque()  # (dseq, sseq) of this epoch not yet covered
-        self._position_dseq = 0  # newest dseq of this epoch covered by the watermark
+        self._position = (0, 0)  # (dseq, sseq) of the newest delivery of this epoch covered by the watermark
         self._present: set[int] = set()
         self._held_fc: tuple[str, int] | None = None  # (subject, last dseq before it)
         self._last_activity = now
@@ -103,6 +112,9 @@ class SourceEngine:
         self._reset_cause = ResetCause.START
         self._reset_attempt = 0
         self._was_blocked = False
+        self._verifying = False
+        self._verify_due = 0.0
+        self._verify_failures = 0
 
     # -- views --------------------------------------------------------------------------------------------
 
@@ -113,10 +125,14 @@ class SourceEngine:
 
     @property
     def position(self) -> tuple[int, int]:
-        """``(Nats-Last-Consumer, Nats-Last-Stream)`` an answer would carry now; ``(0, 0)`` means empty."""
-        if self._position_dseq == 0:
-            return (0, 0)
-        return (self._position_dseq, self.watermark)
+        """``(Nats-Last-Consumer, Nats-Last-Stream)`` an answer would carry now; ``(0, 0)`` means empty.
+
+        Both numbers come from one delivery of the current epoch: the newest one the watermark covers. Naming
+        the watermark itself would be safe (it is stored) but can stall the consumer: after a reset far below it
+        the server sets its ack floor to the watermark, then walks the deliveries below it into pending, where
+        no later answer can clear them (an ack at or below the floor is a no-op) until ``max_ack_pending`` fills.
+        """
+        return self._position
 
     @property
     def drained(self) -> bool:
@@ -294,7 +310,7 @@ class SourceEngine:
         self.last_dseq = 0
         self._epoch_last_sseq = 0
         self._records.clear()
-        self._position_dseq = 0
+        self._position = (0, 0)
         self._reset_failures = 0
         self._last_activity = now
         effects: list[Effect] = []
@@ -357,12 +373,32 @@ class SourceEngine:
         self._pump(now, effects)
         return effects
 
+    def verified(self, generation: int, present: Iterable[int], now: float) -> list[Effect]:
+        """The aggregate was read after an ambiguous failure: ``present`` are the sequences it holds."""
+        self._verifying = False
+        self._verify_failures = 0
+        found = set(present)
+        effects: list[Effect] = [Notice("publish.verified", fields={"present": len(found)})]
+        if self.pipeline.verified(generation, found):
+            self._cover(effects)
+        self._pump(now, effects)
+        return effects
+
+    def verify_failed(self, reason: str, now: float) -> list[Effect]:
+        """The aggregate could not be read; try again after a backoff."""
+        self._verifying = False
+        self._verify_failures += 1
+        delay = self.settings.publish_retry.delay(self._verify_failures)
+        self._verify_due = now + delay
+        return [Notice("publish.verify_failed", "warning", {"reason": reason, "retry_in": round(delay, 3)})]
+
     def target_reconnected(self, now: float) -> list[Effect]:
         """The connection to the aggregate came back: what was in flight is presumed lost, probe again now."""
         effects: list[Effect] = []
         if self.pipeline.fail_in_flight("target connection lost", now):
             self._note_blocked(effects, now)
         self.pipeline.retry_now()
+        self._verify_due = 0.0
         self._pump(now, effects)
         return effects
 
@@ -426,17 +462,18 @@ class SourceEngine:
         watermark = self.watermark
         records = self._records
         while records and records[0][1] <= watermark:
-            self._position_dseq = records.popleft()[0]
+            self._position = records.popleft()
         self._answer_if_covered(effects)
         if self._was_blocked and not self.pipeline.degraded:
             self._was_blocked = False
             effects.append(Notice("publish.unblocked", fields={"watermark": watermark}))
 
     def _answer_if_covered(self, effects: list[Effect]) -> None:
-        if self._held_fc is None:
+        if self._held_fc is None or self.phase not in (Phase.RUNNING, Phase.STOPPING):
+            # while a reset is pending the epoch is about to be replaced: the held request is answered after it
             return
         subject, covers = self._held_fc
-        if self._position_dseq >= covers:
+        if self._position[0] >= covers:
             self._held_fc = None
             effects.append(self._answer(subject, self.position))
 
@@ -447,6 +484,10 @@ class SourceEngine:
     def _pump(self, now: float, effects: list[Effect]) -> None:
         if self.phase is Phase.STOPPING:
             return
+        generation = self.pipeline.unverified
+        if generation and not self._verifying and now >= self._verify_due:
+            self._verifying = True
+            effects.append(VerifyStored(generation, tuple(self.pipeline.unverified_seqs())))
         failures = self.pipeline.failures
         for send in self.pipeline.take_sendable(now):
             self.stats.published += 1

@@ -101,6 +101,8 @@ class PublishPipeline:
     _blocked_since: float = 0.0
     stored_messages: int = 0
     size_limit: int = 0  # largest message the target accepts (0: unknown); larger ones are not sent at all
+    _unverified: int = 0  # generation of ambiguous failures not yet checked against the target (0: none)
+    _generation: int = 0
 
     # -- feeding --------------------------------------------------------------------------------------------
 
@@ -132,6 +134,8 @@ class PublishPipeline:
         """
         out: list[Send] = []
         if self._degraded:
+            if self._unverified:
+                return out  # an ambiguous failure must be checked against the target before anything is re-sent
             if self._probe is None and self._retry and now >= self._retry_at:
                 self._probe = self._retry.pop(0)
                 if self._too_large(self._probe, now):
@@ -197,7 +201,12 @@ class PublishPipeline:
             return False
         return self._fail(entry, reason, now)
 
-    def _fail(self, entry: Entry, reason: str, now: float) -> bool:
+    def _fail(self, entry: Entry, reason: str, now: float, *, ambiguous: bool = False) -> bool:
+        if ambiguous:
+            # the message may be stored even though no ack said so (timeout, lost connection): re-sending it blind
+            # would rely on the target's duplicate window, which a long outage outlasts
+            self._generation += 1
+            self._unverified = self._generation
         entry.state = EntryState.FAILED
         entry.last_error = reason
         self._in_flight.pop(entry.order, None)
@@ -222,15 +231,42 @@ class PublishPipeline:
             if entry.deadline > now:
                 break
             expired.append(entry)
-            self._fail(entry, f"no publish ack within {self.ack_timeout:g}s", now)
+            self._fail(entry, f"no publish ack within {self.ack_timeout:g}s", now, ambiguous=True)
         return expired
 
     def fail_in_flight(self, reason: str, now: float) -> int:
         """Every sent entry is presumed failed (e.g. the target connection was lost). Returns how many."""
         entries = list(self._in_flight.values())
         for entry in entries:
-            self._fail(entry, reason, now)
+            self._fail(entry, reason, now, ambiguous=True)
         return len(entries)
+
+    @property
+    def unverified(self) -> int:
+        """Non-zero (a generation number) while ambiguous failures wait to be checked against the target."""
+        return self._unverified
+
+    def unverified_seqs(self) -> list[int]:
+        """Origin sequences whose fate must be looked up in the target: every failed or in-flight entry."""
+        return [e.stream_seq for e in self._entries if e.state in (EntryState.FAILED, EntryState.SENT)]
+
+    def verified(self, generation: int, present: set[int] | frozenset[int]) -> bool:
+        """The target was read after the ambiguous failures of ``generation``: entries in ``present`` are stored.
+
+        Returns True when the watermark advanced. Failed entries not present are re-sent (same ``Nats-Msg-Id``).
+        """
+        before = self.watermark
+        for entry in list(self._retry) + list(self._in_flight.values()):
+            if entry.stream_seq in present:
+                self.stored(entry.order, entry.attempt)
+        if generation == self._unverified:
+            self._unverified = 0
+            self._retry_at = 0.0  # the target answered the read: probe now
+        if self._degraded and self._probe is None and not self._retry:
+            self._degraded = False
+            self._failures = 0
+        self._advance()
+        return self.watermark > before
 
     def retry_now(self) -> None:
         """Bring the next probe forward (the target is back); the backoff level is kept."""

@@ -31,9 +31,9 @@ from nats.aio.subscription import Subscription
 
 from bridge.core import inbound
 from bridge.core.backoff import Backoff
-from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset
+from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset, VerifyStored
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
-from bridge.core.recovery import recover, recovery_depth
+from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
 from bridge.io.aggregate import read_source_tail
 from bridge.io.connect import describe, open_connection
@@ -190,20 +190,32 @@ class SourceRunner:
         positive = [n for n in limits if n > 0]
         self.engine.pipeline.size_limit = min(positive) if positive else 0
 
-    async def _recover(self, origin_info: dict[str, Any]) -> None:
+    async def _read_tail(self) -> list[Copy]:
+        """This source's newest copies in the aggregate (enough to see past any publish window)."""
         src = self.source
-        subject_filter = f"{src.subject_prefix}.>" if src.subject_prefix else ">"
-        depth = recovery_depth(self.target.publish_window)
-        started = self.clock()
-        copies = await read_source_tail(
+        return await read_source_tail(
             self.target.nc,
             self.target.api,
             self.target.stream,
             src.name,
-            subject_filter,
-            depth,
+            f"{src.subject_prefix}.>" if src.subject_prefix else ">",
+            recovery_depth(self.target.publish_window),
             self.engine_cfg.reset_timeout,
         )
+
+    async def _verify(self, request: VerifyStored) -> None:
+        wanted = set(request.stream_seqs)
+        try:
+            present = {copy.stream_seq for copy in await self._read_tail()} & wanted
+        except (BridgeError, OSError) as exc:
+            self._emit(self.engine.verify_failed(str(exc), self.clock()))
+            return
+        self._emit(self.engine.verified(request.generation, present, self.clock()))
+
+    async def _recover(self, origin_info: dict[str, Any]) -> None:
+        src = self.source
+        started = self.clock()
+        copies = await self._read_tail()
         result = recover(copies)
         last_seq = int(origin_info.get("state", {}).get("last_seq", 0))
         if result.watermark > last_seq:
@@ -332,6 +344,9 @@ class SourceRunner:
             if not self._stopping:
                 assert self._tg is not None
                 self._tg.start_soon(self._reset, effect)
+        elif isinstance(effect, VerifyStored):
+            assert self._tg is not None
+            self._tg.start_soon(self._verify, effect)
         elif isinstance(effect, Notice):
             getattr(self.log, effect.level)(effect.event, **effect.fields)
 

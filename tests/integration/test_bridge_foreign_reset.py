@@ -181,16 +181,6 @@ async def test_forward_resets_skip_backward_reset_does_not_duplicate(
         print(f"absent {len(absent)}, windows {record.windows}, backward {record.backward}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: after a foreign backward reset far below the bridge's watermark on a Limits origin, the bridge "
-        "answers flow control with Nats-Last-Stream = watermark (above the delivered stream seq). The server "
-        "moves asflr there but keeps walking over the already-acked messages, each added to pending and never "
-        "ackable again (AckAll answers with sseq <= asflr are no-ops), so the consumer sits at max_ack_pending "
-        "forever while heartbeats agree with the bridge: no reset, replication stops (engine.py `position`)"
-    ),
-)
 @pytest.mark.anyio
 async def test_backward_reset_far_below_watermark_keeps_flowing(
     topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory

@@ -241,15 +241,6 @@ async def test_sigterm_while_aggregate_missing(topology: Topology, tmp_path: Pat
         assert "Traceback" not in bridge.log_text()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: publishes stored by the aggregate whose PubAcks were lost with the connection are re-sent blindly "
-        "after the target reconnects (engine.target_reconnected -> pipeline.fail_in_flight + retry_now); only the "
-        "aggregate's duplicate window dedupes them, so an outage longer than the window (1 s here, 2 min by "
-        "default) stores them twice. Recovery's read-back of the aggregate tail is done at start only"
-    ),
-)
 @pytest.mark.anyio
 async def test_hub_outage_longer_than_duplicate_window_does_not_duplicate(
     topology: Topology, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
