@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 
+from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError
 from bridge.io.connect import open_connection
 from bridge.io.consumer import ensure_consumer
@@ -20,24 +21,6 @@ TIMEOUT = 5.0
 
 def _print(ok: bool, what: str, detail: str) -> None:
     print(f"{'OK  ' if ok else 'FAIL'} {what}: {detail}", flush=True)
-
-
-def _covers(subjects: list[str], subject: str) -> bool:
-    """Whether a stream subject list captures ``subject`` (literal tokens, ``*`` and ``>`` wildcards)."""
-    want = subject.split(".")
-    for pattern in subjects:
-        have = pattern.split(".")
-        for i, token in enumerate(have):
-            if token == ">":
-                if len(want) > i:
-                    return True
-                break
-            if i >= len(want) or (token != "*" and token != want[i] and want[i] != "*"):
-                break
-        else:
-            if len(have) == len(want):
-                return True
-    return False
 
 
 async def _check_target(config: Any) -> bool:
@@ -59,7 +42,7 @@ async def _check_target(config: Any) -> bool:
     subjects = list(cfg.get("subjects") or [])
     for src in config.sources:
         probe = f"{src.subject_prefix}.x" if src.subject_prefix else None
-        if probe and subjects and not _covers(subjects, probe):
+        if probe and subjects and not SubjectSet(subjects).captures(probe):
             _print(
                 False, f"target stream {target.stream}", f"subjects {subjects} do not capture {src.subject_prefix}.>"
             )

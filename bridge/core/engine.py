@@ -112,6 +112,7 @@ class SourceEngine:
         self._reset_cause = ResetCause.START
         self._reset_attempt = 0
         self._was_blocked = False
+        self._uncaptured: set[str] = set()  # subjects already warned about (bounded)
         self._verifying = False
         self._verify_due = 0.0
         self._verify_failures = 0
@@ -488,9 +489,25 @@ class SourceEngine:
         if generation and not self._verifying and now >= self._verify_due:
             self._verifying = True
             effects.append(VerifyStored(generation, tuple(self.pipeline.unverified_seqs())))
-        failures = self.pipeline.failures
-        for send in self.pipeline.take_sendable(now):
+        failures, barriers = self.pipeline.failures, self.pipeline.barriers
+        sends = self.pipeline.take_sendable(now)
+        for send in sends:
             self.stats.published += 1
             effects.append(Publish(send.entry, send.attempt))
+        if self.pipeline.barriers != barriers and sends and sends[-1].entry.message is not None:
+            subject = sends[-1].entry.message.subject
+            if subject not in self._uncaptured and len(self._uncaptured) < 1000:
+                self._uncaptured.add(subject)
+                effects.append(
+                    Notice(
+                        "publish.subject_not_captured",
+                        "warning",
+                        {
+                            "subject": subject,
+                            "hint": "the aggregate stream's subjects do not seem to capture it; "
+                            "sending such messages one at a time to keep origin order",
+                        },
+                    )
+                )
         if self.pipeline.failures != failures:
             self._note_blocked(effects, now)

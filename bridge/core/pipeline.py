@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from bridge.core.backoff import Backoff
+from bridge.core.subjects import SubjectSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,9 @@ class PublishPipeline:
     _blocked_since: float = 0.0
     stored_messages: int = 0
     size_limit: int = 0  # largest message the target accepts (0: unknown); larger ones are not sent at all
+    subjects: SubjectSet = field(default_factory=lambda: SubjectSet(()))  # what the target stream captures
+    barriers: int = 0  # messages sent alone because their subject did not look captured
+    _barrier: Entry | None = None
     _unverified: int = 0  # generation of ambiguous failures not yet checked against the target (0: none)
     _generation: int = 0
 
@@ -142,16 +146,26 @@ class PublishPipeline:
                     return out
                 out.append(self._send(self._probe, now))
             return out
-        while self._retry and len(self._in_flight) < self.window:
-            entry = self._retry.pop(0)
+        while self._barrier is None and (self._retry or self._fresh) and len(self._in_flight) < self.window:
+            queue = self._retry if self._retry else self._fresh
+            entry = queue[0]
+            assert entry.message is not None
+            barrier = not self.subjects.captures(entry.message.subject)
+            if barrier and self._in_flight:
+                break  # let everything before it be acked first
+            if queue is self._retry:
+                self._retry.pop(0)
+            else:
+                self._fresh.popleft()
             if self._too_large(entry, now):
                 return out
             out.append(self._send(entry, now))
-        while self._fresh and len(self._in_flight) < self.window:
-            entry = self._fresh.popleft()
-            if self._too_large(entry, now):
-                return out
-            out.append(self._send(entry, now))
+            if barrier:
+                # it may well be refused (no stream captures it): nothing after it goes out until it is stored,
+                # so a refusal cannot let later messages overtake it. If the guess was wrong (an account mapping
+                # or transform captures it after all) this cost one round trip.
+                self._barrier = entry
+                self.barriers += 1
         return out
 
     def _too_large(self, entry: Entry, now: float) -> bool:
@@ -184,6 +198,8 @@ class PublishPipeline:
                 del self._retry[i]
         entry.state = EntryState.STORED
         self.stored_messages += 1
+        if entry is self._barrier:
+            self._barrier = None
         self._in_flight.pop(order, None)
         was_probe = entry is self._probe
         if was_probe:
@@ -209,6 +225,8 @@ class PublishPipeline:
             self._unverified = self._generation
         entry.state = EntryState.FAILED
         entry.last_error = reason
+        if entry is self._barrier:
+            self._barrier = None
         self._in_flight.pop(entry.order, None)
         bisect.insort(self._retry, entry)
         newly = not self._degraded

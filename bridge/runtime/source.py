@@ -34,6 +34,7 @@ from bridge.core.backoff import Backoff
 from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset, VerifyStored
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
+from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
 from bridge.io.aggregate import read_source_tail
 from bridge.io.connect import describe, open_connection
@@ -43,7 +44,7 @@ from bridge.io.target import AckOutcome, SourcePublisher
 from bridge.logs import get_logger
 
 TICK = 0.1
-LIMITS_REFRESH = 5.0  # seconds between re-reading the target's size limits while blocked
+LIMITS_REFRESH = 5.0  # seconds between re-reading the target's limits and subjects while blocked
 SETUP_BACKOFF = Backoff(1.0, 30.0)
 
 
@@ -173,18 +174,22 @@ class SourceRunner:
         if self._publisher is None:
             self._publisher = SourcePublisher(self.target.nc, self._on_outcome)
             await self._publisher.start()
-        await self._refresh_size_limit()
+        await self._refresh_target_limits()
 
-    async def _refresh_size_limit(self) -> None:
-        """Learn the largest message the target takes (stream ``max_msg_size``, server ``max_payload``).
+    async def _refresh_target_limits(self) -> None:
+        """Learn what the target takes: the largest message (stream ``max_msg_size``, server ``max_payload``) and the
+        stream's subjects.
 
-        The pipeline does not send a message above it (see ``PublishPipeline.take_sendable``); refreshed while the
-        source is blocked so that raising the limit unblocks it.
+        The pipeline does not send a message above the size, and sends one whose subject does not look captured
+        alone (see ``PublishPipeline.take_sendable``); refreshed while the source is blocked so that an operator's
+        fix unblocks it.
         """
         limits = [int(self.target.nc.max_payload or 0)]
         try:
             info = await self.target.api.stream_info(self.target.stream, timeout=self.engine_cfg.reset_timeout)
-            limits.append(int(info.get("config", {}).get("max_msg_size", -1)))
+            config = info.get("config", {})
+            limits.append(int(config.get("max_msg_size", -1)))
+            self.engine.pipeline.subjects = SubjectSet(config.get("subjects") or ())
         except BridgeError as exc:
             self.log.debug("target.limits_unknown", error=str(exc))
         positive = [n for n in limits if n > 0]
@@ -313,7 +318,7 @@ class SourceRunner:
             now = self.clock()
             if self.engine.pipeline.degraded and now - last_refresh >= LIMITS_REFRESH:
                 last_refresh = now
-                await self._refresh_size_limit()
+                await self._refresh_target_limits()
             self._emit(self.engine.tick(now))
             self._changed.set()
 

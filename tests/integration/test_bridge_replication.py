@@ -241,16 +241,6 @@ async def _floor(nc: Client, consumer: str) -> int:
     return ack_floor(await consumer_info(nc, ORIGIN, consumer))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG (design.md invariant 3, 'origin order, including across retries'): when one publish in the window "
-        "fails at the target (here: its subject is not captured, 503 no responders) the publishes already sent "
-        "after it are stored, and the failed one is stored later on retry, so it lands after them. "
-        "pipeline.py take_sendable/_fail: only *new* sends stop when degraded; the recovery module documents such "
-        "holes as expected, so either the invariant or the pipeline has to change"
-    ),
-)
 @pytest.mark.anyio
 async def test_one_failed_publish_keeps_origin_order(topology: Topology, tmp_path: Path) -> None:
     n, failing = 300, 100
