@@ -115,8 +115,10 @@ async def _at_least(value: object, expected: int) -> bool:
 async def test_crash_with_a_hole_recovers_from_the_provenance_chain(
     topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:
-    """One message the aggregate cannot take yet (its subject is not captured) while the ones after it are stored:
-    a hole. SIGKILL, restart after the duplicate window: recovery must see the hole (Bridge-Prev chain), keep the
+    """One message the aggregate refuses while the ones after it are stored: a hole. (The refusal must be one the
+    bridge cannot foresee: a size or an uncaptured subject it checks before sending. Here the aggregate keeps one
+    message per subject with per-subject DiscardNew, and the hole repeats an earlier message's subject.)
+    SIGKILL, restart after the duplicate window: recovery must see the hole (Bridge-Prev chain), keep the
     origin acked only below it, not re-copy what is above it, and fill it once the aggregate accepts it."""
     n, hole = 600, 250
     spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=1000)
@@ -124,9 +126,18 @@ async def test_crash_with_a_hole_recovers_from_the_provenance_chain(
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
         window_ns = int(DUPLICATE_WINDOW * 1e9)
-        # captures orders.<one token> only: the hole's subject has two
-        await create_stream(hub_nc, AGGREGATE, ["edge.one.orders.*"], allow_direct=True, duplicate_window=window_ns)
-        await Publisher(leaf_nc, n, subject=lambda i: "orders.late.x" if i + 1 == hole else f"orders.{i % 7}").run()
+        await create_stream(
+            hub_nc,
+            AGGREGATE,
+            ["edge.one.>"],
+            allow_direct=True,
+            duplicate_window=window_ns,
+            max_msgs_per_subject=1,
+            discard="new",
+            discard_new_per_subject=True,
+        )
+        # every subject is new except the hole's, which message 1 already used
+        await Publisher(leaf_nc, n, subject=lambda i: "orders.0" if i + 1 == hole else f"orders.{i}").run()
 
         first = bridge_procs(config)
         await wait_for_value(
@@ -157,10 +168,13 @@ async def test_crash_with_a_hole_recovers_from_the_provenance_chain(
             f"STREAM.UPDATE.{AGGREGATE}",
             {
                 "name": AGGREGATE,
-                "subjects": ["edge.>"],
+                "subjects": ["edge.one.>"],
                 "allow_direct": True,
                 "duplicate_window": window_ns,
                 "storage": "file",
+                "max_msgs_per_subject": -1,
+                "discard": "new",
+                "discard_new_per_subject": False,
             },
         )
         await wait_for_value(
