@@ -46,6 +46,9 @@ def parse_ack_subject(subject: str) -> AckInfo | None:
         base = 4
     else:
         return None
+    numbers = tokens[base + 2 : base + 7]
+    if not all(token.isascii() and token.isdigit() for token in numbers):
+        return None  # int() would also take "+5", "1_0" or non-ASCII digits
     try:
         return AckInfo(
             stream=tokens[base],

@@ -68,6 +68,12 @@ def _int_or_none(value: str | None) -> int | None:
 
 def classify(subject: str, reply: str, headers: Mapping[str, str] | None, payload: bytes) -> Inbound:
     """Classify one message received on the deliver subject."""
+    if reply.startswith("$JS.ACK."):
+        # data first: an origin message may carry an application header that happens to be named "Status"
+        ack = parse_ack_subject(reply)
+        if ack is not None:
+            return Data(ack=ack, subject=subject, headers=headers, payload=payload)
+        return Unrecognised(f"malformed ack subject {reply!r}")
     if headers is not None and not payload and headers.get(STATUS) == "100":
         if reply:
             return FlowControlRequest(reply)
@@ -78,7 +84,4 @@ def classify(subject: str, reply: str, headers: Mapping[str, str] | None, payloa
         )
     if headers is not None and STATUS in headers:
         return Unrecognised(f"status {headers.get(STATUS)} {headers.get(DESCRIPTION, '')}".strip())
-    ack = parse_ack_subject(reply) if reply else None
-    if ack is None:
-        return Unrecognised(f"no JetStream ack subject (reply {reply!r})")
-    return Data(ack=ack, subject=subject, headers=headers, payload=payload)
+    return Unrecognised(f"no JetStream ack subject (reply {reply!r})")

@@ -146,9 +146,13 @@ class PublishPipeline:
                     return out
                 out.append(self._send(self._probe, now))
             return out
-        while self._barrier is None and (self._retry or self._fresh) and len(self._in_flight) < self.window:
+        while self._barrier is None and (self._retry or self._fresh):
             queue = self._retry if self._retry else self._fresh
             entry = queue[0]
+            if entry.order >= self._entries[0].order + self.window:
+                # the window is a span from the oldest message not yet stored, not a count of un-acked ones: a
+                # publish whose ack is late (or lost) must not be overtaken by more than a window of copies
+                break
             assert entry.message is not None
             barrier = not self.subjects.captures(entry.message.subject)
             if barrier and self._in_flight:

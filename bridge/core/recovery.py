@@ -5,12 +5,17 @@ accepted just before it). Because publishing is pipelined, a failed publish can 
 messages stored while an earlier one is still being retried. A crash at that moment must not make the newest
 copy's sequence the watermark, or the hole would be acked at the origin and lost.
 
-The pipeline sends at most ``publish_window`` messages before it stops and retries the failed one alone, so a
-hole can only exist among the newest ``publish_window`` copies of a source. Recovery therefore reads a tail of
-at least twice that, and walks the chain upwards from its oldest copy: the watermark is the last copy reached
-before a missing link; copies above a hole are reported as *present* so they are not published twice.
-A forward skip also breaks the chain (its ``Bridge-Prev`` names a sequence that was never copied), which only
-makes the watermark conservative: the consumer's ack floor, adopted at the first RESET, covers the skip.
+The chain is anchored at the consumer's **ack floor**: the bridge only ever acks what is stored (or what a forward
+reset skipped on purpose), so everything at or below the floor is accounted for. Recovery reads the source's
+copies backwards until it reaches one at or below the floor (or the start of the stream), then walks upwards from
+the floor: a copy whose ``Bridge-Prev`` is at or below the watermark so far extends it; the first that does not
+marks a hole. The watermark is the top of the unbroken run; copies above the hole are reported as *present* so
+they are not published twice, and the hole is published (and retried) before any of them is acked.
+
+Only if the read is cut short (more than ``cap`` copies above the floor: a recreated consumer whose floor is far
+behind the aggregate) is the oldest copy read taken as the anchor. That rests on the pipeline never sending more
+than ``publish_window`` messages past the oldest one not yet stored, so a hole cannot sit further down than that
+within one run.
 """
 
 from __future__ import annotations
@@ -37,23 +42,27 @@ class Recovery:
 
 
 def recovery_depth(publish_window: int) -> int:
-    """How many of a source's newest copies recovery must read to see past any hole."""
-    return max(2 * publish_window, 1024)
+    """How many copies above the ack floor recovery reads at most before it trusts the oldest one it has."""
+    return max(4 * publish_window, 100_000)
 
 
-def recover(copies: Iterable[Copy]) -> Recovery:
-    """Compute the contiguous watermark from a source's newest copies (any order, duplicates allowed)."""
+def recover(copies: Iterable[Copy], floor: int = 0, complete: bool = True) -> Recovery:
+    """Compute the contiguous watermark from a source's newest copies (any order, duplicates allowed).
+
+    ``floor`` is the consumer's ack floor; ``complete`` says the copies reach down to it (or to the first copy of
+    the source ever stored), so the chain can start there. Otherwise it starts at the oldest copy.
+    """
     prev_of: dict[int, int] = {}
     for copy in copies:
         prev_of[copy.stream_seq] = copy.prev_seq
-    if not prev_of:
-        return Recovery(0, frozenset(), 0)
-    ordered = sorted(prev_of)
-    watermark = ordered[0]
+    ordered = sorted(seq for seq in prev_of if seq > floor)
+    watermark = floor
+    if ordered and not complete:
+        watermark = max(floor, ordered[0])
+        ordered = ordered[1:]
     broken_at = len(ordered)
-    for i in range(1, len(ordered)):
-        seq = ordered[i]
-        if prev_of[seq] != ordered[i - 1]:
+    for i, seq in enumerate(ordered):
+        if prev_of[seq] > watermark:
             broken_at = i
             break
         watermark = seq

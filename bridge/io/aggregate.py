@@ -39,31 +39,39 @@ def parse_header_block(raw: bytes) -> dict[str, str]:
 
 
 async def read_source_tail(
-    nc: NATS, api: JsApi, stream: str, source: str, subject_filter: str, depth: int, timeout: float
-) -> list[Copy]:
-    """Up to ``depth`` of the newest copies of ``source`` in ``stream`` (fewer if the stream has fewer)."""
+    nc: NATS, api: JsApi, stream: str, source: str, subject_filter: str, floor: int, cap: int, timeout: float
+) -> tuple[list[Copy], bool]:
+    """The copies of ``source`` in ``stream`` above ``floor``, newest first read, oldest first returned.
+
+    Reads backwards until a copy at or below ``floor`` (or the stream's first message) is reached: then the
+    second value is True. It stops early, returning False, once ``cap`` copies above the floor were read.
+    """
     try:
         info = await api.stream_info(stream, timeout=timeout)
     except ApiError as exc:
         if exc.err_code == STREAM_NOT_FOUND:
-            return []  # a stream that does not exist holds no copies; publishes will block until it does
+            return [], True  # a stream that does not exist holds no copies; publishes will block until it does
         raise TargetUnavailable(f"aggregate stream {stream!r}: {exc.description}") from exc
     state = info.get("state", {})
     first, last = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
     direct = bool(info.get("config", {}).get("allow_direct"))
     copies: list[Copy] = []
     if last == 0 or state.get("messages", 0) == 0:
-        return copies
+        return copies, True
     hi, chunk = last, 1024
-    while hi >= first and len(copies) < depth:
+    reached = False
+    while hi >= first and not reached and len(copies) < cap:
         lo = max(first, hi - chunk + 1)
         for headers in await read_range(nc, api, stream, lo, hi, subject_filter, timeout, direct=direct):
             prov = hdr.parse_provenance(headers)
             if prov is not None and prov.source == source:
-                copies.append(Copy(prov.stream_seq, prov.prev_seq))
+                if prov.stream_seq <= floor:
+                    reached = True
+                else:
+                    copies.append(Copy(prov.stream_seq, prov.prev_seq))
         hi, chunk = lo - 1, min(chunk * 2, MAX_CHUNK)
     copies.sort(key=lambda c: c.stream_seq)
-    return copies[-depth:]
+    return copies, reached or hi < first
 
 
 async def read_range(

@@ -170,7 +170,7 @@ class SourceRunner:
             num_pending=info.get("num_pending"),
         )
         if self.engine.phase is Phase.RECOVERING:
-            await self._recover(origin)
+            await self._recover(origin, int(info.get("ack_floor", {}).get("stream_seq", 0)))
         if self._publisher is None:
             self._publisher = SourcePublisher(self.target.nc, self._on_outcome)
             await self._publisher.start()
@@ -195,8 +195,8 @@ class SourceRunner:
         positive = [n for n in limits if n > 0]
         self.engine.pipeline.size_limit = min(positive) if positive else 0
 
-    async def _read_tail(self) -> list[Copy]:
-        """This source's newest copies in the aggregate (enough to see past any publish window)."""
+    async def _read_tail(self, floor: int) -> tuple[list[Copy], bool]:
+        """This source's copies in the aggregate above ``floor`` (see ``read_source_tail``)."""
         src = self.source
         return await read_source_tail(
             self.target.nc,
@@ -204,6 +204,7 @@ class SourceRunner:
             self.target.stream,
             src.name,
             f"{src.subject_prefix}.>" if src.subject_prefix else ">",
+            floor,
             recovery_depth(self.target.publish_window),
             self.engine_cfg.reset_timeout,
         )
@@ -211,17 +212,18 @@ class SourceRunner:
     async def _verify(self, request: VerifyStored) -> None:
         wanted = set(request.stream_seqs)
         try:
-            present = {copy.stream_seq for copy in await self._read_tail()} & wanted
+            copies, _ = await self._read_tail(self.engine.watermark)
         except (BridgeError, OSError) as exc:
             self._emit(self.engine.verify_failed(str(exc), self.clock()))
             return
+        present = {copy.stream_seq for copy in copies} & wanted
         self._emit(self.engine.verified(request.generation, present, self.clock()))
 
-    async def _recover(self, origin_info: dict[str, Any]) -> None:
+    async def _recover(self, origin_info: dict[str, Any], floor: int) -> None:
         src = self.source
         started = self.clock()
-        copies = await self._read_tail()
-        result = recover(copies)
+        copies, complete = await self._read_tail(floor)
+        result = recover(copies, floor, complete)
         last_seq = int(origin_info.get("state", {}).get("last_seq", 0))
         if result.watermark > last_seq:
             # the origin's sequence went backwards: the stream was recreated. Replicating would drop every new
@@ -235,7 +237,9 @@ class SourceRunner:
             "recovery.done",
             watermark=result.watermark,
             present_above=len(result.present),
+            ack_floor=floor,
             copies_read=result.copies_read,
+            complete=complete,
             seconds=round(self.clock() - started, 3),
         )
         self._emit(self.engine.recovered(result.watermark, result.present, self.clock()))
