@@ -36,3 +36,24 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
 def get_logger(**context: Any) -> Any:
     """A bound logger carrying ``context`` on every event."""
     return structlog.get_logger("nats-bridge").bind(**context)
+
+
+class Throttle:
+    """Lets one event through per ``interval`` seconds and counts the ones it held back.
+
+    nats-py reports every failed reconnect attempt (one per ``reconnect_time_wait``); during an outage that is
+    two lines a second that say nothing new.
+    """
+
+    def __init__(self, interval: float = 30.0) -> None:
+        self.interval = interval
+        self._last = -interval
+        self._held = 0
+
+    def allow(self, now: float) -> int | None:
+        """None to stay quiet; otherwise how many events were held back since the last one let through."""
+        if now - self._last < self.interval:
+            self._held += 1
+            return None
+        held, self._held, self._last = self._held, 0, now
+        return held

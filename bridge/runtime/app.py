@@ -8,6 +8,7 @@ connection because publishes are small writes on one socket and the target is on
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -18,7 +19,7 @@ from bridge.core.backoff import Backoff
 from bridge.errors import BridgeError, TargetUnavailable
 from bridge.io.connect import describe, open_connection
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
-from bridge.logs import get_logger
+from bridge.logs import Throttle, get_logger
 from bridge.runtime.source import SourceRunner, TargetSide
 
 CONNECT_BACKOFF = Backoff(0.5, 15.0)
@@ -33,6 +34,7 @@ class Bridge:
         self.runners: list[SourceRunner] = []
         self.log = get_logger(component="bridge")
         self._target_nc: NATS | None = None
+        self._error_throttle = Throttle()
 
     async def run(
         self, *, handle_signals: bool = True, on_started: Callable[[Bridge], Coroutine[Any, Any, None]] | None = None
@@ -133,4 +135,6 @@ class Bridge:
             runner.target_reconnected()
 
     async def _target_error(self, exc: Exception) -> None:
-        self.log.warning("target.error", error=describe(exc))
+        suppressed = self._error_throttle.allow(time.monotonic())
+        if suppressed is not None:
+            self.log.warning("target.error", error=describe(exc), similar_suppressed=suppressed)

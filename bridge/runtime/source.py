@@ -41,7 +41,7 @@ from bridge.io.connect import describe, open_connection
 from bridge.io.consumer import ensure_consumer
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.io.target import AckOutcome, SourcePublisher
-from bridge.logs import get_logger
+from bridge.logs import Throttle, get_logger
 
 TICK = 0.1
 LIMITS_REFRESH = 5.0  # seconds between re-reading the target's limits and subjects while blocked
@@ -94,6 +94,7 @@ class SourceRunner:
         self._publisher: SourcePublisher | None = None
         self._tg: TaskGroup | None = None
         self._stopping = False
+        self._error_throttle = Throttle()
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -313,7 +314,9 @@ class SourceRunner:
         self._emit(self.engine.source_reconnected(self.clock()))
 
     async def _on_error(self, exc: Exception) -> None:
-        self.log.warning("origin.error", error=describe(exc))
+        suppressed = self._error_throttle.allow(self.clock())
+        if suppressed is not None:
+            self.log.warning("origin.error", error=describe(exc), similar_suppressed=suppressed)
 
     async def _ticker(self) -> None:
         last_refresh = self.clock()

@@ -1,0 +1,30 @@
+"""Log throttling and secrets: what operators see during an outage."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from bridge import logs
+
+
+def test_throttle_lets_one_event_through_per_interval_and_counts_the_rest() -> None:
+    throttle = logs.Throttle(interval=30.0)
+    assert throttle.allow(100.0) == 0
+    assert [throttle.allow(100.0 + t) for t in (0.5, 1.0, 29.0)] == [None, None, None]
+    assert throttle.allow(130.0) == 3
+    assert throttle.allow(130.5) is None
+
+
+def test_json_lines_when_not_a_terminal() -> None:
+    out = io.StringIO()
+    logs.configure("info", "auto", stream=out)
+    try:
+        logs.get_logger(source="edge-a").info("reset.done", reset_seq=7)
+        logs.get_logger().debug("hidden")
+    finally:
+        logs.configure("info", "console")
+    line = json.loads(out.getvalue().strip())
+    assert line["event"] == "reset.done" and line["source"] == "edge-a" and line["reset_seq"] == 7
+    assert line["level"] == "info" and "timestamp" in line
+    assert "hidden" not in out.getvalue()
