@@ -24,6 +24,9 @@ from bridge.errors import TargetUnavailable
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
 
 MAX_CHUNK = 65536
+# Without a subject_prefix every message of the aggregate is read and its Bridge-Source compared; this bounds
+# that scan (a new source joining a big shared aggregate would otherwise read all of it at start).
+MAX_SCANNED = 1_000_000
 BATCH = 1024
 MAX_BYTES = 8 * 1024 * 1024
 
@@ -44,7 +47,8 @@ async def read_source_tail(
     """The copies of ``source`` in ``stream`` above ``floor``, newest first read, oldest first returned.
 
     Reads backwards until a copy at or below ``floor`` (or the stream's first message) is reached: then the
-    second value is True. It stops early, returning False, once ``cap`` copies above the floor were read.
+    second value is True. It stops early, returning False, once ``cap`` copies above the floor were read or
+    ``MAX_SCANNED`` messages were examined.
     """
     try:
         info = await api.stream_info(stream, timeout=timeout)
@@ -60,9 +64,12 @@ async def read_source_tail(
         return copies, True
     hi, chunk = last, 1024
     reached = False
-    while hi >= first and not reached and len(copies) < cap:
+    scanned = 0
+    while hi >= first and not reached and len(copies) < cap and scanned < MAX_SCANNED:
         lo = max(first, hi - chunk + 1)
-        for headers in await read_range(nc, api, stream, lo, hi, subject_filter, timeout, direct=direct):
+        found = await read_range(nc, api, stream, lo, hi, subject_filter, timeout, direct=direct)
+        scanned += len(found)
+        for headers in found:
             prov = hdr.parse_provenance(headers)
             if prov is not None and prov.source == source:
                 if prov.stream_seq <= floor:
