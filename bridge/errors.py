@@ -29,20 +29,24 @@ class TargetUnavailable(BridgeError):
     """The target (aggregate) server or stream cannot be reached or did not answer."""
 
 
-class PublishRejected(BridgeError):
-    """The target refused a publish. ``code``/``err_code`` are the server's, ``permanent`` says retrying the
-    same message cannot help without an operator's action (it is still retried: nothing is ever skipped)."""
+class ApiError(BridgeError):
+    """A JetStream API request was answered with an error (``code``/``err_code`` are the server's)."""
 
-    def __init__(self, description: str, code: int = 0, err_code: int = 0, permanent: bool = False) -> None:
-        self.description = description
+    def __init__(self, subject: str, code: int, err_code: int, description: str) -> None:
+        self.subject = subject
         self.code = code
         self.err_code = err_code
-        self.permanent = permanent
-        super().__init__(f"publish rejected: {description} (code {code}, err_code {err_code})")
+        self.description = description
+        super().__init__(f"{description} (code {code}, err_code {err_code})")
 
 
-class ResetTimeout(BridgeError):
-    """A consumer RESET got no reply in time: the consumer is missing, leaderless, or the origin unreachable."""
+class ApiTimeout(BridgeError):
+    """A JetStream API request got no answer in time. For a consumer RESET this is how a missing or leaderless
+    consumer shows (protocol.md section 5): the server does not answer at all."""
+
+
+class ApiUnavailable(BridgeError):
+    """No JetStream responder for a request, or the connection cannot carry it right now."""
 
 
 class ConsumerUnfit(BridgeError):

@@ -351,4 +351,5 @@ class PublishPipeline:
         return min(times) if times else None
 
     def __iter__(self) -> Iterator[Entry]:
+        """The entries not yet popped off the stored prefix, oldest first (for inspection and tests)."""
         return iter(self._entries)

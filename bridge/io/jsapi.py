@@ -15,31 +15,14 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from bridge.errors import BridgeError
+from bridge.errors import ApiError, ApiTimeout, ApiUnavailable
 from bridge.io.connect import describe
+
+__all__ = ["CONSUMER_NOT_FOUND", "STREAM_NOT_FOUND", "ApiError", "ApiTimeout", "ApiUnavailable", "JsApi"]
 
 # err_code values the bridge reacts to (nats-server server/errors.json)
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
-
-
-class ApiError(BridgeError):
-    """The JetStream API answered with an error."""
-
-    def __init__(self, subject: str, code: int, err_code: int, description: str) -> None:
-        self.subject = subject
-        self.code = code
-        self.err_code = err_code
-        self.description = description
-        super().__init__(f"{description} (code {code}, err_code {err_code})")
-
-
-class ApiTimeout(BridgeError):
-    """No answer in time (for RESET: the consumer is missing or has no leader, protocol.md section 5)."""
-
-
-class ApiUnavailable(BridgeError):
-    """No JetStream responder, or the connection is not usable."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, Requ
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.subjects import SubjectSet
-from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
+from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
 from bridge.io.aggregate import read_source_tail
 from bridge.io.connect import describe, open_connection
 from bridge.io.consumer import ensure_consumer
@@ -437,6 +437,3 @@ class SourceRunner:
         if sub is not None:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-
-
-__all__ = ["SourceRunner", "TargetSide", "TargetUnavailable"]
