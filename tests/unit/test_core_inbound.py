@@ -91,12 +91,9 @@ def test_no_ack_subject_is_unrecognised(reply: str) -> None:
     [({"Status": "200", "X-App": "1"}, b"body"), ({"Status": "100"}, b""), ({"Status": "active"}, b"body")],
 )
 def test_data_with_an_application_status_header_is_still_data(headers: dict[str, str], payload: bytes) -> None:
-    """classify() looks at a ``Status`` header before the ``$JS.ACK`` reply, and nats-py puts user headers and the
-    status line into the same dict (``_process_headers``). An origin message carrying an application header
-    ``Status`` (e.g. ``Status: 200`` from an HTTP gateway) is classified Unrecognised; with an empty payload and
-    ``Status: 100`` it even becomes a FlowControlRequest answered on its ack subject. The engine never counts that
-    dseq -> GAP reset -> the same message again -> reset loop: the source is blocked for good.
-    Fix: a message whose reply parses as a ``$JS.ACK`` subject is data, whatever its headers (the server never
-    puts an ack reply on control messages); only then look at ``Status``.
-    """
+    """Regression (fixed in d720488): classify() used to look at a ``Status`` header before the ``$JS.ACK`` reply,
+    and nats-py puts user headers and the status line into the same dict (``_process_headers``). An origin
+    message carrying an application header ``Status`` (e.g. ``Status: 200`` from an HTTP gateway) was
+    Unrecognised (with an empty payload and ``Status: 100``, even a FlowControlRequest): its dseq was never
+    counted, a GAP reset brought it back, and so on: the source was blocked for good."""
     assert isinstance(classify("orders.new", ACK, headers, payload), Data)

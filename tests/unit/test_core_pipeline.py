@@ -412,13 +412,10 @@ def test_watermark_never_passes_an_unstored_message(window: int, ops: list[tuple
 
 
 def test_no_entry_is_sent_more_than_a_window_past_an_unacked_one() -> None:
-    """What ``bridge.core.recovery`` relies on: copies above a hole are among the newest ``window``.
-
-    With entry 1 lost (no ack, no error until its ack timeout) the other slots keep cycling: entries far beyond
-    1 + window are sent, and stored, before 1 is even known to have failed. See test_core_recovery.py for the
-    data loss this leads to after a crash. Fix: only send an entry while ``entry.order - oldest_unstored.order
-    < window``.
-    """
+    """Regression (fixed in d720488): what ``bridge.core.recovery`` relies on, fewer than ``window`` copies above a
+    hole. The window used to count un-acked publishes: with entry 1 lost (no ack, no error until its ack
+    timeout) the other slots kept cycling and entries far beyond 1 + window were stored before 1 was even known
+    to have failed; a crash then recovered above the hole. Now it is a span from the oldest unstored entry."""
     p = pipeline(window=2)
     fill(p, *range(1, 11))
     first = by_seq(p.take_sendable(0.0))
@@ -429,3 +426,19 @@ def test_no_entry_is_sent_more_than_a_window_past_an_unacked_one() -> None:
             highest = max(highest, send.entry.stream_seq)
             p.stored(send.entry.order, send.attempt)
     assert highest < 1 + 2
+
+
+def test_markers_count_in_the_span() -> None:
+    """Copies found present at recovery (or a skip) hold their place in the span: after a restart above a hole,
+    nothing new goes out past them until the hole is stored, so copies above a hole never pile up restart after
+    restart."""
+    p = pipeline(window=3)
+    fill(p, 1)  # the hole, published again
+    p.add_stored(2)  # present copies above it
+    p.add_stored(3)
+    fill(p, 4, 5)
+    assert seqs(p.take_sendable(0.0)) == [1]
+    assert p.take_sendable(0.0) == []
+    p.stored(1, 1)
+    assert p.watermark == 3
+    assert seqs(p.take_sendable(0.0)) == [4, 5]

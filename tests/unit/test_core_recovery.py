@@ -84,37 +84,62 @@ def test_present_never_at_or_below_the_watermark(seqs: list[int], data: st.DataO
     assert result.present | {c.stream_seq for c in kept if c.stream_seq <= result.watermark} == {
         c.stream_seq for c in kept
     }
-    # the watermark is a copy, and no copy of the chain between the oldest kept one and it was dropped
+    # anchored at the floor (0 here), the watermark never passes a dropped copy, however low
+    assert not any(s <= result.watermark for s in dropped)
+
+
+@given(st.lists(st.integers(1, 60), unique=True, max_size=30), st.data())
+def test_a_cut_short_read_trusts_only_its_oldest_copy(seqs: list[int], data: st.DataObject) -> None:
+    seqs.sort()
+    kept = [
+        c
+        for c in chain(seqs)
+        if c.stream_seq not in data.draw(st.sets(st.sampled_from(seqs)) if seqs else st.just(set()))
+    ]
+    full = recover(kept, complete=False)
     if kept:
-        oldest = kept[0].stream_seq
-        assert not any(oldest < s <= result.watermark for s in dropped)
+        tail = recover(kept[1:], floor=kept[0].stream_seq)  # the same as anchoring at the oldest copy read
+        assert (full.watermark, full.present) == (tail.watermark, tail.present)
 
 
-# -- bugs ----------------------------------------------------------------------------------------------------
+# -- the floor anchor ----------------------------------------------------------------------------------------
+
+
+def test_copies_at_or_below_the_floor_are_ignored() -> None:
+    copies = [Copy(3, 2), Copy(5, 4), Copy(6, 5)]
+    assert recover(copies, floor=5) == Recovery(6, frozenset(), 3)
+
+
+def test_the_chain_starts_at_the_floor() -> None:
+    # the floor is what the bridge's own answers (or a forward reset) acked: accounted for; 11 links to it
+    assert recover([Copy(11, 10), Copy(12, 11)], floor=10).watermark == 12
+    # a copy whose Bridge-Prev is at or below the watermark so far extends it (what was between was not there)
+    assert recover([Copy(11, 7), Copy(12, 11)], floor=10).watermark == 12
+    # one that names a sequence above it marks a hole
+    assert recover([Copy(12, 11), Copy(13, 12)], floor=10) == Recovery(10, frozenset({12, 13}), 2)
+
+
+# -- regressions (bugs found by these tests, fixed in d720488) -----------------------------------------------
 
 
 def test_a_hole_below_the_first_copy_is_not_covered() -> None:
     """Publish of origin seq 1 fails, 2 and 3 are stored, the bridge dies before the retry.
 
     Triggers: a new source (or an aggregate whose limits aged out older copies) whose first publishes meet a
-    refusal nobody foresees (per-subject DiscardNew limit, leader election) while later ones are stored.
-    ``read_source_tail`` returns fewer copies than the depth when the source's whole history is shorter, so
-    the oldest copy is the first one ever stored and nothing proves what is below it. ``recover`` makes it the
-    base of the chain: watermark 3, and on restart delivery 1 is dropped as a duplicate (1 <= accepted) and the
-    next FC answer acks 3: seq 1 is deleted from a WorkQueue origin without ever being stored.
-    Expected: watermark 0 (everything present), the RESET's ack floor supplies the real base. Fix: pass whether
-    the tail is complete (fewer copies than requested) and then start the chain at a virtual Copy(0, 0)
-    (as tests/unit/sim.py complete_history_recover does); or require the first copy's Bridge-Prev to be 0.
+    refusal nobody foresees (per-subject DiscardNew limit, leader election) while later ones are stored. The old
+    ``recover`` made the oldest copy read the base of the chain: watermark 3; on restart delivery 1 was dropped as
+    a duplicate and the next FC answer acked 3, deleting seq 1 from a WorkQueue origin unstored. Now the chain
+    starts at the consumer's ack floor (0 here): 2 names 1, which is missing.
     """
     result = recover([Copy(2, 1), Copy(3, 2)])
     assert result.watermark == 0
     assert result.present == frozenset({2, 3})
 
 
-def test_restart_after_a_failed_first_publish_loses_it() -> None:
-    """The simulator with the real ``recover()``: publish 1 rejected, 2 stored, crash, restart -> 1 is deleted."""
+def test_restart_after_a_failed_first_publish_keeps_it() -> None:
+    """The story above end to end in the simulator, recovering as the runtime does: 1 is stored in the end."""
     config = SimConfig(n=3, published=3, max_ack_pending=100, publish_window=3)
-    sim = Sim(config, recover_fn=recover)
+    sim = Sim(config)
     sim.step_reset_reply("ok")
     for _ in range(2):
         sim.step_deliver()
@@ -122,6 +147,7 @@ def test_restart_after_a_failed_first_publish_loses_it() -> None:
     sim.step_target("reject")  # seq 1
     sim.step_target("ok")  # seq 2
     sim.crash(reset_applied=False)
+    assert sim.engine.watermark == 0
     sim.heal_and_settle()
     sim.check_final()
 
@@ -165,19 +191,16 @@ def test_a_lost_publish_is_overtaken_by_less_than_a_window() -> None:
     assert recover(aggregate.values(), complete=False).watermark == 4  # the fallback trusts the oldest copy read
 
 
-def test_a_permanently_failing_message_and_repeated_restarts_lose_it() -> None:
+def test_a_permanently_failing_message_and_repeated_restarts_keep_it() -> None:
     """A message the target refuses every time and an operator restarting the bridge (it looks stuck).
 
     Concrete trigger: an aggregate with ``max_msgs_per_subject`` and per-subject DiscardNew refuses message N
-    ("maximum messages per subject exceeded") while N+1.. on other subjects are stored; the size pre-check and the
-    subject barrier cannot foresee that.
-
-    Each restarted bridge recovers the hole correctly (watermark below it, copies above it present) but then
-    publishes the hole *and up to window-1 new messages after the present ones* before the hole's error comes
-    back. Copies above the hole grow by about a window per restart; after three restarts the newest
-    ``recovery_depth`` copies are all above it and the fourth bridge takes the never-stored message as stored.
-    Fix: after a recovery with ``present``, send nothing past the present copies until the hole is stored (or
-    persist the watermark elsewhere).
+    ("maximum messages per subject exceeded") while N+1.. on other subjects are stored; neither the size
+    pre-check nor the subject barrier can foresee that. With the window counted in un-acked publishes, each
+    restarted bridge published the hole *and up to window-1 new messages past the present copies* before the
+    hole's error came back; after three restarts the newest ``recovery_depth`` copies were all above the hole and
+    the fourth bridge took it as stored. Now the window is a span from the oldest unstored entry (the present
+    copies count in it), so nothing new is sent past the hole, and recovery reads down to the ack floor anyway.
     """
     window = 1024
     depth = recovery_depth(window)
