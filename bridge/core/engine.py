@@ -113,6 +113,7 @@ class SourceEngine:
         self._reset_attempt = 0
         self._was_blocked = False
         self._uncaptured: set[str] = set()  # subjects already warned about (bounded)
+        self._epoch_current = True  # False once stopping with a reset pending: the epoch is no longer the server's
         self._verifying = False
         self._verify_due = 0.0
         self._verify_failures = 0
@@ -133,7 +134,7 @@ class SourceEngine:
         the server sets its ack floor to the watermark, then walks the deliveries below it into pending, where
         no later answer can clear them (an ack at or below the floor is a no-op) until ``max_ack_pending`` fills.
         """
-        return self._position
+        return self._position if self._epoch_current else (0, 0)
 
     @property
     def drained(self) -> bool:
@@ -446,6 +447,8 @@ class SourceEngine:
 
     def begin_shutdown(self, now: float) -> list[Effect]:
         """Stop taking deliveries and sending new publishes; in-flight acks still advance the watermark."""
+        # positions are only good for the epoch the server is in: if a reset was pending, answer empty from now on
+        self._epoch_current = self.phase is Phase.RUNNING
         self.phase = Phase.STOPPING
         return [Notice("stopping", fields={"in_flight": self.pipeline.in_flight, "watermark": self.watermark})]
 

@@ -681,3 +681,25 @@ def test_foreign_forward_reset_plus_lost_deliveries_is_not_detected() -> None:
     store(engine, feed(engine, [(1, 1), (2, 2), (3, 3)], 3.0))
     effects = engine.data(data(4, 13), 3.0)
     assert published(effects) == [] or of(effects, RequestReset) != []
+
+
+def test_shutdown_during_a_pending_reset_answers_empty() -> None:
+    """Stopping while a reset is pending: the engine's epoch is no longer the server's, so a held request and a
+    stalled subject get empty answers, never the old epoch's position."""
+    engine = start()
+    sent = feed(engine, [(1, 1), (2, 2)], 3.0)
+    engine.flow_control(FC1, 3.0)
+    assert of(engine.data(data(4, 4), 3.0), RequestReset) != []  # a gap: reset pending
+    store(engine, sent, now=3.1)
+    engine.begin_shutdown(3.2)
+    assert answers(engine.final_answer()) == [(FC1, 0, 0)]
+    assert answers(engine.heartbeat(Heartbeat(2, 2, FC1), 3.3)) == [(FC1, 0, 0)]
+
+
+def test_shutdown_while_running_answers_with_the_stored_position() -> None:
+    engine = start()
+    sent = feed(engine, [(1, 1), (2, 2)], 3.0)
+    engine.flow_control(FC1, 3.0)
+    engine.begin_shutdown(3.1)
+    store(engine, sent, now=3.2)  # in-flight acks still count while stopping
+    assert engine.final_answer() == []  # the held request was answered as soon as it was covered
