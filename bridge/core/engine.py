@@ -141,10 +141,6 @@ class SourceEngine:
         """Nothing is in flight to the aggregate."""
         return self.pipeline.in_flight == 0
 
-    @property
-    def last_activity(self) -> float:
-        return self._last_activity
-
     # -- start ----------------------------------------------------------------------------------------------
 
     def recovered(self, watermark: int, present: Iterable[int], now: float) -> list[Effect]:

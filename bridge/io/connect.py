@@ -16,23 +16,6 @@ from nats.aio.client import Client as NATS
 from bridge.errors import BridgeError
 
 
-class _Auth(Protocol):
-    user: str | None
-    nkey_seed_file: Any
-    creds_file: Any
-
-    @property
-    def password(self) -> Any: ...
-    @property
-    def token(self) -> Any: ...
-
-
-class _Tls(Protocol):
-    ca_file: Any
-    cert_file: Any
-    key_file: Any
-
-
 class ConnectionSettings(Protocol):
     """What a side's configuration offers to open a connection (TargetConfig and SourceConfig both do)."""
 
