@@ -141,6 +141,11 @@ class PublishPipeline:
             if self._unverified:
                 return out  # an ambiguous failure must be checked against the target before anything is re-sent
             if self._probe is None and self._retry and now >= self._retry_at:
+                if self._in_flight and min(self._in_flight) < self._retry[0].order:
+                    # an earlier publish is still unresolved (e.g. sent just before the connection died): if it
+                    # turns out lost, a probe sent now would have overtaken it. Its ack, its timeout or the
+                    # reconnect decides first; then the earliest failed entry is the probe.
+                    return out
                 self._probe = self._retry.pop(0)
                 if self._too_large(self._probe, now):
                     return out

@@ -53,6 +53,25 @@ def tls_context(tls: Any) -> ssl.SSLContext | None:
     return ctx
 
 
+def drop_unsent_publishes(nc: Any) -> int:
+    """Discard the publishes nats-py still holds in its write buffer after a connection was lost; returns how many.
+
+    nats-py replays that buffer on the new connection once it reconnects. The publishes written to the old socket
+    just before them may have died with it (a killed server), so the replay would store later messages ahead of
+    earlier ones: the aggregate's order would break. Dropped publishes are simply in flight without an ack; the
+    engine reads the target and re-sends them, in order. Other buffered commands (PING, SUB) are kept.
+    """
+    pending = getattr(nc, "_pending", None)
+    if not isinstance(pending, list):
+        return 0
+    kept = [cmd for cmd in pending if not bytes(cmd[:5]).startswith((b"PUB ", b"HPUB "))]
+    dropped = len(pending) - len(kept)
+    if dropped:
+        nc._pending = kept
+        nc._pending_data_size = sum(len(cmd) for cmd in kept)
+    return dropped
+
+
 def connect_options(side: ConnectionSettings, *, name: str) -> dict[str, Any]:
     """nats-py ``connect`` keyword arguments for one side (no callbacks)."""
     opts: dict[str, Any] = {

@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 
 from bridge.core.backoff import Backoff
 from bridge.errors import BridgeError, TargetUnavailable
-from bridge.io.connect import describe, open_connection
+from bridge.io.connect import describe, drop_unsent_publishes, open_connection
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.logs import Throttle, get_logger
 from bridge.runtime.source import SourceRunner, TargetSide
@@ -126,8 +126,11 @@ class Bridge:
         )
 
     async def _target_disconnected(self) -> None:
+        # nats-py calls this after the old socket closed and before it reconnects: the only point at which
+        # publishes it would replay out of order can still be taken back
+        dropped = drop_unsent_publishes(self._target_nc) if self._target_nc is not None else 0
         if not self.stop.is_set():
-            self.log.warning("target.disconnected")
+            self.log.warning("target.disconnected", unsent_publishes_dropped=dropped)
 
     async def _target_reconnected(self) -> None:
         self.log.info("target.reconnected")

@@ -301,6 +301,33 @@ def test_fail_in_flight_then_verification_probes_at_once() -> None:
     assert p.fail_in_flight("again", 0.2) == 1
 
 
+def test_no_probe_overtakes_an_earlier_publish_still_in_flight() -> None:
+    """Found by the chaos suite (hub SIGKILL): 1 was sent just before the connection died, 2 then failed with
+    "not connected"; probing 2 on the new connection stored it before 1 was found lost, out of order."""
+    p = pipeline(window=3)
+    fill(p, 1, 2, 3)
+    s = by_seq(p.take_sendable(0.0))
+    assert p.failed(s[2].entry.order, 1, "target not connected", 0.1) is True
+    assert p.take_sendable(10.0) == []  # past the backoff, but 1's fate is unknown
+    assert p.fail_in_flight("target connection lost", 10.0) == 2  # 1 and 3
+    p.verified(p.unverified, set())
+    (probe,) = p.take_sendable(10.0)
+    assert (probe.entry.stream_seq, probe.attempt) == (1, 2)
+    p.stored(probe.entry.order, probe.attempt)
+    assert seqs(p.take_sendable(10.0)) == [2, 3]
+
+
+def test_a_probe_waits_for_an_earlier_ack_then_goes() -> None:
+    p = pipeline(window=3)
+    fill(p, 1, 2)
+    s = by_seq(p.take_sendable(0.0))
+    p.failed(s[2].entry.order, 1, "refused", 0.1)
+    assert p.take_sendable(10.0) == []
+    p.stored(s[1].entry.order, 1)
+    (probe,) = p.take_sendable(10.0)
+    assert probe.entry.stream_seq == 2
+
+
 def test_retry_now_brings_the_probe_forward() -> None:
     p = pipeline(window=1)
     fill(p, 1)

@@ -29,12 +29,13 @@ def test_oversize_message_is_not_sent_and_nothing_after_it() -> None:
     assert [s.entry.stream_seq for s in sent] == [1]
     blocked = pipeline.blocked
     assert blocked is not None and blocked.stream_seq == 2 and "exceeds the target's limit of 200" in blocked.reason
-    # retried with backoff, still refused without being sent while the limit stays
-    assert pipeline.take_sendable(now=0.5) == []
-    assert pipeline.take_sendable(now=1.0) == []
-    assert pipeline.failures == 2
+    assert pipeline.take_sendable(now=1.0) == []  # no retry overtakes 1, still in flight
+    assert pipeline.failures == 1
     assert pipeline.stored(sent[0].entry.order, 1)
     assert pipeline.watermark == 1
+    # retried with backoff, still refused without being sent while the limit stays
+    assert pipeline.take_sendable(now=1.0) == []
+    assert pipeline.failures == 2
 
 
 def test_raising_the_limit_unblocks_in_order() -> None:

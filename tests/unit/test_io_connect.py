@@ -1,0 +1,31 @@
+"""``bridge.io.connect.drop_unsent_publishes`` against nats-py's own client and command encoding."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+from nats.protocol import command
+
+from bridge.io.connect import drop_unsent_publishes
+
+
+def test_unsent_publishes_are_dropped_and_other_commands_kept() -> None:
+    nc = Client()
+    sub = command.sub_cmd("inbox.>", "", 1)
+    ping = b"PING\r\n"
+    nc._pending = [
+        command.pub_cmd("agg.1", "inbox.1.1", b"one"),
+        sub,
+        command.hpub_cmd("agg.2", "inbox.2.1", b"NATS/1.0\r\nBridge-Seq: 2\r\n\r\n", b"two"),
+        ping,
+    ]
+    nc._pending_data_size = sum(len(c) for c in nc._pending)
+    assert drop_unsent_publishes(nc) == 2
+    assert nc._pending == [sub, ping]
+    assert nc._pending_data_size == len(sub) + len(ping)
+
+
+def test_nothing_pending_is_a_no_op() -> None:
+    nc = Client()
+    assert drop_unsent_publishes(nc) == 0
+    assert nc._pending == []
+    assert drop_unsent_publishes(object()) == 0  # a client without that buffer: nothing to do
