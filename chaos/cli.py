@@ -1,0 +1,71 @@
+"""Command line: ``python -m chaos list`` and ``python -m chaos run (--smoke | --all | --scenario NAME...)``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from chaos.faults import FAULTS
+from chaos.report import format_table, write_report
+from chaos.runner import FULL_PROFILE, SMOKE_PROFILE, ScenarioSpec, full_set, run_all, smoke_set
+
+DEFAULT_SEED = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m chaos", description="Fault-injection proof of the bridge.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the fault kinds (each is also a scenario name)")
+    run = sub.add_parser("run", help="run scenarios and check them")
+    which = run.add_mutually_exclusive_group(required=True)
+    which.add_argument("--smoke", action="store_true", help="every fault kind once, a few thousand messages each")
+    which.add_argument("--all", action="store_true", help="every fault kind repeated, plus the random nemesis")
+    which.add_argument(
+        "--scenario", action="append", choices=[*FAULTS, "nemesis"], help="one scenario (repeatable), for replays"
+    )
+    run.add_argument("--duration", type=float, help="seconds of workload: total for --all, each for --scenario")
+    run.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"random seed (default {DEFAULT_SEED})")
+    run.add_argument("--parallel", type=int, help="scenarios at once (default: 3 for --smoke, else 1)")
+    run.add_argument("--once", action="store_true", help="with --scenario: inject the fault once, not repeatedly")
+    run.add_argument("--smoke-profile", action="store_true", help="with --scenario: the smoke set's light workload")
+    run.add_argument("--out", type=Path, help="report directory (default chaos-results/<time>)")
+    run.add_argument("--keep", action="store_true", help="keep every scenario's servers' data and logs")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "list":
+        for name in [*FAULTS, "nemesis"]:
+            print(name)
+        return 0
+    command = "python -m chaos run"
+    if args.smoke:
+        specs = smoke_set()
+        parallel = args.parallel or 3
+        label = f"{command} --smoke --seed {args.seed}"
+    elif args.all:
+        duration = args.duration or 600.0
+        specs = full_set(duration)
+        parallel = args.parallel or 1
+        label = f"{command} --all --duration {duration:g} --seed {args.seed}"
+    else:
+        duration = args.duration or 10.0
+        profile = SMOKE_PROFILE if args.smoke_profile else FULL_PROFILE
+        faults = {name: (tuple(FAULTS) if name == "nemesis" else (name,)) for name in args.scenario}
+        specs = [ScenarioSpec(name, f, duration, not args.once, profile) for name, f in faults.items()]
+        parallel = args.parallel or 1
+        label = f"{command} " + " ".join(f"--scenario {n}" for n in faults) + f" --seed {args.seed}"
+    if parallel < 1:
+        print("--parallel must be >= 1", file=sys.stderr)
+        return 2
+    out = args.out or Path("chaos-results") / time.strftime("%Y%m%d-%H%M%S")
+    print(f"chaos: {len(specs)} scenario(s), seed {args.seed}, {parallel} at a time, report in {out}", flush=True)
+    results = asyncio.run(run_all(specs, seed=args.seed, out=out, parallel=parallel, command=command, keep=args.keep))
+    print(format_table(results))
+    path = write_report(out, results, command=label, seed=args.seed)
+    print(f"report: {path}")
+    return 0 if all(r.ok for r in results) else 1

@@ -1,0 +1,315 @@
+"""The nemesis's repertoire: every fault kind the suite injects, each one inject → hold → heal.
+
+Each fault draws its parameters (which source, how long, which sequence) from the scenario's seeded random
+generator and writes what it did to the run's timeline, so a failing run can be replayed and read. The holds
+(``asyncio.sleep``) are the fault's duration, chosen on purpose; every wait for a *condition* polls against a
+deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.model import Excuse, FaultEvent
+from chaos.reader import stream_state
+from chaos.topology import AGGREGATE, SILENCE_TIMEOUT, ChaosTopology, Source
+
+SERVER_READY_TIMEOUT = 30.0
+RECREATE_TIMEOUT = 90.0
+
+
+@dataclass(slots=True)
+class FaultContext:
+    """What a fault acts on and where it records: one scenario's topology, timeline, excuses and problems."""
+
+    topo: ChaosTopology
+    started: float = field(default_factory=time.monotonic)
+    timeline: list[FaultEvent] = field(default_factory=list)
+    excuses: list[Excuse] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def record(self, fault: str, action: str, **detail: Any) -> None:
+        self.timeline.append(FaultEvent(self.now(), fault, action, detail))
+
+
+Fault = Callable[[FaultContext, random.Random], Awaitable[None]]
+
+
+def _long(rng: random.Random) -> float:
+    return round(SILENCE_TIMEOUT + rng.uniform(1.0, 3.0), 2)
+
+
+def _short(rng: random.Random) -> float:
+    return round(rng.uniform(0.3, 1.8), 2)
+
+
+# -- the bridge process -----------------------------------------------------------------------------------------
+
+
+async def bridge_kill(ctx: FaultContext, rng: random.Random) -> None:
+    down = round(rng.uniform(0.2, 1.5), 2)
+    code = await asyncio.to_thread(ctx.topo.process().kill)
+    ctx.record("bridge-kill", "inject", signal="SIGKILL", exit_code=code, down_seconds=down)
+    await asyncio.sleep(down)
+    ctx.topo.process().start()
+    ctx.record("bridge-kill", "heal", restarted=True)
+
+
+async def bridge_pause(ctx: FaultContext, rng: random.Random) -> None:
+    hold = _long(rng)
+    ctx.topo.process().pause()
+    ctx.record("bridge-pause", "inject", signal="SIGSTOP", seconds=hold)
+    await asyncio.sleep(hold)
+    ctx.topo.process().resume()
+    ctx.record("bridge-pause", "heal", signal="SIGCONT")
+
+
+async def bridge_term(ctx: FaultContext, rng: random.Random) -> None:
+    down = round(rng.uniform(0.2, 1.5), 2)
+    ctx.record("bridge-term", "inject", signal="SIGTERM", down_seconds=down)
+    try:
+        code = await asyncio.to_thread(ctx.topo.process().stop, 30.0)
+    except TimeoutError as exc:
+        ctx.problems.append(f"bridge-term at +{ctx.now():.1f}s: {exc}")
+        code = -9
+    if code != 0:
+        ctx.problems.append(f"bridge-term at +{ctx.now():.1f}s: the bridge exited with {code} after SIGTERM, not 0")
+    ctx.record("bridge-term", "note", exit_code=code)
+    await asyncio.sleep(down)
+    ctx.topo.process().start()
+    ctx.record("bridge-term", "heal", restarted=True)
+
+
+# -- the servers -------------------------------------------------------------------------------------------------
+
+
+def _server(ctx: FaultContext, side: str) -> Any:
+    assert ctx.topo.servers is not None
+    return ctx.topo.servers.leaf if side == "leaf" else ctx.topo.servers.hub
+
+
+def server_restart(side: str) -> Fault:
+    async def fault(ctx: FaultContext, rng: random.Random) -> None:
+        name = f"{side}-restart"
+        ctx.record(name, "inject", how="SIGTERM, start on the same store")
+        await asyncio.to_thread(_server(ctx, side).restart, SERVER_READY_TIMEOUT)
+        ctx.record(name, "heal", ready=True)
+
+    return fault
+
+
+def server_kill(side: str) -> Fault:
+    async def fault(ctx: FaultContext, rng: random.Random) -> None:
+        name = f"{side}-kill"
+        server = _server(ctx, side)
+        down = round(rng.uniform(0.2, 1.5), 2)
+        await asyncio.to_thread(server.kill)
+        ctx.record(name, "inject", signal="SIGKILL", down_seconds=down)
+        await asyncio.sleep(down)
+        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(server.wait_ready, SERVER_READY_TIMEOUT)
+        ctx.record(name, "heal", ready=True)
+
+    return fault
+
+
+def server_pause(side: str) -> Fault:
+    async def fault(ctx: FaultContext, rng: random.Random) -> None:
+        name = f"{side}-pause"
+        hold = round(rng.uniform(1.0, SILENCE_TIMEOUT + 3.0), 2)
+        _server(ctx, side).pause()
+        ctx.record(name, "inject", signal="SIGSTOP", seconds=hold)
+        await asyncio.sleep(hold)
+        _server(ctx, side).resume()
+        ctx.record(name, "heal", signal="SIGCONT")
+
+    return fault
+
+
+async def _update_aggregate(ctx: FaultContext, max_msgs: int) -> None:
+    info = await ctx.topo.api("hub", f"STREAM.INFO.{AGGREGATE}")
+    config = dict(info["config"])
+    config["max_msgs"] = max_msgs
+    reply = await ctx.topo.api("hub", f"STREAM.UPDATE.{AGGREGATE}", config)
+    if "error" in reply:
+        raise RuntimeError(f"stream update {AGGREGATE}: {reply['error']}")
+
+
+async def aggregate_full(ctx: FaultContext, rng: random.Random) -> None:
+    state = await stream_state(ctx.topo.hub, AGGREGATE)
+    room = rng.randint(20, 300)
+    hold = round(rng.uniform(3.0, 8.0), 2)
+    limit = int(state["messages"]) + room
+    await _update_aggregate(ctx, limit)
+    ctx.record("aggregate-full", "inject", max_msgs=limit, discard="new", seconds=hold)
+    await asyncio.sleep(hold)
+    await _update_aggregate(ctx, -1)
+    ctx.record("aggregate-full", "heal", max_msgs=-1)
+
+
+# -- the bridge's connections, through the proxies -------------------------------------------------------------
+
+
+def link_fault(side: str, mode: str, long: bool | None) -> Fault:
+    """``mode``: ``cut`` (connections aborted, new ones refused for the hold), ``stall`` (bytes held, sockets
+    open) or ``delay`` (every chunk forwarded late)."""
+
+    async def fault(ctx: FaultContext, rng: random.Random) -> None:
+        name = link_fault_name(side, mode, long)
+        proxy = ctx.topo.proxy(side)
+        if mode == "delay":
+            hold = round(rng.uniform(4.0, 8.0), 2)
+            delay = round(rng.uniform(0.05, 0.3), 3)
+            proxy.set_delay(delay)
+            ctx.record(name, "inject", delay_seconds=delay, seconds=hold)
+            await asyncio.sleep(hold)
+            proxy.set_delay(0.0)
+        else:
+            hold = _long(rng) if long else _short(rng)
+            if mode == "cut":
+                proxy.refuse(True)
+                cut = proxy.cut()
+                ctx.record(name, "inject", connections_cut=cut, refused_seconds=hold)
+                await asyncio.sleep(hold)
+                proxy.refuse(False)
+            else:
+                proxy.stall(True)
+                ctx.record(name, "inject", seconds=hold)
+                await asyncio.sleep(hold)
+                proxy.stall(False)
+        ctx.record(name, "heal")
+
+    return fault
+
+
+def link_fault_name(side: str, mode: str, long: bool | None) -> str:
+    suffix = "" if long is None else ("-long" if long else "-short")
+    return f"{side}-link-{mode}{suffix}"
+
+
+# -- an outside operator ----------------------------------------------------------------------------------------
+
+
+async def _consumer_info(ctx: FaultContext, source: Source) -> dict[str, Any] | None:
+    info: dict[str, Any] = await ctx.topo.api("leaf", f"CONSUMER.INFO.{source.stream}.{source.consumer}")
+    return None if "error" in info else info
+
+
+async def _backlog(ctx: FaultContext, source: Source, want: int) -> tuple[int, int]:
+    """Stall the bridge's link to the leaf until ``want`` messages wait undelivered (or 5 s pass); the link stays
+    stalled. Returns (last delivered origin seq, origin last seq)."""
+    ctx.topo.proxy("leaf").stall(True)
+    deadline = time.monotonic() + 5.0
+    while True:
+        info = await _consumer_info(ctx, source)
+        delivered = int(info["delivered"]["stream_seq"]) if info else 0
+        last = int((await stream_state(ctx.topo.leaf, source.stream))["last_seq"])
+        if last - delivered >= want or time.monotonic() > deadline:
+            return delivered, last
+        await asyncio.sleep(0.05)
+
+
+def manual_reset(kind: str) -> Fault:
+    """``kind``: ``empty`` (to the ack floor), ``backward``, ``forward`` (into the undelivered backlog, made by
+    stalling the bridge's leaf link for a moment) or ``beyond`` (past the stream's end, so messages published
+    afterwards are skipped too). A forward reset's skipped range is recorded as an excuse: the operator asked for
+    those messages not to be replicated."""
+
+    async def fault(ctx: FaultContext, rng: random.Random) -> None:
+        name = f"reset-{kind}"
+        source = rng.choice(ctx.topo.sources)
+        info = await _consumer_info(ctx, source)
+        if info is None:
+            ctx.record(name, "note", source=source.name, skipped="consumer missing")
+            return
+        floor = int(info["ack_floor"]["stream_seq"])
+        last = int((await stream_state(ctx.topo.leaf, source.stream))["last_seq"])
+        detail: dict[str, Any] = {"source": source.name, "ack_floor": floor, "last_seq": last}
+        body: dict[str, Any] | None = None
+        stalled = False
+        try:
+            if kind == "backward":
+                body = {"seq": max(1, floor - rng.randint(50, 2000))}
+            elif kind == "forward":
+                stalled = True
+                delivered, last = await _backlog(ctx, source, rng.randint(20, 400))
+                body = {"seq": max(floor + 2, delivered + max(2, (last - delivered) // 2))}
+                detail.update(delivered=delivered, last_seq=last, leaf_link_stalled=True)
+            elif kind == "beyond":
+                body = {"seq": last + rng.randint(100, 1000)}
+            detail["body"] = body
+            if body is not None and kind in ("forward", "beyond") and body["seq"] - 1 >= floor + 1:
+                # recorded before sending: a reset whose reply is lost may still have happened
+                ctx.excuses.append(Excuse(source.name, floor + 1, body["seq"] - 1, "forward-reset"))
+            subject = f"CONSUMER.RESET.{source.stream}.{source.consumer}"
+            try:
+                reply = await ctx.topo.api("leaf", subject, body, timeout=5.0)
+                detail["reset_seq"] = reply.get("reset_seq")
+                if "error" in reply:
+                    detail["error"] = reply["error"].get("description")
+            except Exception as exc:  # no reply: a missing consumer or a leader change; it may have happened
+                detail["error"] = repr(exc)
+        finally:
+            if stalled:
+                ctx.topo.proxy("leaf").stall(False)
+        ctx.record(name, "inject", **detail)
+
+    return fault
+
+
+async def consumer_delete(ctx: FaultContext, rng: random.Random) -> None:
+    """Delete the bridge's managed consumer; the bridge must notice and create it again. On an Interest origin
+    the server drops every message no consumer is interested in meanwhile: those are excused."""
+    source = rng.choice(ctx.topo.sources)
+    info = await _consumer_info(ctx, source)
+    if info is None:
+        ctx.record("consumer-delete", "note", source=source.name, skipped="consumer missing")
+        return
+    floor = int(info["ack_floor"]["stream_seq"])
+    reply = await ctx.topo.api("leaf", f"CONSUMER.DELETE.{source.stream}.{source.consumer}")
+    ctx.record("consumer-delete", "inject", source=source.name, ack_floor=floor, reply=json.dumps(reply)[:200])
+    deadline = time.monotonic() + RECREATE_TIMEOUT
+    while await _consumer_info(ctx, source) is None:
+        if time.monotonic() > deadline:
+            ctx.problems.append(f"consumer-delete: {source.consumer} not re-created within {RECREATE_TIMEOUT:g}s")
+            return
+        await asyncio.sleep(0.05)
+    first = int((await stream_state(ctx.topo.leaf, source.stream))["first_seq"])
+    if source.retention == "interest" and first - 1 >= floor + 1:
+        ctx.excuses.append(Excuse(source.name, floor + 1, first - 1, "consumer-deleted"))
+    ctx.record("consumer-delete", "heal", source=source.name, recreated=True, origin_first_seq=first)
+
+
+def _registry() -> dict[str, Fault]:
+    faults: dict[str, Fault] = {
+        "bridge-kill": bridge_kill,
+        "bridge-pause": bridge_pause,
+        "bridge-term": bridge_term,
+        "leaf-restart": server_restart("leaf"),
+        "leaf-kill": server_kill("leaf"),
+        "leaf-pause": server_pause("leaf"),
+        "hub-restart": server_restart("hub"),
+        "hub-kill": server_kill("hub"),
+        "aggregate-full": aggregate_full,
+    }
+    for side in ("leaf", "hub"):
+        for mode in ("cut", "stall"):
+            for long in (False, True):
+                faults[link_fault_name(side, mode, long)] = link_fault(side, mode, long)
+        faults[link_fault_name(side, "delay", None)] = link_fault(side, "delay", None)
+    for kind in ("empty", "backward", "forward", "beyond"):
+        faults[f"reset-{kind}"] = manual_reset(kind)
+    faults["consumer-delete"] = consumer_delete
+    return faults
+
+
+FAULTS: dict[str, Fault] = _registry()

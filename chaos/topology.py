@@ -1,0 +1,197 @@
+"""One scenario's world: a leaf holding the origin streams, a hub holding the aggregate, the leaf linked to the
+hub, fault proxies in front of both, and the bridge as a child process that reaches each server only through its
+proxy.
+
+::
+
+    publishers ──► leaf (origin WQ, INT) ◄── leaf proxy ◄──┐
+                    │ leaf link                             bridge process
+    checker ─────► hub  (aggregate AGG)  ◄── hub proxy  ◄──┘
+
+The chaos process itself talks to both servers directly (publishing, resetting, reading), never through a proxy,
+so a link fault hits only the bridge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from bridge.embedded import Topology, start_topology
+from chaos.processes import BridgeProcess
+from chaos.proxy import FaultProxy
+
+AGGREGATE = "AGG"
+AGGREGATE_PREFIX = "chaos"
+SILENCE_TIMEOUT = 5.0  # the bridge's default; faults called "long" outlast it
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One replicated origin stream on the leaf and the bridge source that carries it."""
+
+    name: str
+    stream: str
+    retention: str  # "workqueue" | "interest"
+
+    @property
+    def subject(self) -> str:
+        """The origin stream's subjects are ``<name>.>``; publishers use ``<name>.<k>``."""
+        return self.name
+
+    @property
+    def consumer(self) -> str:
+        return f"nats-bridge-{self.name}"
+
+    @property
+    def aggregate_prefix(self) -> str:
+        return f"{AGGREGATE_PREFIX}.{self.name}"
+
+
+SOURCES = (Source("wq", "WQ", "workqueue"), Source("interest", "INT", "interest"))
+
+
+def bridge_config(sources: tuple[Source, ...], leaf_url: str, hub_url: str) -> str:
+    """The bridge's TOML: defaults everywhere except where a test topology needs a name."""
+    lines = [
+        "# written by the chaos suite",
+        "[log]",
+        'level = "info"',
+        'format = "json"',
+        "",
+        "[target]",
+        f'servers = ["{hub_url}"]',
+        f'stream = "{AGGREGATE}"',
+    ]
+    for source in sources:
+        lines += [
+            "",
+            "[[sources]]",
+            f'name = "{source.name}"',
+            f'servers = ["{leaf_url}"]',
+            f'stream = "{source.stream}"',
+            f'subject_prefix = "{source.aggregate_prefix}"',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+async def _connect(url: str, name: str) -> Client:
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:  # reconnect noise during server faults is expected
+        errors.append(str(exc))
+
+    return await nats.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.2,
+        connect_timeout=2,
+        allow_reconnect=True,
+        error_cb=on_error,
+    )
+
+
+class ChaosTopology:
+    """Starts, exposes and stops everything one scenario runs on; every process is stopped by its PID."""
+
+    def __init__(self, workdir: Path, sources: tuple[Source, ...] = SOURCES, binary: str | None = None) -> None:
+        self.workdir = workdir
+        self.sources = sources
+        self.binary = binary
+        self.servers: Topology | None = None
+        self.leaf_proxy: FaultProxy | None = None
+        self.hub_proxy: FaultProxy | None = None
+        self.bridge: BridgeProcess | None = None
+        self.leaf_nc: Client | None = None
+        self.hub_nc: Client | None = None
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.servers = await asyncio.to_thread(start_topology, self.workdir / "servers", binary=self.binary)
+        hub, leaf = self.servers.hub, self.servers.leaf
+        self.leaf_proxy = FaultProxy("127.0.0.1", leaf.port, name="bridge-leaf")
+        self.hub_proxy = FaultProxy("127.0.0.1", hub.port, name="bridge-hub")
+        await self.leaf_proxy.start()
+        await self.hub_proxy.start()
+        self.leaf_nc = await _connect(leaf.url, "chaos leaf")
+        self.hub_nc = await _connect(hub.url, "chaos hub")
+        await self._create_streams()
+        config = self.workdir / "bridge.toml"
+        config.write_text(bridge_config(self.sources, self.leaf_proxy.url, self.hub_proxy.url))
+        self.bridge = BridgeProcess(config, self.workdir / "bridge.log").start()
+
+    async def _create_streams(self) -> None:
+        leaf_js = self.leaf.jetstream()
+        for source in self.sources:
+            retention = RetentionPolicy.WORK_QUEUE if source.retention == "workqueue" else RetentionPolicy.INTEREST
+            await leaf_js.add_stream(
+                StreamConfig(
+                    name=source.stream,
+                    subjects=[f"{source.subject}.>"],
+                    retention=retention,
+                    storage=StorageType.FILE,
+                    allow_direct=True,
+                )
+            )
+        await self.hub.jetstream().add_stream(
+            StreamConfig(
+                name=AGGREGATE,
+                subjects=[f"{AGGREGATE_PREFIX}.>"],
+                storage=StorageType.FILE,
+                discard=DiscardPolicy.NEW,
+                allow_direct=True,
+            )
+        )
+
+    async def close(self) -> None:
+        """Stop the bridge (SIGKILL if still running), the proxies, the connections and the servers."""
+        if self.bridge is not None:
+            await asyncio.to_thread(self.bridge.cleanup)
+        for nc in (self.leaf_nc, self.hub_nc):
+            if nc is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(nc.close(), 5)
+        for proxy in (self.leaf_proxy, self.hub_proxy):
+            if proxy is not None:
+                await proxy.close()
+        if self.servers is not None:
+            await asyncio.to_thread(self.servers.stop)
+
+    # -- handles ------------------------------------------------------------------------------------------
+
+    @property
+    def leaf(self) -> Client:
+        assert self.leaf_nc is not None, "topology not started"
+        return self.leaf_nc
+
+    @property
+    def hub(self) -> Client:
+        assert self.hub_nc is not None, "topology not started"
+        return self.hub_nc
+
+    def proxy(self, side: str) -> FaultProxy:
+        proxy = self.leaf_proxy if side == "leaf" else self.hub_proxy
+        assert proxy is not None, "topology not started"
+        return proxy
+
+    def process(self) -> BridgeProcess:
+        assert self.bridge is not None, "topology not started"
+        return self.bridge
+
+    async def api(self, side: str, subject: str, body: dict[str, Any] | None = None, timeout: float = 2.0) -> Any:
+        """A JetStream API request sent directly to one server (``$JS.API.<subject>``); the decoded reply."""
+        nc = self.leaf if side == "leaf" else self.hub
+        payload = json.dumps(body).encode() if body is not None else b""
+        reply = await nc.request(f"$JS.API.{subject}", payload, timeout=timeout)
+        return json.loads(reply.data)
