@@ -137,12 +137,13 @@ _live_lock = threading.Lock()
 _claimed_ports: set[int] = set()
 
 
-def _register(proc: subprocess.Popen[bytes]) -> None:
+def register_child(proc: subprocess.Popen[bytes]) -> None:
+    """Track a child process so that it is SIGKILLed at interpreter exit unless reaped (:func:`reap_child`) first."""
     with _live_lock:
         _live[proc.pid] = proc
 
 
-def _reap(proc: subprocess.Popen[bytes], timeout: float | None) -> None:
+def reap_child(proc: subprocess.Popen[bytes], timeout: float | None) -> None:
     """Wait for ``proc`` to exit (raising ``subprocess.TimeoutExpired`` after ``timeout``), then forget it."""
     proc.wait(timeout=timeout)
     with _live_lock:
@@ -157,19 +158,19 @@ def _kill_all_live() -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            _reap(proc, timeout=5)
+            reap_child(proc, timeout=5)
 
 
 atexit.register(_kill_all_live)
 
 
 def live_pids() -> list[int]:
-    """PIDs of the server processes started by this module that have not been reaped yet."""
+    """PIDs of the child processes registered here (servers, and bridges the chaos suite started) not yet reaped."""
     with _live_lock:
         return sorted(_live)
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Return ``count`` distinct ports that are free on 127.0.0.1 now and were never given out here before.
 
     All sockets are held open until every port is picked, so the kernel cannot hand the same one out twice.
@@ -238,7 +239,7 @@ class NatsServer:
         self.leaf_remotes = tuple(leaf_remotes)
         self.remote_extra = remote_extra
         self.extra_config = extra_config
-        ports = _free_ports(3 if leafnode_listen else 2)
+        ports = free_ports(3 if leafnode_listen else 2)
         self.port: int = ports[0]
         self.monitor_port: int = ports[1]
         self.leafnode_port: int | None = ports[2] if leafnode_listen else None
@@ -341,7 +342,7 @@ class NatsServer:
             raise ServerStartError(f"server {self.name} is already running (pid {self.pid})")
         if self._proc is not None:
             # Exited on its own (crash, or killed from outside): reap it before starting a new one.
-            _reap(self._proc, timeout=None)
+            reap_child(self._proc, timeout=None)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config_text(), encoding="utf-8")
@@ -362,7 +363,7 @@ class NatsServer:
                 )
             except OSError as exc:
                 raise ServerStartError(f"cannot execute {self.binary}: {exc}") from exc
-        _register(proc)
+        register_child(proc)
         self._proc = proc
         self._paused = False
 
@@ -410,10 +411,10 @@ class NatsServer:
                 proc.send_signal(signal.SIGCONT)
             proc.send_signal(signal.SIGTERM)
             try:
-                _reap(proc, timeout=timeout)
+                reap_child(proc, timeout=timeout)
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGKILL)
-        _reap(proc, timeout=None)
+        reap_child(proc, timeout=None)
         self._proc = None
         self._paused = False
 
@@ -424,7 +425,7 @@ class NatsServer:
             return
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
-        _reap(proc, timeout=None)
+        reap_child(proc, timeout=None)
         self._proc = None
         self._paused = False
 

@@ -250,6 +250,7 @@ def manual_reset(kind: str) -> Fault:
             if body is not None and kind in ("forward", "beyond") and body["seq"] - 1 >= floor + 1:
                 # recorded before sending: a reset whose reply is lost may still have happened
                 ctx.excuses.append(Excuse(source.name, floor + 1, body["seq"] - 1, "forward-reset"))
+                detail["may_skip"] = [floor + 1, body["seq"] - 1]
             subject = f"CONSUMER.RESET.{source.stream}.{source.consumer}"
             try:
                 reply = await ctx.topo.api("leaf", subject, body, timeout=5.0)
@@ -286,7 +287,7 @@ async def consumer_delete(ctx: FaultContext, rng: random.Random) -> None:
     first = int((await stream_state(ctx.topo.leaf, source.stream))["first_seq"])
     if source.retention == "interest" and first - 1 >= floor + 1:
         ctx.excuses.append(Excuse(source.name, floor + 1, first - 1, "consumer-deleted"))
-    ctx.record("consumer-delete", "heal", source=source.name, recreated=True, origin_first_seq=first)
+    ctx.record("consumer-delete", "heal", source=source.name, recreated=True, origin_first_seq=first, ack_floor=floor)
 
 
 def _registry() -> dict[str, Fault]:

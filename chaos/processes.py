@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import signal
@@ -11,20 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from bridge.embedded import reap_child, register_child
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-_LIVE: set[subprocess.Popen[bytes]] = set()
-
-
-@atexit.register
-def _kill_live() -> None:
-    # a crashed or interrupted run must not leave bridges behind
-    for proc in list(_LIVE):
-        with contextlib.suppress(OSError):
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=5)
 
 
 def child_env() -> dict[str, str]:
@@ -76,7 +64,7 @@ class BridgeProcess:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        _LIVE.add(self._proc)
+        register_child(self._proc)  # SIGKILLed at exit if a run is interrupted
         self._paused = False
         return self
 
@@ -86,7 +74,7 @@ class BridgeProcess:
             self._finish(proc, proc.wait())
 
     def _finish(self, proc: subprocess.Popen[bytes], code: int) -> int:
-        _LIVE.discard(proc)
+        reap_child(proc, timeout=None)
         self._proc = None
         self._paused = False
         self.returncodes.append(code)

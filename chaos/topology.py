@@ -25,7 +25,7 @@ import nats
 from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from bridge.embedded import Topology, start_topology
+from bridge.embedded import Topology, free_ports, start_topology
 from chaos.processes import BridgeProcess
 from chaos.proxy import FaultProxy
 
@@ -120,8 +120,10 @@ class ChaosTopology:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.servers = await asyncio.to_thread(start_topology, self.workdir / "servers", binary=self.binary)
         hub, leaf = self.servers.hub, self.servers.leaf
-        self.leaf_proxy = FaultProxy("127.0.0.1", leaf.port, name="bridge-leaf")
-        self.hub_proxy = FaultProxy("127.0.0.1", hub.port, name="bridge-hub")
+        # ports claimed like the servers': a proxy binding port 0 could take a killed server's port meanwhile
+        leaf_port, hub_port = free_ports(2)
+        self.leaf_proxy = FaultProxy("127.0.0.1", leaf.port, name="bridge-leaf", listen_port=leaf_port)
+        self.hub_proxy = FaultProxy("127.0.0.1", hub.port, name="bridge-hub", listen_port=hub_port)
         await self.leaf_proxy.start()
         await self.hub_proxy.start()
         self.leaf_nc = await _connect(leaf.url, "chaos leaf")

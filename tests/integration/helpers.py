@@ -21,8 +21,6 @@ import contextlib
 import inspect
 import itertools
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -37,10 +35,11 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from chaos.processes import REPO_ROOT, child_env
+from chaos.processes import BridgeProcess as ProcessBase
+
 ORIGIN = "ORDERS"
 AGGREGATE = "AGG"
-LOG_TAIL_LINES = 60
 POLL = 0.05
 
 # Engine timings for tests: the defaults are tuned for production (30 s reset backoff, 15 s publish retry);
@@ -227,20 +226,12 @@ def write_config(path: Path, **kwargs: Any) -> Path:
     return path
 
 
-def clean_env() -> dict[str, str]:
-    """The environment for a bridge child: ours without any ``NATS_BRIDGE_*`` override, with the repo importable."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("NATS_BRIDGE_")}
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def run_cli(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     """Run ``python -m bridge ARGS`` to completion (bounded), capturing its output."""
     return subprocess.run(
         [sys.executable, "-m", "bridge", *args],
         cwd=REPO_ROOT,
-        env=clean_env(),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -251,104 +242,14 @@ def run_cli(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[st
 # --- the bridge as a child process ------------------------------------------------------------------------
 
 
-class BridgeProcess:
-    """``python -m bridge run -c CONFIG`` in its own session, stdout+stderr appended to ``log_path``."""
-
-    def __init__(self, config_path: Path, log_path: Path) -> None:
-        self.config_path = config_path
-        self.log_path = log_path
-        self._proc: subprocess.Popen[bytes] | None = None
-        self.returncodes: list[int] = []
-
-    def __repr__(self) -> str:
-        return f"<BridgeProcess pid={self.pid} running={self.is_running} log={self.log_path}>"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def start(self) -> BridgeProcess:
-        if self.is_running:
-            raise RuntimeError(f"bridge already running (pid {self.pid})")
-        self._reap_exited()
-        with self.log_path.open("ab") as log:
-            log.write(f"=== {time.strftime('%H:%M:%S')} starting bridge ===\n".encode())
-            log.flush()
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "bridge", "run", "-c", str(self.config_path)],
-                cwd=REPO_ROOT,
-                env=clean_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-    def _reap_exited(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.poll() is not None:
-            self.returncodes.append(proc.wait())
-            self._proc = None
-
-    def stop(self, timeout: float) -> int:
-        """SIGTERM and wait up to ``timeout`` s; returns the exit code.
-
-        Raises AssertionError if it did not exit in time (after SIGKILLing and reaping it).
-        """
-        proc = self._proc
-        if proc is None:
-            raise RuntimeError("bridge not started")
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                code = proc.wait()
-                self._proc = None
-                self.returncodes.append(code)
-                raise AssertionError(f"bridge pid {proc.pid} ignored SIGTERM for {timeout:g}s; killed") from None
-        code = proc.wait()
-        self._proc = None
-        self.returncodes.append(code)
-        return code
-
-    def kill(self) -> int:
-        """SIGKILL (a crash: no shutdown at all) and reap; returns the exit code (-9), or the earlier one."""
-        proc = self._proc
-        if proc is None:
-            raise RuntimeError("bridge not started")
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGKILL)
-        code = proc.wait()
-        self._proc = None
-        self.returncodes.append(code)
-        return code
+class BridgeProcess(ProcessBase):
+    """The chaos suite's bridge child process, plus async stop/kill and log-event queries for tests."""
 
     async def astop(self, timeout: float) -> int:
         return await anyio.to_thread.run_sync(self.stop, timeout)
 
     async def akill(self) -> int:
         return await anyio.to_thread.run_sync(self.kill)
-
-    def cleanup(self) -> None:
-        """SIGKILL if still running; always reap."""
-        if self._proc is not None:
-            self.kill()
-
-    # log
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
 
     def events(self) -> list[dict[str, Any]]:
         """The JSON log events written so far (non-JSON lines skipped)."""
@@ -373,9 +274,6 @@ class BridgeProcess:
             return self.count(event, **fields) > after
 
         await wait_until(probe, timeout=timeout, what=f"bridge log event {event!r} #{after + 1}")
-
-    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
 
 
 BridgeFactory = Callable[[Path], BridgeProcess]
