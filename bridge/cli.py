@@ -1,4 +1,4 @@
-"""The ``nats-bridge`` command: ``run``, ``check`` and ``demo``.
+"""The ``nats-bridge`` command: ``run``, ``check``, ``status``, ``reset`` and ``demo``.
 
 Exit codes: 0 success; 1 a check or the demo found a problem, or the bridge could not run; 2 invalid
 configuration or usage (one line per problem, no traceback).
@@ -7,8 +7,10 @@ configuration or usage (one line per problem, no traceback).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import anyio
 
@@ -34,6 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate the configuration and every server, consumer and stream")
     check.add_argument("-c", "--config", required=True, help="TOML configuration file")
 
+    status = sub.add_parser("status", help="per source: consumer state, stored watermark, lag, the daemon's last error")
+    status.add_argument("-c", "--config", required=True, help="TOML configuration file")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    reset = sub.add_parser("reset", help="reset one source's consumer (to its ack floor, or --seq N), after confirming")
+    reset.add_argument("-c", "--config", required=True, help="TOML configuration file")
+    reset.add_argument("source", help="the source's name")
+    reset.add_argument("--seq", type=int, help="next origin sequence to deliver (default: the ack floor + 1)")
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
     demo = sub.add_parser("demo", help="start a local leaf and hub, replicate a workload, print the counts")
     demo.add_argument("--messages", type=int, default=50_000, help="messages to publish (default 50000)")
     demo.add_argument("--size", type=int, default=512, help="payload bytes per message (default 512)")
@@ -49,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args.config)
         if args.command == "check":
             return _check(args.config)
+        if args.command == "status":
+            return _status(args.config, args.json)
+        if args.command == "reset":
+            return _reset(args.config, args.source, args.seq, args.yes)
         if args.command == "demo":
             from bridge.demo import run_demo
 
@@ -65,12 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(path: str) -> int:
     from bridge import logs
-    from bridge.config import load_config
+    from bridge.config import exposed_secrets, load_config
     from bridge.runtime.app import Bridge
 
     config = load_config(path)
     logs.configure(config.log.level, config.log.format)
-    anyio.run(Bridge(config).run)
+    for warning in exposed_secrets(path, config):
+        logs.get_logger(component="config").warning("config.secret_exposed", problem=warning)
+    anyio.run(Bridge(config, config_path=Path(path)).run)
+    # drained and answered: a repeated SIGTERM during interpreter exit must not turn exit 0 into "killed"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return EXIT_OK
 
 
@@ -80,6 +100,39 @@ def _check(path: str) -> int:
 
     config = load_config(path)
     return EXIT_OK if anyio.run(run_check, config) else EXIT_PROBLEM
+
+
+def _status(path: str, as_json: bool) -> int:
+    from bridge.admin import collect_status, print_status
+    from bridge.config import load_config
+
+    config = load_config(path)
+    return EXIT_OK if print_status(anyio.run(collect_status, config), as_json) else EXIT_PROBLEM
+
+
+def _reset(path: str, source: str, seq: int | None, yes: bool) -> int:
+    from bridge.admin import confirm_on_terminal, reset_source
+    from bridge.config import load_config
+    from bridge.errors import BridgeError
+
+    if seq is not None and seq < 1:
+        print("nats-bridge reset: --seq must be >= 1", file=sys.stderr)
+        return EXIT_CONFIG
+    config = load_config(path)
+
+    def confirm(description: str) -> bool:
+        if yes:
+            print(description)
+            return True
+        return confirm_on_terminal(description)
+
+    try:
+        done, message = anyio.run(reset_source, config, source, seq, confirm)
+    except BridgeError as exc:
+        print(f"nats-bridge reset: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
+    print(message, file=sys.stdout if done else sys.stderr)
+    return EXIT_OK if done else EXIT_PROBLEM
 
 
 if __name__ == "__main__":

@@ -57,10 +57,12 @@ __all__ = [
     "AuthConfig",
     "BridgeConfig",
     "EngineConfig",
+    "HttpConfig",
     "LogConfig",
     "SourceConfig",
     "TargetConfig",
     "TlsConfig",
+    "exposed_secrets",
     "format_config_error",
     "load_config",
 ]
@@ -328,6 +330,28 @@ class EngineConfig(BaseModel):
         return value
 
 
+def _listen(value: str) -> str:
+    if value == "":
+        return value
+    host, sep, port = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise _fail(
+            f'must be "host:port" (e.g. "127.0.0.1:9464", "[::]:9464"; port 0 picks a free one), or "" to disable '
+            f"(got {_show(value)})"
+        )
+    return value
+
+
+class HttpConfig(BaseModel):
+    """``[http]``: the listener for ``/metrics``, ``/healthz`` and ``/readyz``, and when a source counts as stalled."""
+
+    model_config = _MODEL_CONFIG
+
+    listen: Annotated[str, AfterValidator(_listen)] = "127.0.0.1:9464"
+    stalled_after: Seconds = 60.0
+
+
 class AuthConfig(BaseModel):
     """``auth``: how to authenticate to a server; at most one method, or none at all.
 
@@ -468,7 +492,7 @@ class SourceConfig(BaseModel):
 
 
 class BridgeConfig(BaseSettings):
-    """The whole configuration: ``[log]``, ``[engine]``, ``[target]`` and one or more ``[[sources]]``.
+    """The whole configuration: ``[log]``, ``[engine]``, ``[http]``, ``[target]`` and one or more ``[[sources]]``.
 
     Build it with :func:`load_config`. Constructed directly, it reads ``os.environ`` only.
     """
@@ -484,6 +508,7 @@ class BridgeConfig(BaseSettings):
 
     log: LogConfig = Field(default_factory=LogConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
     target: TargetConfig
     sources: list[SourceConfig]
 
@@ -981,6 +1006,45 @@ def load_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] 
     if ctx.problems:
         raise ConfigError(ctx.problems, source)
     return config
+
+
+def exposed_secrets(path: str | os.PathLike[str], config: BridgeConfig) -> list[str]:
+    """Secrets other local users can read: the configuration file when it holds a password or token itself, and
+    nkey seed / creds files, when any of them is readable by "others" (mode ``o+r``). One line per finding, naming
+    the file and the fix; never the secret. POSIX only (empty elsewhere)."""
+    if os.name != "posix":
+        return []
+    findings: list[str] = []
+
+    def world_readable(file: str | os.PathLike[str]) -> bool:
+        try:
+            return bool(os.stat(file).st_mode & stat.S_IROTH)
+        except OSError:
+            return False
+
+    sides = [("target", config.target.auth)] + [(f"sources[{i}]", s.auth) for i, s in enumerate(config.sources)]
+    raw = _read_toml(Path(path))
+    raw_sources = raw.get("sources") if isinstance(raw.get("sources"), list) else []
+    inline = []
+    for where, section in [("target", raw.get("target"))] + [
+        (f"sources[{i}]", item) for i, item in enumerate(raw_sources or [])
+    ]:
+        auth = section.get("auth") if isinstance(section, dict) else None
+        if isinstance(auth, dict):
+            inline += [f"{where}.auth.{key}" for key in ("password", "token") if auth.get(key)]
+    if inline and world_readable(path):
+        findings.append(
+            f"{path} is readable by every local user and holds {', '.join(inline)}: chmod o-r {path}, or move the "
+            "secrets to NATS_BRIDGE_* environment variables"
+        )
+    for where, auth in sides:
+        if auth is None:
+            continue
+        for key in ("nkey_seed_file", "creds_file"):
+            file = getattr(auth, key)
+            if file is not None and world_readable(file):
+                findings.append(f"{where}.auth.{key} {file} is readable by every local user: chmod o-r {file}")
+    return findings
 
 
 def format_config_error(err: ConfigError) -> str:

@@ -43,6 +43,9 @@ def _config_text(topology: Topology) -> str:
 [log]
 level = "info"
 
+[http]
+listen = "127.0.0.1:0"   # metrics and health on any free port (printed when it listens)
+
 [target]
 servers = ["{topology.hub.url}"]
 stream = "{AGGREGATE}"
@@ -110,6 +113,9 @@ async def _demo(topology: Topology, config: Any, messages: int, size: int) -> in
         bridge = Bridge(config)
 
         async def workload(b: Bridge) -> None:
+            if b.http_port is not None:
+                base = f"http://127.0.0.1:{b.http_port}"
+                print(f"  metrics {base}/metrics   health {base}/healthz   readiness {base}/readyz", flush=True)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_publish, leaf, messages, size, state)
                 tg.start_soon(_progress, leaf, hub, messages, state, b)

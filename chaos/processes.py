@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from bridge.embedded import reap_child, register_child
@@ -29,9 +30,10 @@ class BridgeProcess:
     ``returncodes`` collects the exit code of every run that ended, in order.
     """
 
-    def __init__(self, config_path: Path, log_path: Path) -> None:
+    def __init__(self, config_path: Path, log_path: Path, extra_env: Mapping[str, str] | None = None) -> None:
         self.config_path = config_path
         self.log_path = log_path
+        self.extra_env = dict(extra_env or {})
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
         self.returncodes: list[int] = []
@@ -58,7 +60,7 @@ class BridgeProcess:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "bridge", "run", "-c", str(self.config_path)],
                 cwd=REPO_ROOT,
-                env=child_env(),
+                env={**child_env(), **self.extra_env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -122,6 +124,12 @@ class BridgeProcess:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGCONT)
         self._paused = False
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the running bridge (SIGHUP: re-read the configuration)."""
+        if self._proc is None or self._proc.poll() is not None:
+            raise RuntimeError("bridge not running")
+        self._proc.send_signal(signum)
 
     def cleanup(self) -> None:
         """SIGKILL if still running; always reap."""

@@ -32,6 +32,9 @@ from chaos.proxy import FaultProxy
 AGGREGATE = "AGG"
 AGGREGATE_PREFIX = "chaos"
 SILENCE_TIMEOUT = 5.0  # the bridge's default; faults called "long" outlast it
+# A full run stores millions of messages (up to 64 KiB) per scenario; a full store refuses writes and the bridge
+# (rightly) blocks on them, which would make a scenario fail for want of disk rather than for the bridge.
+MAX_FILE_STORE = "64GB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,9 @@ def bridge_config(sources: tuple[Source, ...], leaf_url: str, hub_url: str) -> s
         "[log]",
         'level = "info"',
         'format = "json"',
+        "",
+        "[http]",
+        'listen = "127.0.0.1:0"  # scenarios run side by side: any free port',
         "",
         "[target]",
         f'servers = ["{hub_url}"]',
@@ -118,7 +124,9 @@ class ChaosTopology:
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.servers = await asyncio.to_thread(start_topology, self.workdir / "servers", binary=self.binary)
+        self.servers = await asyncio.to_thread(
+            start_topology, self.workdir / "servers", binary=self.binary, max_file_store=MAX_FILE_STORE
+        )
         hub, leaf = self.servers.hub, self.servers.leaf
         # ports claimed like the servers': a proxy binding port 0 could take a killed server's port meanwhile
         leaf_port, hub_port = free_ports(2)

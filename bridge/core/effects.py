@@ -18,6 +18,7 @@ class ResetCause(StrEnum):
     HEARTBEAT_MISMATCH = "heartbeat_mismatch"
     SILENCE = "silence"
     RECONNECT = "reconnect"
+    EXTERNAL = "external"  # deliveries restarted at dseq 1 unasked: someone else reset (or re-created) the consumer
 
 
 @dataclass(frozen=True, slots=True)

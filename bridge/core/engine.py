@@ -178,7 +178,12 @@ class SourceEngine:
             return self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
         dseq, sseq = ack.consumer_seq, ack.stream_seq
         if dseq != self.last_dseq + 1 or sseq <= self._epoch_last_sseq:
-            cause = ResetCause.GAP if dseq > self.last_dseq + 1 else ResetCause.REWIND
+            if dseq > self.last_dseq + 1:
+                cause = ResetCause.GAP
+            elif dseq == 1:
+                cause = ResetCause.EXTERNAL  # only a reset starts an epoch at 1, and this one was not ours
+            else:
+                cause = ResetCause.REWIND
             notice = Notice(
                 "discontinuity",
                 level="warning",

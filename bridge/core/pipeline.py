@@ -193,6 +193,10 @@ class PublishPipeline:
         self._in_flight[entry.order] = entry
         return Send(entry, entry.attempt)
 
+    def entry(self, order: int) -> Entry | None:
+        """The entry with this order token, while the pipeline still holds it (for metrics; never changes it)."""
+        return self._by_order.get(order)
+
     # -- outcomes -----------------------------------------------------------------------------------------
 
     def stored(self, order: int, attempt: int) -> bool:

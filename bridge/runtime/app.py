@@ -1,8 +1,12 @@
-"""The whole daemon: one shared target connection, one ``SourceRunner`` per source, signal handling.
+"""The whole daemon: one shared target connection, one ``SourceRunner`` per source, signals, health, reload.
 
 Sources are isolated: each runner has its own origin connection, engine, ack inbox and effect executor, so one
 blocked source (target rejects its messages, origin unreachable) never stalls another. They share the target
 connection because publishes are small writes on one socket and the target is one server (or cluster).
+
+Tasks, all owned by :meth:`Bridge.run`'s task group: signal handling (SIGTERM/SIGINT stop, SIGHUP reload), the
+HTTP listener (``/metrics``, ``/healthz``, ``/readyz``), the systemd watchdog and readiness report, and one task
+per source runner, each with its own stop event, so that a reload can stop one source without touching the others.
 """
 
 from __future__ import annotations
@@ -10,31 +14,71 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
+from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
 
 from bridge.core.backoff import Backoff
-from bridge.errors import BridgeError, TargetUnavailable
+from bridge.errors import BridgeError, ConfigError, TargetUnavailable
 from bridge.io.connect import describe, drop_unsent_publishes, open_connection
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.logs import Throttle, get_logger
+from bridge.observe.http import HttpServer, Response, json_response, metrics_handler, parse_listen
+from bridge.observe.metrics import BridgeSnapshot, Metrics
+from bridge.observe.systemd import Notifier, watchdog_loop
 from bridge.runtime.source import SourceRunner, TargetSide
 
 CONNECT_BACKOFF = Backoff(0.5, 15.0)
 
 
-class Bridge:
-    """Runs every configured source until ``stop`` is set (or SIGTERM/SIGINT with ``handle_signals``)."""
+LOOP_BEAT = 1.0  # how often the event loop proves it is responsive (for /healthz and the systemd watchdog)
+LOOP_STALE = 10.0  # /healthz fails when the loop has not ticked for this long
+# READY=1 goes to systemd once the target and every source are connected and bound, or after this long with the
+# ones still waiting named in STATUS: an edge that is down at boot must not turn into a start-timeout restart loop
+# (the unit's TimeoutStartSec is 90 s); /readyz keeps saying which source is not replicating.
+READY_WAIT = 60.0
 
-    def __init__(self, config: Any) -> None:
-        self.config = config
+
+class _SourceTask:
+    """A running source: its runner, the event that stops it, and the event set once it has finished."""
+
+    def __init__(self, runner: SourceRunner) -> None:
+        self.runner = runner
         self.stop = anyio.Event()
-        self.runners: list[SourceRunner] = []
+        self.done = anyio.Event()
+
+
+class Bridge:
+    """Runs every configured source until ``stop`` is set (or SIGTERM/SIGINT with ``handle_signals``).
+
+    ``config_path`` is where SIGHUP re-reads the configuration from (no reload without it); ``notifier`` reports to
+    systemd (from the environment by default: a no-op outside systemd).
+    """
+
+    def __init__(self, config: Any, *, config_path: Path | None = None, notifier: Notifier | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.notifier = notifier if notifier is not None else Notifier.from_env()
+        self.stop = anyio.Event()
+        self.metrics = Metrics()
+        self.metrics.read_from(self.snapshot)
+        self.http_port: int | None = None  # bound port of the HTTP listener, once it listens
         self.log = get_logger(component="bridge")
         self._target_nc: NATS | None = None
+        self._side: TargetSide | None = None
+        self._tasks: dict[str, _SourceTask] = {}
+        self._sources_tg: TaskGroup | None = None
         self._error_throttle = Throttle()
+        self._loop_beat = time.monotonic()
+
+    @property
+    def runners(self) -> list[SourceRunner]:
+        """The running sources' runners, in configuration order."""
+        return [task.runner for task in self._tasks.values()]
 
     async def run(
         self, *, handle_signals: bool = True, on_started: Callable[[Bridge], Coroutine[Any, Any, None]] | None = None
@@ -43,12 +87,18 @@ class Bridge:
         async with anyio.create_task_group() as tg:
             if handle_signals:
                 tg.start_soon(self._signals)
+            tg.start_soon(self._beat)
+            tg.start_soon(watchdog_loop, self.notifier, self._loop_healthy)
+            tg.start_soon(self._report_ready)
+            tg.start_soon(self._announce_stopping)
+            if self.config.http.listen:
+                await tg.start(self._serve_http)
             nc = await self._connect_target()
             if nc is None:  # stopped before the target was reachable
                 tg.cancel_scope.cancel()
                 return
             target = self.config.target
-            side = TargetSide(
+            self._side = side = TargetSide(
                 nc=nc,
                 api=JsApi(nc, target.api_prefix),
                 stream=target.stream,
@@ -56,12 +106,14 @@ class Bridge:
                 ack_timeout=target.ack_timeout,
             )
             await self._check_target_stream(side)
-            self.runners = [SourceRunner(src, self.config.engine, side) for src in self.config.sources]
             async with anyio.create_task_group() as sources:
-                for runner in self.runners:
-                    sources.start_soon(runner.run, self.stop)
+                self._sources_tg = sources
+                for source in self.config.sources:
+                    self._start_source(source)
+                sources.start_soon(self._stop_sources_on_stop)
                 if on_started is not None:
                     sources.start_soon(on_started, self)
+            self._sources_tg = None
             tg.cancel_scope.cancel()
         if self._target_nc is not None:
             with anyio.CancelScope(shield=True):
@@ -72,11 +124,179 @@ class Bridge:
         self.log.info("bridge.stopped")
 
     async def _signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
             async for signum in received:
+                if signum == signal.SIGHUP:
+                    self.log.info("bridge.reloading", signal="SIGHUP", config=str(self.config_path))
+                    await self.reload()
+                    continue
+                if self.stop.is_set():
+                    # keep the handler installed while draining: the default action would kill us mid-drain
+                    self.log.info("bridge.already_stopping", signal=signal.Signals(signum).name)
+                    continue
                 self.log.info("bridge.stopping", signal=signal.Signals(signum).name)
                 self.stop.set()
+
+    # -- sources ------------------------------------------------------------------------------------------
+
+    def _start_source(self, source: Any) -> None:
+        assert self._sources_tg is not None and self._side is not None
+        runner = SourceRunner(
+            source,
+            self.config.engine,
+            self._side,
+            observers=self.metrics.observers(source.name),
+            stalled_after=self.config.http.stalled_after,
+        )
+        task = _SourceTask(runner)
+        self._tasks[source.name] = task
+        self._sources_tg.start_soon(self._run_source, task)
+
+    async def _run_source(self, task: _SourceTask) -> None:
+        try:
+            await task.runner.run(task.stop)
+        finally:
+            task.done.set()
+
+    async def _stop_sources_on_stop(self) -> None:
+        await self.stop.wait()
+        for task in list(self._tasks.values()):
+            task.stop.set()
+
+    async def _announce_stopping(self) -> None:
+        await self.stop.wait()
+        self.notifier.stopping("draining: answering flow control with what is stored")
+
+    def _waiting_sources(self) -> list[str]:
+        return [name for name, task in self._tasks.items() if not task.runner.ready.is_set()]
+
+    async def _report_ready(self) -> None:
+        deadline = anyio.current_time() + READY_WAIT
+        while anyio.current_time() < deadline:
+            if self._sources_tg is not None and not self._waiting_sources():
+                break  # both sides connected: the target, and every source's consumer bound
+            await anyio.sleep(0.1)
+        waiting = self._waiting_sources() if self._sources_tg is not None else ["the target"]
+        status = f"replicating {len(self._tasks) - len(self._waiting_sources())} of {len(self._tasks)} source(s)"
+        if waiting:
+            status += f"; waiting for {', '.join(waiting)} (see /readyz)"
+        self.notifier.ready(status)
+        self.log.info("bridge.ready", sources=list(self._tasks), waiting=waiting)
+
+    # -- reload -------------------------------------------------------------------------------------------
+
+    async def reload(self) -> bool:
+        """Re-read the configuration file and apply its sources; False (old configuration kept) if invalid.
+
+        Unchanged sources keep running untouched. A removed source drains and stops (flow control is answered with
+        what is stored, so nothing is lost or duplicated; its consumer stays on the origin). A changed source stops
+        the same way and starts again with its new settings; an added one starts. ``[target]``, ``[engine]``,
+        ``[http]`` and ``[log]`` changes need a restart: they are reported, not applied.
+        """
+        from bridge.config import load_config
+
+        if self.config_path is None or self._sources_tg is None or self.stop.is_set():
+            self.log.warning("reload.ignored", reason="not started from a configuration file, or stopping")
+            return False
+        self.notifier.reloading("re-reading the configuration")
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as err:
+            self.log.error("reload.rejected", problems=list(err.problems), kept="the running configuration")
+            self.notifier.ready("configuration reload rejected; running the previous one")
+            return False
+        old_sources = {s.name: s for s in self.config.sources}
+        new_sources = {s.name: s for s in new.sources}
+        removed = [n for n in old_sources if n not in new_sources]
+        added = [n for n in new_sources if n not in old_sources]
+        changed = [n for n in old_sources if n in new_sources and old_sources[n] != new_sources[n]]
+        fixed = [k for k in ("target", "engine", "http", "log") if getattr(new, k) != getattr(self.config, k)]
+        if fixed:
+            self.log.warning("reload.restart_required", sections=fixed, hint="these sections apply on restart only")
+        for name in removed + changed:
+            task = self._tasks.pop(name)
+            task.stop.set()
+            await task.done.wait()
+        self.config = self.config.model_copy(update={"sources": new.sources})
+        for source in new.sources:
+            if source.name in added or source.name in changed:
+                self._start_source(source)
+        self.log.info(
+            "reload.applied",
+            added=added,
+            removed=removed,
+            changed=changed,
+            unchanged=[n for n in new_sources if n not in added and n not in changed],
+        )
+        self.notifier.ready(
+            f"replicating {len(self._tasks) - len(self._waiting_sources())} of {len(self._tasks)} source(s)"
+        )
+        return True
+
+    # -- health -------------------------------------------------------------------------------------------
+
+    def snapshot(self) -> BridgeSnapshot:
+        """The daemon's state now (metrics, ``/readyz``)."""
+        nc = self._target_nc
+        return BridgeSnapshot(
+            target_connected=nc is not None and bool(nc.is_connected),
+            sources=tuple(task.runner.snapshot() for task in self._tasks.values()),
+            now=time.time(),
+        )
+
+    async def _beat(self) -> None:
+        while True:
+            self._loop_beat = time.monotonic()
+            await anyio.sleep(LOOP_BEAT)
+
+    def _loop_healthy(self) -> bool:
+        return time.monotonic() - self._loop_beat < LOOP_STALE
+
+    def _healthz(self) -> Response:
+        # answered by the event loop itself: a blocked loop answers nothing, and the probe's timeout says so
+        if not self._loop_healthy():
+            return json_response(503, {"status": "event loop stalled"})
+        return json_response(200, {"status": "ok"})
+
+    def _readyz(self) -> Response:
+        snap = self.snapshot()
+        sources: dict[str, Any] = {}
+        ready = snap.target_connected and bool(snap.sources)
+        for src in snap.sources:
+            reasons = []
+            if not src.origin_connected:
+                reasons.append("origin not connected")
+            if not src.consumer_bound:
+                reasons.append("consumer not bound yet")
+            if src.stalled:
+                reasons.append(f"no progress for {src.seconds_since_progress:.0f}s with messages waiting")
+            ready = ready and not reasons
+            sources[src.source] = {"ready": not reasons, "reasons": reasons, **src.to_json()}
+        body = {
+            "ready": ready,
+            "target": {"connected": snap.target_connected, "stream": self.config.target.stream},
+            "sources": sources,
+        }
+        return json_response(200 if ready else 503, body)
+
+    async def _serve_http(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        host, port = parse_listen(self.config.http.listen)
+        routes = {
+            "/metrics": metrics_handler(self.metrics.registry),
+            "/healthz": self._healthz,
+            "/readyz": self._readyz,
+        }
+        server = HttpServer(host, port, routes, log=self.log)
+        async with anyio.create_task_group() as tg:
+            try:
+                self.http_port = await tg.start(server.serve)
+            except OSError as exc:
+                # the listener is for operators; replication must not depend on it
+                self.log.error("http.listen_failed", listen=self.config.http.listen, error=str(exc))
+                task_status.started()
                 return
+            self.log.info("http.listening", host=host, port=self.http_port, paths=sorted(routes))
+            task_status.started()
 
     async def _connect_target(self) -> NATS | None:
         target = self.config.target

@@ -33,6 +33,8 @@ from bridge.core import inbound
 from bridge.core.backoff import Backoff
 from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset, VerifyStored
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
+from bridge.core.headers import TIME as TIME_HEADER
+from bridge.core.pipeline import EntryState
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
@@ -42,9 +44,11 @@ from bridge.io.consumer import ensure_consumer
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.io.target import AckOutcome, SourcePublisher
 from bridge.logs import Throttle, get_logger
+from bridge.observe.metrics import SourceObservers, SourceSnapshot
 
 TICK = 0.1
 LIMITS_REFRESH = 5.0  # seconds between re-reading the target's limits and subjects while blocked
+BLOCKED_LOG_INTERVAL = 30.0  # a blocked publish is logged when it blocks, then at most this often
 SETUP_BACKOFF = Backoff(1.0, 30.0)
 
 
@@ -77,11 +81,22 @@ def engine_settings(source: Any, engine: Any, target: TargetSide) -> EngineSetti
 class SourceRunner:
     """Runs one source until ``stop`` is set; never raises for origin or target trouble (it logs and retries)."""
 
-    def __init__(self, source: Any, engine: Any, target: TargetSide, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        source: Any,
+        engine: Any,
+        target: TargetSide,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        observers: SourceObservers | None = None,
+        stalled_after: float = 60.0,
+    ):
         self.source = source
         self.engine_cfg = engine
         self.target = target
         self.clock = clock
+        self.observers = observers
+        self.stalled_after = stalled_after
         self.log = get_logger(source=source.name)
         self.engine = SourceEngine(engine_settings(source, engine, target), clock())
         self.ready = anyio.Event()  # connected, consumer bound, first reset done
@@ -95,6 +110,17 @@ class SourceRunner:
         self._tg: TaskGroup | None = None
         self._stopping = False
         self._error_throttle = Throttle()
+        self._blocked_throttle = Throttle(BLOCKED_LOG_INTERVAL)
+        # observed state, for metrics, /readyz and status (never for decisions)
+        self.origin_connected = False
+        self.last_error = ""
+        self._last_delivered = 0
+        self._origin_pending = 0
+        self._replicated_bytes = 0
+        self._last_replicated_origin_ns: int | None = None
+        self._fc_arrivals: dict[str, float] = {}
+        self._progress_mark = -1
+        self._progress_at = clock()
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -132,6 +158,7 @@ class SourceRunner:
                 await self._setup_once()
                 return
             except (BridgeError, OSError) as exc:
+                self.last_error = str(exc)
                 delay = SETUP_BACKOFF.delay(attempt)
                 level = "error" if isinstance(exc, ConsumerUnfit) or attempt > 3 else "warning"
                 getattr(self.log, level)(
@@ -152,6 +179,7 @@ class SourceRunner:
                 on_error=self._on_error,
             )
             self._api = JsApi(self._nc, src.api_prefix)
+            self.origin_connected = True
             self.log.info("origin.connected", servers=list(src.servers), api_prefix=src.api_prefix)
         api = self._api
         assert api is not None
@@ -291,29 +319,103 @@ class SourceRunner:
 
     async def _on_delivery(self, msg: Msg) -> None:
         message = inbound.classify(msg.subject, msg.reply, msg.headers, msg.data)
-        self._emit(self.engine.receive(message, self.clock()))
+        now = self.clock()
+        if isinstance(message, inbound.Data):
+            self._last_delivered = message.ack.stream_seq
+            self._origin_pending = message.ack.pending
+        elif isinstance(message, inbound.FlowControlRequest):
+            if len(self._fc_arrivals) > 16:  # requests superseded or answered while disconnected
+                self._fc_arrivals.clear()
+            self._fc_arrivals[message.reply] = now
+        self._emit(self.engine.receive(message, now))
 
     def _on_outcome(self, outcome: AckOutcome) -> None:
         now = self.clock()
         if outcome.stored:
+            self._observe_stored(outcome.order)
             self._emit(self.engine.publish_stored(outcome.order, outcome.attempt, now))
         else:
+            self._publish_error(outcome.error)
             self._emit(self.engine.publish_failed(outcome.order, outcome.attempt, outcome.error, now))
         self._changed.set()
+
+    def _observe_stored(self, order: int) -> None:
+        entry = self.engine.pipeline.entry(order)
+        if entry is None or entry.state is EntryState.STORED or entry.message is None:
+            return  # a duplicate ack, or a marker
+        message = entry.message
+        self._replicated_bytes += len(message.payload)
+        stamp = message.headers.get(TIME_HEADER)
+        if stamp is not None and stamp.isdigit():
+            origin_ns = int(stamp)
+            if self._last_replicated_origin_ns is None or origin_ns > self._last_replicated_origin_ns:
+                self._last_replicated_origin_ns = origin_ns
+            if self.observers is not None:
+                self.observers.latency.observe(max(0.0, (time.time_ns() - origin_ns) / 1e9))
+
+    def _publish_error(self, error: str) -> None:
+        self.last_error = f"publish: {error}"
+        if self.observers is not None:
+            self.observers.publish_error(error)
+
+    def snapshot(self) -> SourceSnapshot:
+        """What metrics, ``/readyz`` and ``status`` show of this source now."""
+        engine = self.engine
+        pipeline = engine.pipeline
+        blocked = pipeline.blocked
+        now = self.clock()
+        since = now - self._progress_at
+        return SourceSnapshot(
+            source=self.source.name,
+            phase=engine.phase.value,
+            origin_connected=self.origin_connected,
+            consumer_bound=self.ready.is_set() and engine.phase is not Phase.RECOVERING,
+            watermark=engine.watermark,
+            last_delivered=self._last_delivered,
+            origin_pending=self._origin_pending,
+            in_flight=pipeline.in_flight,
+            backlog=pipeline.backlog,
+            replicated_messages=pipeline.stored_messages,
+            replicated_bytes=self._replicated_bytes,
+            deliveries=engine.stats.delivered,
+            duplicates=engine.stats.duplicates,
+            fc_requests=engine.stats.fc_requests,
+            fc_answers=engine.stats.fc_answers,
+            resets=dict(engine.resets),
+            blocked_reason=blocked.reason if blocked is not None else "",
+            stalled=since >= self.stalled_after,
+            seconds_since_progress=since,
+            last_replicated_origin_time=(
+                self._last_replicated_origin_ns / 1e9 if self._last_replicated_origin_ns is not None else None
+            ),
+            last_error=self.last_error,
+        )
+
+    def _track_progress(self, now: float) -> None:
+        # "stalled" = something waits to be replicated and the watermark has not moved for stalled_after; an idle
+        # source (nothing pending, nothing in the pipeline) is never stalled
+        pipeline = self.engine.pipeline
+        idle = self._origin_pending == 0 and pipeline.empty and pipeline.blocked is None
+        if idle or self.engine.watermark != self._progress_mark:
+            self._progress_mark = self.engine.watermark
+            self._progress_at = now
 
     def target_reconnected(self) -> None:
         """Called by the bridge when the shared target connection is back."""
         self._emit(self.engine.target_reconnected(self.clock()))
 
     async def _on_disconnected(self) -> None:
+        self.origin_connected = False
         if not self._stopping:
             self.log.warning("origin.disconnected")
 
     async def _on_reconnected(self) -> None:
+        self.origin_connected = True
         self.log.info("origin.reconnected")
         self._emit(self.engine.source_reconnected(self.clock()))
 
     async def _on_error(self, exc: Exception) -> None:
+        self.last_error = f"origin: {describe(exc)}"
         suppressed = self._error_throttle.allow(self.clock())
         if suppressed is not None:
             self.log.warning("origin.error", error=describe(exc), similar_suppressed=suppressed)
@@ -327,6 +429,7 @@ class SourceRunner:
                 last_refresh = now
                 await self._refresh_target_limits()
             self._emit(self.engine.tick(now))
+            self._track_progress(now)
             self._changed.set()
 
     # -- effects --------------------------------------------------------------------------------------------
@@ -349,6 +452,7 @@ class SourceRunner:
                 message.subject, message.headers, message.payload, entry.order, effect.attempt
             )
             if error is not None:
+                self._publish_error(error)
                 self._emit(self.engine.publish_failed(entry.order, effect.attempt, error, self.clock()))
         elif isinstance(effect, AnswerFlowControl):
             await self._answer(effect)
@@ -360,7 +464,20 @@ class SourceRunner:
             assert self._tg is not None
             self._tg.start_soon(self._verify, effect)
         elif isinstance(effect, Notice):
-            getattr(self.log, effect.level)(effect.event, **effect.fields)
+            self._log_notice(effect)
+
+    def _log_notice(self, notice: Notice) -> None:
+        if notice.event == "publish.blocked":
+            # the engine reports every failed retry; the log gets the state change, then a reminder per interval
+            suppressed = self._blocked_throttle.allow(self.clock())
+            if suppressed is None:
+                return
+            fields = {**notice.fields, "similar_suppressed": suppressed}
+        else:
+            if notice.event == "publish.unblocked":
+                self._blocked_throttle = Throttle(BLOCKED_LOG_INTERVAL)  # the next block is news again
+            fields = dict(notice.fields)
+        getattr(self.log, notice.level)(notice.event, **fields)
 
     async def _answer(self, effect: AnswerFlowControl) -> None:
         if self._nc is None:
@@ -374,6 +491,10 @@ class SourceRunner:
             await self._nc.publish(effect.subject, b"", headers=headers)
         except Exception as exc:  # the request died with the connection; the Stalled header will ask again
             self.log.debug("fc.answer_failed", error=describe(exc))
+            return
+        asked = self._fc_arrivals.pop(effect.subject, None)
+        if asked is not None and self.observers is not None:
+            self.observers.fc_latency.observe(self.clock() - asked)
 
     async def _reset(self, request: RequestReset) -> None:
         src = self.source
@@ -395,6 +516,7 @@ class SourceRunner:
             effects = self.engine.reset_succeeded(int(reply["reset_seq"]), self.clock())
         except ApiTimeout as exc:
             reason = f"{exc} (consumer missing, leaderless, or origin unreachable)"
+            self.last_error = f"reset: {reason}"
             if src.manage_consumer:
                 reason += await self._recreate_consumer()
             effects = self.engine.reset_failed(reason, self.clock())

@@ -212,6 +212,7 @@ def config_text(
     lines = ["# written by tests/integration/helpers.py", ""]
     lines += _table("[log]", {"level": log_level, "format": "json"})
     lines += ["", *_table("[engine]", {**TEST_ENGINE, **(engine or {})})]
+    lines += ["", *_table("[http]", {"listen": "127.0.0.1:0"})]  # tests run side by side: any free port
     target: dict[str, Any] = {"servers": [target_url], "stream": target_stream, **(target_extra or {})}
     lines += ["", *_table("[target]", target)]
     for spec in sources:
@@ -276,7 +277,7 @@ class BridgeProcess(ProcessBase):
         await wait_until(probe, timeout=timeout, what=f"bridge log event {event!r} #{after + 1}")
 
 
-BridgeFactory = Callable[[Path], BridgeProcess]
+BridgeFactory = Callable[..., BridgeProcess]  # (config_path, env=None) -> a started BridgeProcess
 
 
 @pytest.fixture(name="bridge_procs")
@@ -287,8 +288,8 @@ def bridge_procs_fixture(tmp_path: Path, request: pytest.FixtureRequest) -> Iter
     """
     procs: list[BridgeProcess] = []
 
-    def start(config_path: Path) -> BridgeProcess:
-        proc = BridgeProcess(config_path, tmp_path / f"bridge-{len(procs)}.log")
+    def start(config_path: Path, env: Mapping[str, str] | None = None) -> BridgeProcess:
+        proc = BridgeProcess(config_path, tmp_path / f"bridge-{len(procs)}.log", env)
         procs.append(proc)
         return proc.start()
 

@@ -22,6 +22,7 @@ from bridge.config import (
     SourceConfig,
     TargetConfig,
     TlsConfig,
+    exposed_secrets,
     format_config_error,
     load_config,
 )
@@ -638,3 +639,51 @@ def test_bridge_config_direct_construction_reads_os_environ(monkeypatch: pytest.
     monkeypatch.setenv("NATS_BRIDGE_SOURCES__0__STREAM", "A")
     config = BridgeConfig()  # type: ignore[call-arg]
     assert config.sources[0].consumer == "nats-bridge-a"
+
+
+# --- [http] and exposed secrets ---------------------------------------------------------------------------
+
+
+def test_http_defaults_and_forms(write: Callable[[dict[str, Any]], Path]) -> None:
+    config = load_config(write(MINIMAL), environ={})
+    assert (config.http.listen, config.http.stalled_after) == ("127.0.0.1:9464", 60.0)
+    for listen in ("0.0.0.0:9464", "[::]:9464", "127.0.0.1:0", ""):
+        assert load_config(write({**MINIMAL, "http": {"listen": listen}}), environ={}).http.listen == listen
+
+
+@pytest.mark.parametrize("listen", ["9464", ":9464", "host:", "host:http", "host:70000"])
+def test_http_listen_errors_name_the_form(write: Callable[[dict[str, Any]], Path], listen: str) -> None:
+    (line,) = problems_of(write({**MINIMAL, "http": {"listen": listen}}))
+    assert line.startswith('http.listen: must be "host:port"')
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
+def test_exposed_secrets_names_files_and_fixes_never_secrets(
+    write: Callable[[dict[str, Any]], Path], tmp_path: Path
+) -> None:
+    seed = tmp_path / "target.nk"
+    seed.write_text("SUAEXAMPLESEED")
+    data = copy.deepcopy(MINIMAL)
+    data["sources"][0]["auth"] = {"token": "s3cr3t-token"}
+    data["target"]["auth"] = {"nkey_seed_file": str(seed)}
+    path = write(data)
+    path.chmod(0o644)
+    seed.chmod(0o644)
+    config = load_config(path, environ={})
+    findings = exposed_secrets(path, config)
+    assert len(findings) == 2
+    assert "sources[0].auth.token" in findings[0] and "chmod o-r" in findings[0]
+    assert "target.auth.nkey_seed_file" in findings[1]
+    assert all("s3cr3t-token" not in line and "SUAEXAMPLESEED" not in line for line in findings)
+    path.chmod(0o640)
+    seed.chmod(0o600)
+    assert exposed_secrets(path, config) == []
+
+
+def test_secrets_from_the_environment_do_not_make_a_readable_file_a_finding(
+    write: Callable[[dict[str, Any]], Path],
+) -> None:
+    path = write(MINIMAL)
+    path.chmod(0o644)
+    config = load_config(path, environ={"NATS_BRIDGE_TARGET__AUTH__TOKEN": "from-env"})
+    assert exposed_secrets(path, config) == []

@@ -330,14 +330,24 @@ def test_first_delivery_of_an_epoch_must_be_dseq_1() -> None:
     assert of(effects, RequestReset) == [RequestReset(ResetCause.GAP, 2)]
 
 
-@pytest.mark.parametrize(("dseq", "sseq"), [(1, 1), (2, 3), (3, 2), (3, 3)])
-def test_rewind_resets(dseq: int, sseq: int) -> None:
-    # dseq going back (someone else's reset, a leader change), or stream sequence not rising within an epoch
+@pytest.mark.parametrize(
+    ("dseq", "sseq", "cause"),
+    [
+        (1, 1, ResetCause.EXTERNAL),
+        (1, 9, ResetCause.EXTERNAL),
+        (2, 3, ResetCause.REWIND),
+        (3, 2, ResetCause.REWIND),
+        (3, 3, ResetCause.REWIND),
+    ],
+)
+def test_rewind_resets(dseq: int, sseq: int, cause: ResetCause) -> None:
+    # dseq going back (to 1: someone else's reset; otherwise a leader change, a server restart), or the stream
+    # sequence not rising within an epoch
     engine = start()
     feed(engine, [(1, 1), (2, 3)], 3.0)
     effects = engine.data(data(dseq, sseq), 3.0)
-    assert of(effects, Notice)[0].fields["cause"] == "rewind"
-    assert of(effects, RequestReset) == [RequestReset(ResetCause.REWIND, 2)]
+    assert of(effects, Notice)[0].fields["cause"] == cause.value
+    assert of(effects, RequestReset) == [RequestReset(cause, 2)]
     assert published(effects) == []
 
 

@@ -1,0 +1,1 @@
+"""Observability: metrics, health endpoints, systemd notify."""

@@ -1,0 +1,261 @@
+"""Prometheus metrics, labelled by source.
+
+Most values are read from each source's :class:`SourceSnapshot` when Prometheus scrapes (a custom collector), so
+the replication hot path pays nothing for them. Only what must be seen per event is observed as it happens: the
+replication latency of every stored message, the flow-control answer latency, publish errors by reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from bridge import __version__
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+FC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSnapshot:
+    """One source's state at one moment: what metrics, ``/readyz`` and ``status`` show."""
+
+    source: str
+    phase: str
+    origin_connected: bool
+    consumer_bound: bool
+    watermark: int
+    last_delivered: int
+    origin_pending: int
+    in_flight: int
+    backlog: int
+    replicated_messages: int
+    replicated_bytes: int
+    deliveries: int
+    duplicates: int
+    fc_requests: int
+    fc_answers: int
+    resets: Mapping[str, int] = field(default_factory=dict)
+    blocked_reason: str = ""
+    stalled: bool = False
+    seconds_since_progress: float = 0.0
+    last_replicated_origin_time: float | None = None  # unix seconds: origin store time of the newest copy
+    last_error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "origin_connected": self.origin_connected,
+            "consumer_bound": self.consumer_bound,
+            "watermark": self.watermark,
+            "last_delivered": self.last_delivered,
+            "origin_pending": self.origin_pending,
+            "in_flight": self.in_flight,
+            "blocked": self.blocked_reason or None,
+            "stalled": self.stalled,
+            "seconds_since_progress": round(self.seconds_since_progress, 1),
+            "last_error": self.last_error or None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeSnapshot:
+    """The daemon's state: the target connection and every source."""
+
+    target_connected: bool
+    sources: tuple[SourceSnapshot, ...]
+    now: float  # unix seconds when taken
+
+
+def publish_error_reason(error: str) -> str:
+    """A small, fixed set of label values for a publish failure's text (labels must not be unbounded)."""
+    text = error.lower()
+    for reason, needles in _REASONS:
+        if any(needle in text for needle in needles):
+            return reason
+    return "other"
+
+
+_REASONS = (
+    ("timeout", ("no publish ack within", "timeout")),
+    ("connection", ("not connected", "connection", "closed")),
+    ("too_large", ("exceeds", "max_payload", "maximum payload")),
+    ("no_stream", ("no responders", "stream not found", "does not exist")),
+    ("limit", ("maximum messages", "maximum bytes", "insufficient resources", "discard", "exceeded")),
+    ("permission", ("permission",)),
+    ("rejected", ("code ",)),
+)
+
+
+class SourceObservers:
+    """The per-event metrics of one source, bound to its label."""
+
+    def __init__(self, metrics: Metrics, source: str) -> None:
+        self.latency = metrics.latency.labels(source)
+        self.fc_latency = metrics.fc_latency.labels(source)
+        self._errors = metrics.publish_errors
+        self._source = source
+
+    def publish_error(self, error: str) -> None:
+        self._errors.labels(self._source, publish_error_reason(error)).inc()
+
+
+class Metrics:
+    """The registry the HTTP listener serves, with the collector that reads snapshots at scrape time."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "nats_bridge_replication_latency_seconds",
+            "Origin store time to the aggregate's publish ack, per replicated message.",
+            ["source"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.fc_latency = Histogram(
+            "nats_bridge_flow_control_answer_latency_seconds",
+            "Flow-control request received to answered (it waits until everything before it is stored).",
+            ["source"],
+            buckets=FC_BUCKETS,
+            registry=self.registry,
+        )
+        self.publish_errors = Counter(
+            "nats_bridge_publish_errors",
+            "Failed publishes to the aggregate, by reason.",
+            ["source", "reason"],
+            registry=self.registry,
+        )
+        self._snapshot: Callable[[], BridgeSnapshot] | None = None
+        self.registry.register(_SnapshotCollector(self))
+
+    def observers(self, source: str) -> SourceObservers:
+        return SourceObservers(self, source)
+
+    def read_from(self, snapshot: Callable[[], BridgeSnapshot]) -> None:
+        """Where scrape-time values come from (the running bridge)."""
+        self._snapshot = snapshot
+
+    def snapshot(self) -> BridgeSnapshot | None:
+        return self._snapshot() if self._snapshot is not None else None
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []  # families depend on the running sources: collected fresh each scrape
+
+    def collect(self) -> Iterator[Metric]:
+        info = InfoMetricFamily("nats_bridge_build", "nats-bridge version.")
+        info.add_metric([], {"version": __version__})
+        yield info
+        snap = self._metrics.snapshot()
+        if snap is None:
+            return
+        target = GaugeMetricFamily("nats_bridge_target_connected", "1 while connected to the aggregate's server.")
+        target.add_metric([], 1.0 if snap.target_connected else 0.0)
+        yield target
+        yield from _source_families(snap)
+
+
+def _gauge(name: str, doc: str, rows: list[tuple[str, float]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["source"])
+    for source, value in rows:
+        family.add_metric([source], value)
+    return family
+
+
+def _counter(name: str, doc: str, rows: list[tuple[str, float]]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["source"])
+    for source, value in rows:
+        family.add_metric([source], value)
+    return family
+
+
+def _source_families(snap: BridgeSnapshot) -> Iterator[Metric]:
+    src = snap.sources
+
+    def rows(get: Callable[[SourceSnapshot], float]) -> list[tuple[str, float]]:
+        return [(s.source, float(get(s))) for s in src]
+
+    yield _counter(
+        "nats_bridge_replicated_messages", "Messages stored in the aggregate.", rows(lambda s: s.replicated_messages)
+    )
+    yield _counter(
+        "nats_bridge_replicated_bytes", "Payload bytes stored in the aggregate.", rows(lambda s: s.replicated_bytes)
+    )
+    yield _counter("nats_bridge_deliveries", "Messages delivered by the origin consumer.", rows(lambda s: s.deliveries))
+    yield _counter(
+        "nats_bridge_duplicate_deliveries",
+        "Deliveries at or below what was already replicated, dropped.",
+        rows(lambda s: s.duplicates),
+    )
+    yield _counter(
+        "nats_bridge_flow_control_requests", "Flow-control requests received.", rows(lambda s: s.fc_requests)
+    )
+    yield _counter("nats_bridge_flow_control_answers", "Flow-control answers sent.", rows(lambda s: s.fc_answers))
+    resets = CounterMetricFamily(
+        "nats_bridge_resets", "Consumer resets by cause (external: someone else reset it).", labels=["source", "cause"]
+    )
+    for s in src:
+        for cause, count in sorted(s.resets.items()):
+            resets.add_metric([s.source, cause], float(count))
+    yield resets
+    yield _gauge(
+        "nats_bridge_publish_acks_outstanding", "Publishes awaiting the aggregate's ack.", rows(lambda s: s.in_flight)
+    )
+    yield _gauge(
+        "nats_bridge_backlog_messages", "Delivered messages not yet stored in the aggregate.", rows(lambda s: s.backlog)
+    )
+    yield _gauge(
+        "nats_bridge_stored_watermark",
+        "Highest origin sequence with everything at or below it stored.",
+        rows(lambda s: s.watermark),
+    )
+    yield _gauge(
+        "nats_bridge_last_delivered_sequence", "Origin sequence of the last delivery.", rows(lambda s: s.last_delivered)
+    )
+    yield _gauge(
+        "nats_bridge_origin_pending_messages",
+        "Messages in the origin not yet delivered, as of the last delivery.",
+        rows(lambda s: s.origin_pending),
+    )
+    ages = [
+        (s.source, max(0.0, snap.now - s.last_replicated_origin_time))
+        for s in src
+        if s.last_replicated_origin_time is not None
+    ]
+    yield _gauge(
+        "nats_bridge_last_replicated_age_seconds",
+        "Age (now minus origin store time) of the newest message stored in the aggregate.",
+        ages,
+    )
+    yield _gauge(
+        "nats_bridge_seconds_since_progress",
+        "Seconds since the watermark last moved while there was something to replicate (0 when idle).",
+        rows(lambda s: s.seconds_since_progress),
+    )
+    yield _gauge(
+        "nats_bridge_source_blocked",
+        "1 while a publish is failing and retried.",
+        rows(lambda s: bool(s.blocked_reason)),
+    )
+    yield _gauge(
+        "nats_bridge_source_stalled",
+        "1 while the source has made no progress for http.stalled_after.",
+        rows(lambda s: s.stalled),
+    )
+    yield _gauge(
+        "nats_bridge_origin_connected", "1 while connected to the origin server.", rows(lambda s: s.origin_connected)
+    )
+    yield _gauge(
+        "nats_bridge_consumer_bound",
+        "1 while the origin consumer is bound and replicating (after the first reset).",
+        rows(lambda s: s.consumer_bound),
+    )

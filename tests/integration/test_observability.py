@@ -1,0 +1,204 @@
+"""Operability on real servers: /metrics, /healthz, /readyz, systemd notify, SIGHUP reload.
+
+The bridge runs as a child process (``python -m bridge run``) with its HTTP listener on a free port, which it logs
+(``http.listening``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bridge.embedded import Topology
+
+from .helpers import (
+    AGGREGATE,
+    ORIGIN,
+    BridgeFactory,
+    BridgeProcess,
+    Publisher,
+    SourceSpec,
+    assert_exact,
+    bridge_procs_fixture,  # noqa: F401
+    connect,
+    create_aggregate,
+    create_stream,
+    origin_seqs_by_source,
+    wait_until,
+    write_config,
+)
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return int(reply.status), bytes(reply.read())
+    except urllib.error.HTTPError as err:
+        return int(err.code), bytes(err.read())
+
+
+async def get(port: int, path: str) -> tuple[int, bytes]:
+    return await anyio.to_thread.run_sync(_get, port, path)
+
+
+async def http_port(bridge: BridgeProcess) -> int:
+    await bridge.wait_event("http.listening", timeout=20)
+    (event,) = [e for e in bridge.events() if e.get("event") == "http.listening"][-1:]
+    return int(event["port"])
+
+
+async def metric(port: int, name: str, **labels: str) -> float | None:
+    _, body = await get(port, "/metrics")
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+async def readyz(port: int) -> tuple[int, dict[str, Any]]:
+    status, body = await get(port, "/readyz")
+    return status, json.loads(body)
+
+
+@pytest.mark.anyio
+async def test_metrics_health_and_readiness_follow_the_origin(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(hub_nc)
+        bridge = bridge_procs(config)
+        port = await http_port(bridge)
+        assert (await get(port, "/healthz"))[0] == 200
+        await wait_until(lambda: _ready(port), timeout=30, what="/readyz 200")
+        publisher = Publisher(leaf_nc, 500)
+        await publisher.run()
+
+        async def replicated() -> bool:
+            return await metric(port, "nats_bridge_replicated_messages_total", source="edge1") == 500
+
+        await wait_until(replicated, timeout=30, what="500 replicated in the metrics")
+        assert_exact((await origin_seqs_by_source(hub_nc, AGGREGATE))["edge1"], publisher.seqs, "aggregate")
+        assert await metric(port, "nats_bridge_stored_watermark", source="edge1") == publisher.seqs[-1]
+        assert await metric(port, "nats_bridge_last_delivered_sequence", source="edge1") == publisher.seqs[-1]
+        assert await metric(port, "nats_bridge_replication_latency_seconds_count", source="edge1") == 500
+        assert await metric(port, "nats_bridge_target_connected") == 1
+        assert await metric(port, "nats_bridge_resets_total", source="edge1", cause="start") == 1
+        age = await metric(port, "nats_bridge_last_replicated_age_seconds", source="edge1")
+        assert age is not None and age >= 0
+        status, body = await readyz(port)
+        assert status == 200 and body["ready"] and body["sources"]["edge1"]["watermark"] == publisher.seqs[-1]
+
+        await anyio.to_thread.run_sync(topology.leaf.stop)
+
+        async def not_ready() -> dict[str, Any] | None:
+            status, body = await readyz(port)
+            return body if status == 503 else None
+
+        body = await wait_until(not_ready, timeout=30, what="/readyz 503 with the origin down")
+        assert "origin not connected" in body["sources"]["edge1"]["reasons"]
+        assert await metric(port, "nats_bridge_origin_connected", source="edge1") == 0
+        assert (await get(port, "/healthz"))[0] == 200  # alive, just not ready
+        await anyio.to_thread.run_sync(topology.leaf.start)
+        await wait_until(lambda: _ready(port), timeout=60, what="/readyz 200 again")
+        assert await bridge.astop(15) == 0
+
+
+async def _ready(port: int) -> bool:
+    return (await readyz(port))[0] == 200
+
+
+@pytest.mark.anyio
+async def test_systemd_notify_ready_watchdog_stopping(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+    notify_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify_path))
+    sock.setblocking(False)
+    received: list[str] = []
+
+    def drain() -> list[str]:
+        while True:
+            try:
+                received.append(sock.recv(4096).decode())
+            except BlockingIOError:
+                return received
+
+    try:
+        async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+            await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+            await create_aggregate(hub_nc)
+            env = {"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "400000"}  # a ping every 0.2 s
+            bridge = bridge_procs(config, env)
+            await wait_until(lambda: any("READY=1" in d for d in drain()), timeout=30, what="READY=1")
+            await bridge.wait_event("bridge.ready", timeout=5)
+            ready_at = next(i for i, d in enumerate(received) if "READY=1" in d)
+            await wait_until(
+                lambda: sum("WATCHDOG=1" in d for d in drain()[ready_at:]) >= 3, timeout=10, what="watchdog pings"
+            )
+            assert bridge.pid is not None
+            os.kill(bridge.pid, signal.SIGTERM)
+            await wait_until(lambda: any("STOPPING=1" in d for d in drain()), timeout=15, what="STOPPING=1")
+            assert await bridge.astop(15) == 0
+    finally:
+        sock.close()
+
+
+@pytest.mark.anyio
+async def test_sighup_adds_removes_and_rejects_without_touching_unchanged_sources(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    a = SourceSpec(name="a", servers=topology.leaf.url, stream=ORIGIN, subject_prefix="edge.a")
+    b = SourceSpec(name="b", servers=topology.leaf.url, stream="ORIGIN2", subject_prefix="edge.b")
+    path = tmp_path / "bridge.toml"
+    write_config(path, target_url=topology.hub.url, sources=[a])
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_stream(leaf_nc, "ORIGIN2", ["more.>"], retention="workqueue")
+        await create_aggregate(hub_nc)
+        bridge = bridge_procs(path)
+        await bridge.wait_event("bridge.ready", timeout=30)
+        # traffic on a keeps flowing through every reload
+        pub_a = Publisher(leaf_nc, 3000, rate=300)
+        pub_b = Publisher(leaf_nc, 300, subject=lambda i: f"more.{i % 4}")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pub_a.run)
+            write_config(path, target_url=topology.hub.url, sources=[a, b])
+            bridge.signal(signal.SIGHUP)
+            await bridge.wait_event("reload.applied", timeout=30)
+            await pub_b.run()
+            path.write_text(path.read_text() + "\n[[sources]]\nname = 'bad name!'\n")
+            bridge.signal(signal.SIGHUP)
+            await bridge.wait_event("reload.rejected", timeout=30)
+            write_config(path, target_url=topology.hub.url, sources=[a])  # b removed
+            bridge.signal(signal.SIGHUP)
+            await bridge.wait_event("reload.applied", timeout=30, after=1)
+
+        async def all_copied() -> bool:
+            seqs = await origin_seqs_by_source(hub_nc, AGGREGATE)
+            return len(seqs.get("a", [])) >= len(pub_a.seqs) and len(seqs.get("b", [])) >= len(pub_b.seqs)
+
+        await wait_until(all_copied, timeout=60, what="both sources replicated")
+        seqs = await origin_seqs_by_source(hub_nc, AGGREGATE)
+        assert_exact(seqs["a"], pub_a.seqs, "source a")
+        assert_exact(seqs["b"], pub_b.seqs, "source b")
+        assert bridge.count("consumer.bound", source="a") == 1, "the unchanged source was restarted"
+        assert bridge.count("source.stopped", source="b") == 1
+        assert bridge.is_running
+        assert await bridge.astop(15) == 0

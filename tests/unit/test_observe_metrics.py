@@ -1,0 +1,116 @@
+"""``bridge.observe.metrics``: the exposition a scrape returns, and the bounded publish-error reasons."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bridge.observe.metrics import BridgeSnapshot, Metrics, SourceSnapshot, publish_error_reason
+
+
+def _source(name: str, **fields: object) -> SourceSnapshot:
+    base: dict[str, object] = {
+        "source": name,
+        "phase": "running",
+        "origin_connected": True,
+        "consumer_bound": True,
+        "watermark": 120,
+        "last_delivered": 125,
+        "origin_pending": 30,
+        "in_flight": 5,
+        "backlog": 5,
+        "replicated_messages": 120,
+        "replicated_bytes": 12000,
+        "deliveries": 126,
+        "duplicates": 1,
+        "fc_requests": 3,
+        "fc_answers": 3,
+        "resets": {"start": 1, "external": 2},
+        "last_replicated_origin_time": 990.0,
+    }
+    base.update(fields)
+    return SourceSnapshot(**base)  # type: ignore[arg-type]
+
+
+def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(metrics.registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_scrape_reads_every_source_snapshot() -> None:
+    metrics = Metrics()
+    snap = BridgeSnapshot(
+        target_connected=True,
+        sources=(_source("a"), _source("b", origin_connected=False, blocked_reason="too large", stalled=True)),
+        now=1000.0,
+    )
+    metrics.read_from(lambda: snap)
+    s = _samples(metrics)
+    a, b = (("source", "a"),), (("source", "b"),)
+    assert s[("nats_bridge_replicated_messages_total", a)] == 120
+    assert s[("nats_bridge_replicated_bytes_total", a)] == 12000
+    assert s[("nats_bridge_stored_watermark", a)] == 120
+    assert s[("nats_bridge_last_delivered_sequence", a)] == 125
+    assert s[("nats_bridge_origin_pending_messages", a)] == 30
+    assert s[("nats_bridge_publish_acks_outstanding", a)] == 5
+    assert s[("nats_bridge_last_replicated_age_seconds", a)] == 10.0
+    assert s[("nats_bridge_resets_total", (("cause", "external"), ("source", "a")))] == 2
+    assert s[("nats_bridge_origin_connected", b)] == 0
+    assert s[("nats_bridge_source_blocked", b)] == 1
+    assert s[("nats_bridge_source_stalled", b)] == 1
+    assert s[("nats_bridge_source_stalled", a)] == 0
+    assert s[("nats_bridge_target_connected", ())] == 1
+    assert ("nats_bridge_build_info", (("version", __import__("bridge").__version__),)) in s
+
+
+def test_per_event_metrics_are_labelled_by_source() -> None:
+    metrics = Metrics()
+    observers = metrics.observers("a")
+    observers.latency.observe(0.02)
+    observers.fc_latency.observe(0.001)
+    observers.publish_error("no publish ack within 5s")
+    observers.publish_error("maximum messages exceeded (code 400, err_code 10077)")
+    s = _samples(metrics)
+    assert s[("nats_bridge_replication_latency_seconds_count", (("source", "a"),))] == 1
+    assert s[("nats_bridge_flow_control_answer_latency_seconds_count", (("source", "a"),))] == 1
+    assert s[("nats_bridge_publish_errors_total", (("reason", "timeout"), ("source", "a")))] == 1
+    assert s[("nats_bridge_publish_errors_total", (("reason", "limit"), ("source", "a")))] == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        ("no publish ack within 5s", "timeout"),
+        ("target not connected", "connection"),
+        ("target connection lost", "connection"),
+        ("message of 2000000 bytes exceeds the target's limit of 1048576 bytes", "too_large"),
+        ("no responders: the target stream does not exist here", "no_stream"),
+        ("maximum messages exceeded (code 503, err_code 10077)", "limit"),
+        ("Permissions Violation for Publish to agg.x", "permission"),
+        ("wrong last sequence (code 400, err_code 10071)", "rejected"),
+        ("something new", "other"),
+    ],
+)
+def test_publish_error_reasons_are_a_small_fixed_set(error: str, reason: str) -> None:
+    assert publish_error_reason(error) == reason
+
+
+def test_dashboard_and_alerts_use_only_metrics_the_bridge_exports() -> None:
+    import re
+    from pathlib import Path
+
+    metrics = Metrics()
+    metrics.read_from(lambda: BridgeSnapshot(target_connected=True, sources=(_source("a"),), now=1000.0))
+    metrics.observers("a").publish_error("timeout")
+    exported = set(generate_latest(metrics.registry).decode().split())
+    names = {token.split("{")[0] for token in exported if token.startswith("nats_bridge_")}
+    config = Path(__file__).resolve().parents[2] / "config"
+    for file in ("grafana-dashboard.json", "prometheus-alerts.yml"):
+        used = set(re.findall(r"nats_bridge_[a-z_]+", (config / file).read_text()))
+        assert used, file
+        assert used <= names, f"{file} uses {sorted(used - names)}, not exported"
