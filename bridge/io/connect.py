@@ -2,6 +2,11 @@
 
 Both sides reconnect forever: the bridge is a daemon and a server restart is routine. The first connection is
 retried by the caller (nats-py gives up on a failed initial connect), with the error mapped to the side's type.
+
+A failed TLS handshake on the *first* connect makes nats-py (2.16) hang for good: it closes the half-upgraded
+socket and then awaits the plain stream's ``wait_closed()``, which never completes because the transport's
+protocol was swapped for TLS. So the first connect is abandoned as soon as nats-py reports a TLS error (it could
+not have tried another server anyway), and is bounded in time whatever happens.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-import nats
+import anyio
+from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 
 from bridge.errors import BridgeError
@@ -26,6 +32,11 @@ class ConnectionSettings(Protocol):
     @property
     def tls(self) -> Any: ...
 
+
+# nats-py's first connect makes at most two attempts per server (max_reconnect_attempts = 1); each is bounded by
+# connect_timeout for the TCP connect, the INFO line, the TLS handshake and the PONG, plus the wait between tries.
+_ATTEMPTS_PER_SERVER = 2
+_TIMEOUTS_PER_ATTEMPT = 4
 
 Callback = Callable[[], Awaitable[None]]
 ErrorCallback = Callable[[Exception], Awaitable[None]]
@@ -124,27 +135,68 @@ async def open_connection(
     # (nor see a SIGTERM); connect with a bounded attempt count, then let the live connection reconnect forever
     opts["max_reconnect_attempts"] = 1
     connected = False
-    last_error: list[Exception] = []
+    seen: list[Exception] = []
+    abandon = anyio.CancelScope()
 
     async def errors(exc: Exception) -> None:
         if connected and on_error is not None:
             await on_error(exc)
         elif not connected:  # failed first attempts are reported once, by the caller, with the real cause
-            last_error[:] = [exc]
+            seen.append(exc)
+            if isinstance(exc, ssl.SSLError):
+                abandon.cancel()  # nats-py would hang next (module docstring); it runs this in the connecting task
 
+    nc = NATS()
+    bound = (
+        len(side.servers)
+        * _ATTEMPTS_PER_SERVER
+        * (_TIMEOUTS_PER_ATTEMPT * opts["connect_timeout"] + opts["reconnect_time_wait"])
+    )
+    failure: BaseException | None = None
     try:
-        nc: NATS = await nats.connect(
-            **opts,
-            disconnected_cb=on_disconnected or _noop,
-            reconnected_cb=on_reconnected or _noop,
-            error_cb=errors,
-        )
+        with anyio.move_on_after(bound) as deadline, abandon:
+            await nc.connect(
+                **opts,
+                disconnected_cb=on_disconnected or _noop,
+                reconnected_cb=on_reconnected or _noop,
+                error_cb=errors,
+            )
     except Exception as exc:  # nats-py raises a wide variety (OSError, NoServersError, auth errors...)
-        cause = last_error[0] if last_error else exc
-        raise error_type(f"cannot connect to {', '.join(side.servers)}: {describe(cause)}") from exc
+        failure = exc
+    if failure is None and not nc.is_connected:  # abandoned: a TLS failure, or the deadline
+        timed_out = TimeoutError(f"not connected within {bound:g}s") if deadline.cancelled_caught else None
+        failure = timed_out or ConnectionError("connection abandoned")
+    if failure is not None:
+        cause = _most_telling(seen) if seen else failure
+        await _discard(nc)
+        raise error_type(f"cannot connect to {', '.join(side.servers)}: {describe(cause)}") from failure
     connected = True
     nc.options["max_reconnect_attempts"] = -1
     return nc
+
+
+def _most_telling(errors: list[Exception]) -> Exception:
+    """The error that explains a failed first connect best: what the server answered (``Authorization
+    Violation``) or a TLS failure, rather than the reset or broken pipe a later attempt on the same server may
+    meet (which attempt gets which varies from run to run)."""
+    for exc in errors:
+        if isinstance(exc, ssl.SSLError):
+            return exc
+        if isinstance(exc, nats_errors.Error) and not isinstance(exc, nats_errors.NoServersError):
+            return exc
+    return errors[-1]
+
+
+async def _discard(nc: NATS) -> None:
+    """Release what an abandoned first connect left behind (its socket), without waiting on nats-py."""
+    transport = getattr(nc, "_transport", None)
+    for attr in ("_io_writer", "_bare_io_writer"):
+        writer = getattr(transport, attr, None)
+        raw = getattr(writer, "transport", None)
+        if raw is not None:
+            raw.abort()
+    with anyio.move_on_after(1):
+        await nc.close()
 
 
 def describe(exc: BaseException) -> str:

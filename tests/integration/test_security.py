@@ -1,0 +1,680 @@
+"""Authentication, TLS and least-privilege permissions, against servers configured to require them.
+
+Mostly in the edge position: the bridge's source connects to the origin server and its target to the aggregate's
+server, two independent servers each requiring the method under test (no leaf link involved). Every method is used
+on both sides at once: token (from ``NATS_BRIDGE_*`` variables), user/password, NKey seed file, creds file
+(operator mode, JWTs signed here), TLS verified with ``tls.ca_file``, and mutual TLS. A refused connection is
+logged (and printed by ``check``) naming the problem and never the secret. The least-privilege tests run the
+bridge as a user holding exactly the permissions of ``docs/permissions.md`` (edge and sidecar positions) and show
+what the log says when one is missing.
+
+Certificates come from the ``openssl`` tool (the TLS cases skip, saying so, without it); keys and JWTs from the
+``nkeys`` package the bridge already depends on (``security_helpers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import nats
+import pytest
+from nats.aio.client import Client
+
+from bridge.embedded import NatsServer, Topology
+from chaos.processes import REPO_ROOT, child_env
+
+from .helpers import (
+    AGGREGATE,
+    ORIGIN,
+    BridgeFactory,
+    BridgeProcess,
+    Publisher,
+    SourceSpec,
+    ack_floor,
+    aggregate_count,
+    assert_exact,
+    assert_holds,
+    bridge_procs_fixture,  # noqa: F401
+    consumer_info,
+    create_aggregate,
+    create_stream,
+    js_request,
+    read_stream,
+    seqs_by_source,
+    stream_messages,
+    wait_for_value,
+    wait_until,
+    write_config,
+)
+from .security_helpers import Operator, TlsFiles, conf_str, make_tls, new_nkey, permissions_block, write_secret
+
+N = 300
+STOP_GRACE = 15.0
+ServerFactory = Callable[..., NatsServer]
+
+
+@pytest.fixture
+def servers(nats_server_bin: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerFactory]:
+    """``start(name, extra_config, **kwargs) -> NatsServer`` (started, healthy); all stopped at teardown."""
+    started: list[NatsServer] = []
+
+    def start(name: str, extra_config: str, **kwargs: Any) -> NatsServer:
+        server = NatsServer(tmp_path / name, name=name, binary=nats_server_bin, extra_config=extra_config, **kwargs)
+        started.append(server)
+        server.start()
+        server.wait_ready()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in reversed(started):
+            server.stop()
+        call = getattr(request.node, "rep_call", None)
+        if call is not None and call.failed:
+            for server in started:
+                print(f"\n----- {server.name} log ({server.log_path}) -----\n{server.log_tail(30)}")
+
+
+@contextlib.asynccontextmanager
+async def client(url: str, **options: Any) -> AsyncIterator[Client]:
+    """A test client with the given auth/TLS options (nats-py ``connect`` keywords)."""
+    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.1, **options)
+    try:
+        yield nc
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()
+
+
+def tls_client_context(tls: TlsFiles, *, client_cert: bool) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(tls.ca))
+    if client_cert:
+        ctx.load_cert_chain(str(tls.client_cert), str(tls.client_key))
+    return ctx
+
+
+def assert_no_secret(bridge: BridgeProcess | str, secret_values: Sequence[str]) -> None:
+    text = bridge if isinstance(bridge, str) else bridge.log_text()
+    for value in secret_values:
+        assert value not in text, "a secret appears in the bridge's output"
+    assert "Traceback" not in text
+
+
+def run_check(config: Path, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m bridge check -c CONFIG`` with extra environment variables, to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "bridge", "check", "-c", str(config)],
+        cwd=REPO_ROOT,
+        env={**child_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+# --- one secured side -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Secured:
+    """A server requiring one method, and how the bridge (config + environment) and the test client pass it."""
+
+    server_config: str
+    auth: dict[str, Any] | None = None  # the side's [auth] table in the bridge's file
+    tls: dict[str, Any] | None = None  # the side's [tls] table
+    env: dict[str, str] = field(default_factory=dict)  # NATS_BRIDGE_* variables for the bridge
+    client: dict[str, Any] = field(default_factory=dict)  # nats-py connect options for the test's own client
+    secrets: list[str] = field(default_factory=list)  # must never appear in the bridge's log
+    scheme: str = "nats"
+
+    def url(self, server: NatsServer) -> str:
+        return server.url.replace("nats://", f"{self.scheme}://")
+
+    def extra(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.auth:
+            out["auth"] = self.auth
+        if self.tls:
+            out["tls"] = self.tls
+        return out
+
+
+def secure(method: str, directory: Path, env_prefix: str) -> Secured:
+    """A side requiring ``method``; ``env_prefix`` is the side's variable prefix (``NATS_BRIDGE_TARGET__``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if method == "token":
+        token = secrets.token_urlsafe(24)
+        return Secured(
+            f"authorization {{ token: {conf_str(token)} }}",
+            env={f"{env_prefix}AUTH__TOKEN": token},  # the secret never touches the file
+            client={"token": token},
+            secrets=[token],
+        )
+    if method == "user-password":
+        password = secrets.token_urlsafe(24)
+        users = f"{{user: bridge, password: {conf_str(password)}}}"
+        return Secured(
+            f"authorization {{ users = [ {users} ] }}",
+            auth={"user": "bridge", "password": password},
+            client={"user": "bridge", "password": password},
+            secrets=[password],
+        )
+    if method == "nkey":
+        key = new_nkey()
+        seed_file = write_secret(directory / "bridge.nk", key.seed + "\n")
+        return Secured(
+            f"authorization {{ users = [ {{nkey: {conf_str(key.public)}}} ] }}",
+            auth={"nkey_seed_file": str(seed_file)},
+            client={"nkeys_seed": str(seed_file)},
+            secrets=[key.seed],
+        )
+    if method == "creds":
+        operator = Operator()
+        creds = operator.user_creds(directory / "bridge.creds", "bridge")
+        seed = next(line for line in creds.read_text().splitlines() if line.startswith("SU"))
+        return Secured(
+            operator.server_config(),
+            auth={"creds_file": str(creds)},
+            client={"user_credentials": str(creds)},
+            secrets=[seed],
+        )
+    if method in ("tls", "mtls"):
+        tls = make_tls(directory / "tls")
+        mutual = method == "mtls"
+        table = {"ca_file": str(tls.ca)}
+        if mutual:
+            table |= {"cert_file": str(tls.client_cert), "key_file": str(tls.client_key)}
+        return Secured(
+            tls.server_block(verify=mutual),
+            tls=table,
+            client={"tls": tls_client_context(tls, client_cert=mutual)},
+            scheme="tls" if method == "tls" else "nats",  # both URL forms: nats:// upgrades when the server says so
+        )
+    raise ValueError(method)
+
+
+# --- every method, on both sides --------------------------------------------------------------------------
+
+
+async def replicate_and_check(
+    bridge_procs: BridgeFactory,
+    config: Path,
+    origin_nc: Client,
+    target_nc: Client,
+    *,
+    env: Mapping[str, str] | None = None,
+    n: int = N,
+) -> BridgeProcess:
+    """Start the bridge, publish ``n`` messages into the WorkQueue origin, wait until all are copied and acked."""
+    bridge = bridge_procs(config, env=dict(env or {}))
+    await bridge.wait_event("reset.done", timeout=20)
+    before = await aggregate_count(target_nc, "edge.one.>")
+    await Publisher(origin_nc, n).run()
+    await wait_for_value(
+        lambda: aggregate_count(target_nc, "edge.one.>"), before + n, timeout=30, what="copies", interval=0.1
+    )
+    await wait_for_value(lambda: stream_messages(origin_nc, ORIGIN), 0, timeout=15, what="origin messages left")
+    assert await bridge.astop(STOP_GRACE) == 0
+    return bridge
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("method", ["token", "user-password", "nkey", "creds", "tls", "mtls"])
+async def test_replicates_with_each_auth_method(
+    method: str, tmp_path: Path, servers: ServerFactory, bridge_procs: BridgeFactory
+) -> None:
+    """The origin and the aggregate's server both require ``method`` (different secrets); ``N`` messages arrive
+    exactly once, in order, and no secret is ever logged. The token comes from ``NATS_BRIDGE_*`` variables."""
+    origin_side = secure(method, tmp_path / "origin-secrets", "NATS_BRIDGE_SOURCES__0__")
+    target_side = secure(method, tmp_path / "target-secrets", "NATS_BRIDGE_TARGET__")
+    origin = servers("origin", origin_side.server_config)
+    target = servers("target", target_side.server_config)
+    spec = SourceSpec(
+        name="edge1",
+        servers=origin_side.url(origin),
+        subject_prefix="edge.one",
+        max_ack_pending=100,
+        extra=origin_side.extra(),
+    )
+    config = write_config(
+        tmp_path / "bridge.toml", target_url=target_side.url(target), sources=[spec], target_extra=target_side.extra()
+    )
+    config.chmod(0o600)
+    async with (
+        client(origin_side.url(origin), **origin_side.client) as origin_nc,
+        client(target_side.url(target), **target_side.client) as target_nc,
+    ):
+        await create_stream(origin_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(target_nc)
+        bridge = await replicate_and_check(
+            bridge_procs, config, origin_nc, target_nc, env={**origin_side.env, **target_side.env}
+        )
+        assert_exact(seqs_by_source(await read_stream(target_nc, AGGREGATE)).get("edge1", []), range(1, N + 1), method)
+    assert bridge.count("origin.connected") == 1 and bridge.count("target.connected") == 1
+    assert_no_secret(bridge, origin_side.secrets + target_side.secrets)
+    config_text = config.read_text()
+    for variable, value in {**origin_side.env, **target_side.env}.items():
+        assert value not in config_text, f"{variable} was meant to come from the environment only"
+
+
+# --- refused connections ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    side: str  # which side is refused: "origin" or "target"
+    expect: str  # what the error must say (compared lowercased)
+    build: Callable[[Path], tuple[Secured, Secured]]  # (what the server requires, what the bridge is given)
+
+
+def _wrong_token(directory: Path) -> tuple[Secured, Secured]:
+    server = secure("token", directory / "server", "NATS_BRIDGE_TARGET__")
+    wrong = secrets.token_urlsafe(24)
+    given = Secured("", env={"NATS_BRIDGE_TARGET__AUTH__TOKEN": wrong}, secrets=[wrong])
+    return server, given
+
+
+def _wrong_password(directory: Path) -> tuple[Secured, Secured]:
+    server = secure("user-password", directory / "server", "")
+    wrong = secrets.token_urlsafe(24)
+    return server, Secured("", auth={"user": "bridge", "password": wrong}, secrets=[wrong])
+
+
+def _unknown_nkey(directory: Path) -> tuple[Secured, Secured]:
+    server = secure("nkey", directory / "server", "")
+    return server, secure("nkey", directory / "bridge", "")  # another key, unknown to the server
+
+
+def _untrusted_server_cert(directory: Path) -> tuple[Secured, Secured]:
+    server = secure("tls", directory / "server", "")
+    tls = make_tls(directory / "bridge-tls")
+    return server, Secured("", tls={"ca_file": str(tls.other_ca)})
+
+
+def _no_client_cert(directory: Path) -> tuple[Secured, Secured]:
+    server = secure("mtls", directory / "server", "")
+    assert server.tls is not None
+    return server, Secured("", tls={"ca_file": server.tls["ca_file"]})
+
+
+REFUSALS = {
+    "target-wrong-token-from-env": Refusal("target", "authorization violation", _wrong_token),
+    "origin-wrong-password": Refusal("origin", "authorization violation", _wrong_password),
+    "origin-unknown-nkey": Refusal("origin", "authorization violation", _unknown_nkey),
+    "target-untrusted-server-certificate": Refusal("target", "certificate verify failed", _untrusted_server_cert),
+    "origin-mtls-without-client-certificate": Refusal("origin", "certificate required", _no_client_cert),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", list(REFUSALS))
+async def test_refused_connection_is_named_and_secret_free(
+    case: str, tmp_path: Path, servers: ServerFactory, bridge_procs: BridgeFactory
+) -> None:
+    refusal = REFUSALS[case]
+    required, given = refusal.build(tmp_path / "secrets")
+    secured = servers("secured", required.server_config)
+    plain = servers("plain", "")
+    if refusal.side == "origin":
+        spec = SourceSpec(name="edge1", servers=required.url(secured), extra=given.extra())
+        config = write_config(tmp_path / "bridge.toml", target_url=plain.url, sources=[spec])
+        event = "source.setup_failed"
+    else:
+        spec = SourceSpec(name="edge1", servers=plain.url)
+        config = write_config(
+            tmp_path / "bridge.toml", target_url=required.url(secured), sources=[spec], target_extra=given.extra()
+        )
+        event = "target.connect_failed"
+    config.chmod(0o600)
+    bridge = bridge_procs(config, env=given.env)
+    await bridge.wait_event(event, timeout=20)
+    errors = [e.get("error", "") for e in bridge.events() if e.get("event") == event]
+    assert any(refusal.expect in error.lower() for error in errors), errors
+    assert any(secured.url.split("//")[1] in error for error in errors), f"the error names the server: {errors}"
+    assert bridge.is_running, "a refused connection is retried, not fatal"
+    assert await bridge.astop(STOP_GRACE) == 0
+    assert_no_secret(bridge, required.secrets + given.secrets)
+
+    check = run_check(config, given.env)
+    output = check.stdout + check.stderr
+    assert check.returncode == 1, output
+    assert f"FAIL {'target' if refusal.side == 'target' else 'source edge1'}: cannot connect" in output, output
+    assert refusal.expect in output.lower(), output
+    assert_no_secret(output, required.secrets + given.secrets)
+
+
+# --- least privilege --------------------------------------------------------------------------------------
+# The lists below are docs/permissions.md's, for the names used here; keep the two in step.
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+    def without(self, subject: str) -> Permissions:
+        assert subject in self.publish + self.subscribe, subject
+        return Permissions(
+            tuple(s for s in self.publish if s != subject), tuple(s for s in self.subscribe if s != subject)
+        )
+
+    def __add__(self, other: Permissions) -> Permissions:
+        return Permissions(self.publish + other.publish, self.subscribe + other.subscribe)
+
+
+def origin_permissions(
+    stream: str, consumer: str, deliver_subject: str, *, managed: bool = True, api: str = "$JS.API"
+) -> Permissions:
+    """What the bridge's user needs on the server it reaches the origin stream through."""
+    return Permissions(
+        publish=(
+            f"{api}.STREAM.INFO.{stream}",
+            f"{api}.CONSUMER.CREATE.{stream}.{consumer}" if managed else f"{api}.CONSUMER.INFO.{stream}.{consumer}",
+            f"{api}.CONSUMER.RESET.{stream}.{consumer}",
+            f"$JS.FC.{stream}.{consumer}.*",
+        ),
+        subscribe=(deliver_subject, "_INBOX.>"),
+    )
+
+
+def target_permissions(
+    stream: str, subjects: Sequence[str], *, direct: bool = True, api: str = "$JS.API"
+) -> Permissions:
+    """What the bridge's user needs on the aggregate's server."""
+    read = f"{api}.DIRECT.GET.{stream}" if direct else f"{api}.STREAM.MSG.GET.{stream}"
+    return Permissions(publish=(f"{api}.STREAM.INFO.{stream}", read, *subjects), subscribe=("_INBOX.>",))
+
+
+def leaf_link_permissions(stream: str, consumer: str, deliver_subject: str, *, leaf_domain: str) -> Permissions:
+    """Sidecar position: what the user the leaf links into the hub with must allow for the bridge's traffic.
+
+    For a leafnode connection ``publish`` is what the leaf may send into the hub, ``subscribe`` what it may receive.
+    """
+    api = f"$JS.{leaf_domain}.API"
+    return Permissions(
+        publish=(deliver_subject, "_INBOX.>"),
+        subscribe=(
+            f"{api}.STREAM.INFO.{stream}",
+            f"{api}.CONSUMER.CREATE.{stream}.{consumer}",
+            f"{api}.CONSUMER.RESET.{stream}.{consumer}",
+            f"$JS.FC.{stream}.{consumer}.*",
+        ),
+    )
+
+
+ADMIN_PASSWORD = "admin-" + secrets.token_hex(8)
+BRIDGE_PASSWORD = "bridge-" + secrets.token_hex(8)
+
+
+def users_config(bridge: Permissions, *extra_users: str) -> str:
+    """An ``authorization`` block: an unrestricted ``admin`` (the test) and ``bridge`` with exactly ``bridge``."""
+    # an empty allow list would mean "everything": keep one harmless subject in it instead
+    publish = list(bridge.publish) or ["nothing.allowed"]
+    subscribe = list(bridge.subscribe) or ["nothing.allowed"]
+    users = [
+        f"{{user: admin, password: {conf_str(ADMIN_PASSWORD)}}}",
+        f"{{user: bridge, password: {conf_str(BRIDGE_PASSWORD)}, {permissions_block(publish, subscribe)}}}",
+        *extra_users,
+    ]
+    return "authorization {\n  users = [\n    " + "\n    ".join(users) + "\n  ]\n}"
+
+
+def admin_url(server: NatsServer) -> str:
+    return server.url.replace("nats://", f"nats://admin:{ADMIN_PASSWORD}@")
+
+
+BRIDGE_AUTH = {"auth": {"user": "bridge", "password": BRIDGE_PASSWORD}}
+ORIGIN_B = "ORDERS_B"
+
+
+@dataclass(frozen=True)
+class Restricted:
+    """A server config whose ``bridge`` user holds exactly some permissions, and how to log in to it."""
+
+    server_config: str
+    bridge_auth: dict[str, Any]  # the side's [auth] table for the bridge
+    admin: dict[str, Any]  # nats-py connect options of an unrestricted user, for the test
+    secrets: tuple[str, ...]  # must never appear in the bridge's output
+
+
+def restricted(mode: str, perms: Permissions, directory: Path) -> Restricted:
+    """``users``: a user/password in the server's ``authorization`` block; ``jwt``: operator mode, the permissions
+    signed into the bridge user's JWT (``pub``/``sub`` allow lists), the bridge given a creds file."""
+    if mode == "users":
+        admin = {"user": "admin", "password": ADMIN_PASSWORD}
+        return Restricted(users_config(perms), dict(BRIDGE_AUTH["auth"]), admin, (BRIDGE_PASSWORD, ADMIN_PASSWORD))
+    operator = Operator()
+    bridge = operator.user_creds(directory / "bridge.creds", "bridge", pub=perms.publish, sub=perms.subscribe)
+    admin_creds = operator.user_creds(directory / "admin.creds", "admin")
+    seeds = tuple(line for f in (bridge, admin_creds) for line in f.read_text().splitlines() if line.startswith("SU"))
+    return Restricted(
+        operator.server_config(), {"creds_file": str(bridge)}, {"user_credentials": str(admin_creds)}, seeds
+    )
+
+
+def violations(*servers: NatsServer) -> list[str]:
+    return [line for s in servers for line in s.log_tail(10_000).splitlines() if "Violation" in line]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["users", "jwt"])
+async def test_least_privilege_edge_position(
+    mode: str, tmp_path: Path, servers: ServerFactory, bridge_procs: BridgeFactory
+) -> None:
+    """Both servers grant the bridge's user exactly the documented permissions (in the server's users, or in the
+    user's JWT): a managed and a bound source replicate, the bridge restarts (recovery reads the aggregate back by
+    Direct Get) and replicates more, ``check`` passes, and neither server ever logged a permissions violation."""
+    a = SourceSpec(name="edge-a", servers="", subject_prefix="edge.a", max_ack_pending=100)
+    b = SourceSpec(
+        name="edge-b",
+        servers="",
+        stream=ORIGIN_B,
+        subject_prefix="edge.b",
+        max_ack_pending=100,
+        extra={"manage_consumer": False},
+    )
+    origin_perms = origin_permissions(ORIGIN, a.consumer_name, a.deliver_subject) + origin_permissions(
+        ORIGIN_B, b.consumer_name, b.deliver_subject, managed=False
+    )
+    origin_side = restricted(mode, origin_perms, tmp_path / "origin-secrets")
+    target_side = restricted(mode, target_permissions(AGGREGATE, ["edge.a.>", "edge.b.>"]), tmp_path / "target-secrets")
+    origin = servers("origin", origin_side.server_config)
+    target = servers("target", target_side.server_config)
+    for spec in (a, b):
+        spec.servers = origin.url
+        spec.extra["auth"] = origin_side.bridge_auth
+    config = write_config(
+        tmp_path / "bridge.toml", target_url=target.url, sources=[a, b], target_extra={"auth": target_side.bridge_auth}
+    )
+    config.chmod(0o600)
+    n = 200
+    async with (
+        client(origin.url, **origin_side.admin) as origin_nc,
+        client(target.url, **target_side.admin) as target_nc,
+    ):
+        await create_stream(origin_nc, ORIGIN, ["a.>"], retention="workqueue")
+        await create_stream(origin_nc, ORIGIN_B, ["b.>"], retention="workqueue")
+        bound = {
+            "durable_name": b.consumer_name,
+            "deliver_subject": b.deliver_subject,
+            "ack_policy": "flow_control",
+            "max_ack_pending": 100,
+        }
+        await js_request(
+            origin_nc,
+            f"CONSUMER.DURABLE.CREATE.{ORIGIN_B}.{b.consumer_name}",
+            {"stream_name": ORIGIN_B, "config": bound},
+        )
+        await create_aggregate(target_nc)
+        check = run_check(config)  # `check` needs nothing more than `run`
+        assert check.returncode == 0, check.stdout + check.stderr
+        for run in (1, 2):  # the second run starts on a non-empty aggregate: recovery reads it back
+            bridge = bridge_procs(config)
+            await bridge.wait_event("reset.done", timeout=20, after=1)  # both sources bound
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(Publisher(origin_nc, n, subject=lambda i: f"a.orders.{i % 5}").run)
+                tg.start_soon(Publisher(origin_nc, n, subject=lambda i: f"b.orders.{i % 3}").run)
+            for prefix, stream in (("edge.a", ORIGIN), ("edge.b", ORIGIN_B)):
+                await wait_for_value(
+                    lambda p=prefix: aggregate_count(target_nc, f"{p}.>"), run * n, timeout=30, what=f"{prefix} copies"
+                )
+                await wait_for_value(
+                    lambda s=stream: stream_messages(origin_nc, s), 0, timeout=15, what=f"{stream} left"
+                )
+            assert await bridge.astop(STOP_GRACE) == 0
+            if run == 2:
+                assert bridge.count("recovery.done") == 2
+        by_source = seqs_by_source(await read_stream(target_nc, AGGREGATE))
+        assert_exact(by_source.get("edge-a", []), range(1, 2 * n + 1), "edge-a copies")
+        assert_exact(by_source.get("edge-b", []), range(1, 2 * n + 1), "edge-b copies")
+    assert violations(origin, target) == []
+    assert_no_secret(bridge, origin_side.secrets + target_side.secrets)
+    assert_no_secret(check.stdout + check.stderr, origin_side.secrets + target_side.secrets)
+
+
+@dataclass(frozen=True)
+class Missing:
+    side: str  # "origin" or "target"
+    subject: str  # the permission removed (as listed)
+    event: str  # the bridge's log event that names it
+    named: str  # what that event's error names (nats-py lowercases the server's text)
+
+
+MISSING = {
+    "fc-answer-publish": Missing(
+        "origin", "$JS.FC.ORDERS.nats-bridge-edge1.*", "origin.error", 'publish to "$js.fc.orders.nats-bridge-edge1.'
+    ),
+    "deliver-subscribe": Missing(
+        "origin", "nats-bridge.deliver.edge1", "origin.error", 'subscription to "nats-bridge.deliver.edge1"'
+    ),
+    "reset-publish": Missing(
+        "origin",
+        "$JS.API.CONSUMER.RESET.ORDERS.nats-bridge-edge1",
+        "origin.error",
+        'publish to "$js.api.consumer.reset.orders.nats-bridge-edge1"',
+    ),
+    "aggregate-publish": Missing("target", "edge.one.>", "target.error", 'publish to "edge.one.orders.'),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", list(MISSING))
+async def test_least_privilege_missing_permission_is_named(
+    case: str, tmp_path: Path, servers: ServerFactory, bridge_procs: BridgeFactory
+) -> None:
+    """One permission short: the bridge keeps running, logs the server's permissions violation naming the subject,
+    and acks nothing it should not: the origin's ack floor stays at 0 and the origin keeps every message."""
+    missing = MISSING[case]
+    spec = SourceSpec(name="edge1", servers="", subject_prefix="edge.one", max_ack_pending=50, extra=BRIDGE_AUTH)
+    origin_perms = origin_permissions(ORIGIN, spec.consumer_name, spec.deliver_subject)
+    target_perms = target_permissions(AGGREGATE, ["edge.one.>"])
+    if missing.side == "origin":
+        origin_perms = origin_perms.without(missing.subject)
+    else:
+        target_perms = target_perms.without(missing.subject)
+    origin = servers("origin", users_config(origin_perms))
+    target = servers("target", users_config(target_perms))
+    spec.servers = origin.url
+    config = write_config(
+        tmp_path / "bridge.toml",
+        target_url=target.url,
+        sources=[spec],
+        target_extra=BRIDGE_AUTH,
+        engine={"shutdown_grace": 1.0},  # unacked publishes (aggregate-publish) are waited for this long at the end
+    )
+    config.chmod(0o600)
+    n = 120
+    async with client(admin_url(origin)) as origin_nc, client(admin_url(target)) as target_nc:
+        await create_stream(origin_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(target_nc)
+        await Publisher(origin_nc, n).run()
+        bridge = bridge_procs(config)
+        await bridge.wait_event(missing.event, timeout=20)
+        errors = [e.get("error", "") for e in bridge.events() if e.get("event") == missing.event]
+        assert any("permissions violation" in e and missing.named in e for e in errors), errors
+
+        async def nothing_acked() -> None:
+            assert ack_floor(await consumer_info(origin_nc, ORIGIN, spec.consumer_name)) == 0
+            assert await stream_messages(origin_nc, ORIGIN) == n
+
+        if case == "fc-answer-publish":
+            # the copies are stored, up to max_ack_pending, but the acks never reach the origin
+            await wait_for_value(lambda: aggregate_count(target_nc, "edge.one.>"), 50, timeout=10, what="copies")
+        await wait_until(lambda: consumer_info(origin_nc, ORIGIN, spec.consumer_name), timeout=10, what="the consumer")
+        await assert_holds(nothing_acked, duration=2.0, what="nothing acked")
+        assert bridge.is_running
+        assert await bridge.astop(STOP_GRACE) == 0
+        await nothing_acked()  # not even by the final answer at shutdown
+    assert_no_secret(bridge, [BRIDGE_PASSWORD, ADMIN_PASSWORD])
+
+
+# --- least privilege, sidecar position ----------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_least_privilege_sidecar_position(
+    tmp_path: Path, nats_server_bin: str, bridge_procs: BridgeFactory
+) -> None:
+    """The bridge connects only to the hub (one user for both sides) and reaches the leaf's consumer through the
+    leaf's JetStream domain. The hub grants exactly the documented sidecar permissions, to the bridge's user and to
+    the user the leaf links in with."""
+    spec = SourceSpec(
+        name="edge1", servers="", domain="leaf", subject_prefix="edge.one", max_ack_pending=100, extra=BRIDGE_AUTH
+    )
+    perms = origin_permissions(ORIGIN, spec.consumer_name, spec.deliver_subject, api="$JS.leaf.API")
+    perms += target_permissions(AGGREGATE, ["edge.one.>"])
+    leaf_password = "leaf-" + secrets.token_hex(8)
+    link = leaf_link_permissions(ORIGIN, spec.consumer_name, spec.deliver_subject, leaf_domain="leaf")
+    leaf_user = (
+        f"{{user: leaf, password: {conf_str(leaf_password)}, {permissions_block(link.publish, link.subscribe)}}}"
+    )
+    hub = NatsServer(
+        tmp_path / "hub",
+        name="hub",
+        binary=nats_server_bin,
+        domain="hub",
+        leafnode_listen=True,
+        extra_config=users_config(perms, leaf_user),
+    )
+    assert hub.leafnode_port is not None
+    leaf = NatsServer(
+        tmp_path / "leaf",
+        name="leaf",
+        binary=nats_server_bin,
+        domain="leaf",
+        leaf_remotes=[f"nats-leaf://leaf:{leaf_password}@127.0.0.1:{hub.leafnode_port}"],
+    )
+    # the leaf's user may not carry the two JetStream APIs' interest across (only the bridge's subjects), which is
+    # what Topology.is_linked would wait for; the bridge retries its setup until the subscriptions have crossed
+    topology = Topology(hub, leaf, require_js_api=False)
+    try:
+        hub.start()
+        hub.wait_ready()
+        leaf.start()
+        leaf.wait_ready()
+        topology.wait_linked()
+        spec.servers = hub.url
+        config = write_config(tmp_path / "bridge.toml", target_url=hub.url, sources=[spec], target_extra=BRIDGE_AUTH)
+        config.chmod(0o600)
+        async with client(leaf.url) as leaf_nc, client(admin_url(hub)) as hub_nc:
+            await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+            await create_aggregate(hub_nc)
+            bridge = await replicate_and_check(bridge_procs, config, leaf_nc, hub_nc)
+            assert_exact(
+                seqs_by_source(await read_stream(hub_nc, AGGREGATE)).get("edge1", []), range(1, N + 1), "copies"
+            )
+        assert violations(hub, leaf) == []
+        assert_no_secret(bridge, [BRIDGE_PASSWORD, ADMIN_PASSWORD, leaf_password])
+    finally:
+        topology.stop()
