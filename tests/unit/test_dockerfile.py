@@ -174,3 +174,21 @@ def test_dockerignore_lets_in_what_the_build_copies_and_nothing_else(instruction
     for unwanted in (".git/config", ".venv/bin/python", ".cache/x", "tests/conftest.py", "chaos-results/run/x.json"):
         assert ignored(unwanted, patterns), f"{unwanted} would be sent to the build"
     assert ignored("bridge/__pycache__/config.cpython-311.pyc", patterns)
+
+
+def test_the_kubernetes_example_bridge_config_loads(tmp_path: Path) -> None:
+    """The ConfigMap's bridge.toml (the indented block after ``bridge.toml: |``) is a valid configuration."""
+    from bridge.config import load_config
+
+    text = (Path(__file__).resolve().parents[2] / "config" / "kubernetes-sidecar.yaml").read_text()
+    lines = text.split("  bridge.toml: |\n", 1)[1].splitlines()
+    block = []
+    for line in lines:
+        if line and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    path = tmp_path / "bridge.toml"
+    path.write_text("\n".join(block) + "\n")
+    config = load_config(path, environ={})
+    assert config.http.listen == "0.0.0.0:9464"
+    assert [s.name for s in config.sources] == ["leaf-a"]
