@@ -1,0 +1,59 @@
+"""``bridge.io.target.parse_pub_ack``: every shape of publish ack, and the no-decode fast path agreeing with JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from nats.aio.msg import Msg
+
+from bridge.io.target import AckOutcome, parse_pub_ack
+
+
+def reply(data: bytes, headers: dict[str, str] | None = None) -> Msg:
+    return Msg(_client=None, subject="_INBOX.x.7.2", data=data, headers=headers)  # type: ignore[arg-type]
+
+
+def test_success_duplicate_and_errors() -> None:
+    assert parse_pub_ack("7.2", reply(b'{"stream":"AGG","seq":5}')) == AckOutcome(7, 2, True)
+    assert parse_pub_ack("7.2", reply(b'{"stream":"AGG","domain":"hub","seq":5,"duplicate":true}')) == AckOutcome(
+        7, 2, True, duplicate=True
+    )
+    err = parse_pub_ack(
+        "7.2",
+        reply(b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"AGG"}'),
+    )
+    assert err is not None and not err.stored and "maximum messages exceeded" in err.error
+    gone = parse_pub_ack("7.2", reply(b"", {"Status": "503"}))
+    assert gone is not None and not gone.stored and "no responders" in gone.error
+    assert parse_pub_ack("x.2", reply(b"{}")) is None
+    odd = parse_pub_ack("7.2", reply(b"not json"))
+    assert odd is not None and not odd.stored
+    noseq = parse_pub_ack("7.2", reply(b'{"stream":"AGG"}'))
+    assert noseq is not None and not noseq.stored
+
+
+def _slow(body: dict[str, Any]) -> tuple[bool, bool]:
+    # the definition: stored unless an error or no seq; duplicate as the server says
+    return (not body.get("error") and body.get("seq") is not None, bool(body.get("duplicate")))
+
+
+@given(
+    st.fixed_dictionaries(
+        {"stream": st.sampled_from(["AGG", "A-B_c"]), "seq": st.integers(1, 2**63)},
+        optional={
+            "domain": st.sampled_from(["hub", "x"]),
+            "duplicate": st.booleans(),
+            "error": st.fixed_dictionaries(
+                {"code": st.integers(400, 503), "err_code": st.integers(10000, 10300), "description": st.text()}
+            ),
+        },
+    )
+)
+def test_fast_path_agrees_with_decoding(body: dict[str, Any]) -> None:
+    for encoded in (json.dumps(body, separators=(",", ":")), json.dumps(body)):
+        outcome = parse_pub_ack("1.1", reply(encoded.encode()))
+        assert outcome is not None
+        assert (outcome.stored, outcome.duplicate if outcome.stored else bool(body.get("duplicate"))) == _slow(body)
