@@ -26,17 +26,20 @@ from bridge.core.subjects import SubjectSet
 
 @dataclass(frozen=True, slots=True)
 class OutboundMessage:
-    """One message to publish to the aggregate."""
+    """One message to publish to the aggregate.
+
+    ``size`` is what the server counts against ``max_msg_size``/``max_payload``: the header block plus the
+    payload. It is computed once, here: every send (and retry) checks it.
+    """
 
     subject: str
     headers: dict[str, str]
     payload: bytes
+    size: int = field(init=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        """Bytes the server counts against ``max_msg_size``/``max_payload``: the header block plus the payload."""
+    def __post_init__(self) -> None:
         header_block = 12 + sum(len(k) + len(v) + 4 for k, v in self.headers.items())  # NATS/1.0 CRLF ... CRLF
-        return header_block + len(self.payload)
+        object.__setattr__(self, "size", header_block + len(self.payload))
 
 
 class EntryState(Enum):
