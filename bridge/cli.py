@@ -96,9 +96,11 @@ def _run(path: str) -> int:
 
 def _check(path: str) -> int:
     from bridge.check import run_check
-    from bridge.config import load_config
+    from bridge.config import exposed_secrets, load_config
 
     config = load_config(path)
+    for warning in exposed_secrets(path, config):
+        print(f"WARN secrets: {warning}", flush=True)
     return EXIT_OK if anyio.run(run_check, config) else EXIT_PROBLEM
 
 
