@@ -1,0 +1,288 @@
+"""One measurement at a time, each on a fresh hub + leaf in its own directory.
+
+Throughput: the origin (WorkQueue or Limits) is preloaded with N messages first (not timed); then either the
+aggregate is created with a native durable source bound to a user-managed ``flow_control`` consumer, or the
+aggregate is created plain and the bridge is started as a child process (``python -m bridge run -c FILE`` from
+the repository root, i.e. whatever bridge code is in the working tree). Latency: the path is set up and warmed,
+then messages are published at a fixed rate. Every process is stopped by its PID; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client
+
+from bench import natsops as ops
+from bench.model import BRIDGE_POSITIONS, MB, NATIVE, LatencyRun, ThroughputRun
+from bench.procs import cpu_seconds, peak_rss_bytes
+from bench.stats import percentile
+from bridge.embedded import Topology, start_topology
+from chaos.processes import BridgeProcess
+
+SOURCE = "leaf1"
+WARMUP_MESSAGES = 10
+MAX_FILE_STORE = "64GB"  # a limit, not an allocation: the 1M backlog with the bridge's headers needs > 1 GB
+BRIDGE_STOP_TIMEOUT = 30.0
+STALL_SECONDS = 30.0  # no new copy for this long fails a measurement (the bridge resets a silent consumer in 5 s)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Settings shared by every measurement."""
+
+    workdir: Path
+    max_ack_pending: int
+    keep: bool
+    binary: str | None
+
+
+def bridge_config(hub_url: str, leaf_url: str, position: str, max_ack_pending: int) -> str:
+    """The bridge's configuration: defaults everywhere except names, addresses and ``max_ack_pending``."""
+    if position == "sidecar":
+        source_servers, domain = hub_url, 'domain = "leaf"'
+    elif position == "edge":
+        source_servers, domain = leaf_url, "# edge position: connected to the leaf itself"
+    else:
+        raise ValueError(f"unknown bridge position {position!r}")
+    return f"""\
+# written by `python -m bench`
+[log]
+level = "info"
+format = "json"
+
+[http]
+listen = "127.0.0.1:0"
+
+[target]
+servers = ["{hub_url}"]
+stream = "{ops.AGGREGATE}"
+
+[[sources]]
+name = "{SOURCE}"
+servers = ["{source_servers}"]
+{domain}
+stream = "{ops.ORIGIN}"
+max_ack_pending = {max_ack_pending}
+subject_prefix = "{ops.BRIDGE_PREFIX}"
+"""
+
+
+class _World:
+    """A fresh hub + leaf for one measurement, in ``directory``; the bridge process when there is one."""
+
+    def __init__(self, options: Options, label: str) -> None:
+        self.options = options
+        self.directory = options.workdir / label
+        self.topology: Topology = start_topology(
+            self.directory / "servers", binary=options.binary, max_file_store=MAX_FILE_STORE
+        )
+        self.bridge: BridgeProcess | None = None
+
+    def start_bridge(self, path: str) -> BridgeProcess:
+        config = self.directory / "bridge.toml"
+        hub, leaf = self.topology.hub.url, self.topology.leaf.url
+        config.write_text(bridge_config(hub, leaf, BRIDGE_POSITIONS[path], self.options.max_ack_pending))
+        self.bridge = BridgeProcess(config, self.directory / "bridge.log").start()
+        return self.bridge
+
+    def bridge_failure(self) -> str | None:
+        """Why the bridge is no longer running (with its log's tail), or None while it runs."""
+        if self.bridge is None or self.bridge.is_running:
+            return None
+        return f"bridge exited early; log tail:\n{self.bridge.tail(15)}"
+
+    def server_cpu(self) -> float:
+        total = 0.0
+        for server in self.topology.servers:
+            if server.pid is not None:
+                total += cpu_seconds(server.pid)
+        return total
+
+    def close(self, ok: bool) -> None:
+        try:
+            if self.bridge is not None:
+                self.bridge.cleanup()
+        finally:
+            self.topology.stop()
+            if ok and not self.options.keep:
+                shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _measure(
+    options: Options,
+    label: str,
+    body: Callable[[_World, Client, Client], Coroutine[Any, Any, None]],
+    failed: Callable[[], bool],
+) -> None:
+    """Start a world, run ``body(world, leaf, hub)`` in a fresh event loop, always tear the world down.
+
+    The measurement's directory (server logs, bridge log) is removed unless it raised, ``failed()`` says so, or
+    ``--keep`` was given.
+    """
+    world = _World(options, label)
+    ok = False
+    try:
+
+        async def main() -> None:
+            leaf = await ops.connect(world.topology.leaf.url, "bench leaf")
+            hub = await ops.connect(world.topology.hub.url, "bench hub")
+            try:
+                await body(world, leaf, hub)
+            finally:
+                for nc in (leaf, hub):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(nc.close(), 5)
+
+        asyncio.run(main())
+        ok = not failed()
+    finally:
+        world.close(ok)
+
+
+async def _stop_bridge(world: _World) -> int:
+    bridge = world.bridge
+    assert bridge is not None
+    code = await asyncio.to_thread(bridge.stop, BRIDGE_STOP_TIMEOUT)
+    world.bridge = None
+    return code
+
+
+def _deadline(messages: int, floor_rate: float = 1000.0) -> float:
+    """Seconds allowed for moving ``messages``: at least a minute, or what ``floor_rate`` msg/s would take."""
+    return max(60.0, messages / floor_rate)
+
+
+# Throughput
+
+
+def throughput(options: Options, path: str, size: int, retention: str, messages: int, rep: int) -> ThroughputRun:
+    """Replicate ``messages`` preloaded messages of ``size`` bytes by ``path``; a failed run carries its reason."""
+    run = ThroughputRun(path=path, size=size, retention=retention, rep=rep, messages=messages)
+    label = f"{path}-{size}-{retention}-{rep}-{time.strftime('%H%M%S')}"
+    try:
+        _measure(options, label, lambda w, leaf, hub: _throughput(w, leaf, hub, run), lambda: run.error is not None)
+    except Exception as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+    run.ok = run.error is None
+    if not run.ok:
+        run.error = f"{run.error} (logs in {options.workdir / label})"
+    return run
+
+
+async def _throughput(world: _World, leaf: Client, hub: Client, run: ThroughputRun) -> None:
+    await ops.create_origin(leaf, run.retention)
+    run.preload_msgs_per_s = await ops.preload(leaf, run.messages, run.size, deadline=_deadline(run.messages, 5000))
+    if run.path == NATIVE:
+        await ops.create_native_consumer(leaf, world.options.max_ack_pending)
+    else:
+        await ops.create_aggregate(hub, native=False)
+    marks: dict[str, float] = {}
+
+    def on_first() -> None:  # CPU counters when the first copy is seen: the window leaves start-up out
+        marks["servers_first"] = world.server_cpu()
+        if world.bridge is not None and world.bridge.pid is not None:
+            marks["bridge_first"] = cpu_seconds(world.bridge.pid)
+
+    started_ns = time.time_ns()
+    if run.path == NATIVE:
+        await ops.create_aggregate(hub, native=True)
+    else:
+        world.start_bridge(run.path)
+    progress = await ops.wait_for_count(
+        hub,
+        run.messages,
+        deadline=_deadline(run.messages),
+        stall=STALL_SECONDS,
+        on_first=on_first,
+        alive=world.bridge_failure,
+    )
+    servers_done = world.server_cpu()
+    window_msgs = max(1, run.messages - progress.first_seen_count)
+    run.servers_cpu_s_per_million = (servers_done - marks["servers_first"]) / window_msgs * 1e6
+    if world.bridge is not None and world.bridge.pid is not None:
+        pid = world.bridge.pid
+        run.bridge_cpu_s = cpu_seconds(pid)
+        run.bridge_peak_rss_bytes = peak_rss_bytes(pid)
+        run.bridge_cpu_s_per_million = (run.bridge_cpu_s - marks["bridge_first"]) / window_msgs * 1e6
+    state = await ops.stream_state(hub, ops.AGGREGATE)
+    run.seconds = max(state.last_ts_ns - state.first_ts_ns, 1) / 1e9
+    run.msgs_per_s = (state.last_seq - state.first_seq) / run.seconds
+    run.mb_per_s = run.msgs_per_s * run.size / MB
+    run.startup_s = (state.first_ts_ns - started_ns) / 1e9
+    if run.path != NATIVE:
+        run.bridge_exit_code = await _stop_bridge(world)
+        if run.bridge_exit_code != 0:
+            run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
+    run.stored = (await ops.stream_state(hub, ops.AGGREGATE)).messages
+    if run.stored != run.messages:
+        run.error = f"aggregate holds {run.stored} messages, expected {run.messages}"
+
+
+# Latency
+
+
+def latency(
+    options: Options, path: str, size: int, retention: str, rate: float, seconds: float, rep: int
+) -> LatencyRun:
+    """Publish at ``rate`` msg/s for ``seconds`` through ``path`` (set up and warmed first); per-message latency."""
+    run = LatencyRun(path=path, size=size, retention=retention, rep=rep, rate=rate, seconds=seconds)
+    label = f"latency-{path}-{size}-{retention}-{rep}-{time.strftime('%H%M%S')}"
+    try:
+        _measure(options, label, lambda w, leaf, hub: _latency(w, leaf, hub, run), lambda: run.error is not None)
+    except Exception as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+    run.ok = run.error is None
+    if not run.ok:
+        run.error = f"{run.error} (logs in {options.workdir / label})"
+    return run
+
+
+async def _latency(world: _World, leaf: Client, hub: Client, run: LatencyRun) -> None:
+    await ops.create_origin(leaf, run.retention)
+    if run.path == NATIVE:
+        await ops.create_native_consumer(leaf, world.options.max_ack_pending)
+        await ops.create_aggregate(hub, native=True)
+    else:
+        await ops.create_aggregate(hub, native=False)
+        world.start_bridge(run.path)
+    # warm-up: the path is up (bridge started, consumer bound) once these are stored
+    async with ops.Publisher(leaf, window=WARMUP_MESSAGES) as pub:
+        for k in range(WARMUP_MESSAGES):
+            await pub.publish(f"{ops.ORIGIN_SUBJECTS}.{k % 16}", b"warm-up")
+        await pub.drain(10.0)
+    await ops.wait_for_count(hub, WARMUP_MESSAGES, deadline=60.0, stall=60.0, alive=world.bridge_failure)
+    paced = await ops.paced_publish(leaf, run.rate, run.seconds, run.size)
+    run.messages = paced.sent
+    run.achieved_rate = paced.sent / paced.seconds if paced.seconds > 0 else 0.0
+    if paced.publish_rtt_ns:
+        run.publish_rtt_p50_ms = percentile(paced.publish_rtt_ns, 50) / 1e6
+    total = WARMUP_MESSAGES + paced.sent
+    await ops.wait_for_count(
+        hub, total, deadline=_deadline(paced.sent), stall=STALL_SECONDS, alive=world.bridge_failure
+    )
+    stored = await ops.read_stored(hub, WARMUP_MESSAGES + 1, paced.sent)
+    lat = [(s.store_ns - int(s.headers[ops.SENT_HEADER])) / 1e6 for s in stored if ops.SENT_HEADER in s.headers]
+    if len(lat) != paced.sent:
+        run.error = f"read back {len(lat)} stamped copies of {paced.sent}"
+        return
+    run.latencies_ms = lat
+    run.p50_ms, run.p90_ms = percentile(lat, 50), percentile(lat, 90)
+    run.p99_ms, run.max_ms = percentile(lat, 99), max(lat)
+    if run.path != NATIVE:
+        origin = [(s.store_ns - int(s.headers["Bridge-Time"])) / 1e6 for s in stored if "Bridge-Time" in s.headers]
+        if origin:
+            run.origin_store_p50_ms, run.origin_store_p99_ms = percentile(origin, 50), percentile(origin, 99)
+        bridge = world.bridge
+        assert bridge is not None and bridge.pid is not None
+        run.bridge_peak_rss_bytes = peak_rss_bytes(bridge.pid)
+        run.bridge_exit_code = await _stop_bridge(world)
+        if run.bridge_exit_code != 0:
+            run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
