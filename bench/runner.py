@@ -167,14 +167,24 @@ def throughput(options: Options, path: str, size: int, retention: str, messages:
     """Replicate ``messages`` preloaded messages of ``size`` bytes by ``path``; a failed run carries its reason."""
     run = ThroughputRun(path=path, size=size, retention=retention, rep=rep, messages=messages)
     label = f"{path}-{size}-{retention}-{rep}-{time.strftime('%H%M%S')}"
+    _run_measured(options, label, run, lambda w, leaf, hub: _throughput(w, leaf, hub, run))
+    return run
+
+
+def _run_measured(
+    options: Options,
+    label: str,
+    run: ThroughputRun | LatencyRun,
+    body: Callable[[_World, Client, Client], Coroutine[Any, Any, None]],
+) -> None:
+    """Run one measurement's ``body`` on fresh servers; any failure ends up in ``run.error``, naming the logs."""
     try:
-        _measure(options, label, lambda w, leaf, hub: _throughput(w, leaf, hub, run), lambda: run.error is not None)
+        _measure(options, label, body, lambda: run.error is not None)
     except Exception as exc:
         run.error = f"{type(exc).__name__}: {exc}"
     run.ok = run.error is None
     if not run.ok:
         run.error = f"{run.error} (logs in {options.workdir / label})"
-    return run
 
 
 async def _throughput(world: _World, leaf: Client, hub: Client, run: ThroughputRun) -> None:
@@ -235,13 +245,7 @@ def latency(
     """Publish at ``rate`` msg/s for ``seconds`` through ``path`` (set up and warmed first); per-message latency."""
     run = LatencyRun(path=path, size=size, retention=retention, rep=rep, rate=rate, seconds=seconds)
     label = f"latency-{path}-{size}-{retention}-{rep}-{time.strftime('%H%M%S')}"
-    try:
-        _measure(options, label, lambda w, leaf, hub: _latency(w, leaf, hub, run), lambda: run.error is not None)
-    except Exception as exc:
-        run.error = f"{type(exc).__name__}: {exc}"
-    run.ok = run.error is None
-    if not run.ok:
-        run.error = f"{run.error} (logs in {options.workdir / label})"
+    _run_measured(options, label, run, lambda w, leaf, hub: _latency(w, leaf, hub, run))
     return run
 
 
