@@ -199,6 +199,19 @@ async def _discard(nc: NATS) -> None:
         await nc.close()
 
 
+PERMISSION_HINT = "the user lacks a permission the bridge needs: see docs/permissions.md (the subject is in the error)"
+
+
+def error_fields(exc: BaseException) -> dict[str, str]:
+    """Log fields for an asynchronous connection error: its description, and a hint when it is a missing permission
+    (nats-py reports those as ``permissions violation for publish to "<subject>"``)."""
+    text = describe(exc)
+    fields = {"error": text}
+    if "permissions violation" in text.lower():
+        fields["hint"] = PERMISSION_HINT
+    return fields
+
+
 def describe(exc: BaseException) -> str:
     """A one-line description of a nats-py or OS error, never including credentials."""
     text = str(exc).strip() or type(exc).__name__

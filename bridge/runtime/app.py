@@ -24,7 +24,7 @@ from nats.aio.client import Client as NATS
 
 from bridge.core.backoff import Backoff
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
-from bridge.io.connect import describe, drop_unsent_publishes, open_connection
+from bridge.io.connect import describe, drop_unsent_publishes, error_fields, open_connection
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.logs import Throttle, get_logger
 from bridge.observe.http import HttpServer, Response, json_response, metrics_handler, parse_listen
@@ -360,4 +360,4 @@ class Bridge:
     async def _target_error(self, exc: Exception) -> None:
         suppressed = self._error_throttle.allow(time.monotonic())
         if suppressed is not None:
-            self.log.warning("target.error", error=describe(exc), similar_suppressed=suppressed)
+            self.log.warning("target.error", **error_fields(exc), similar_suppressed=suppressed)

@@ -39,7 +39,7 @@ from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
 from bridge.io.aggregate import read_source_tail
-from bridge.io.connect import describe, open_connection
+from bridge.io.connect import describe, error_fields, open_connection
 from bridge.io.consumer import ensure_consumer
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.io.target import AckOutcome, SourcePublisher
@@ -418,7 +418,7 @@ class SourceRunner:
         self.last_error = f"origin: {describe(exc)}"
         suppressed = self._error_throttle.allow(self.clock())
         if suppressed is not None:
-            self.log.warning("origin.error", error=describe(exc), similar_suppressed=suppressed)
+            self.log.warning("origin.error", **error_fields(exc), similar_suppressed=suppressed)
 
     async def _ticker(self) -> None:
         last_refresh = self.clock()

@@ -29,3 +29,13 @@ def test_nothing_pending_is_a_no_op() -> None:
     assert drop_unsent_publishes(nc) == 0
     assert nc._pending == []
     assert drop_unsent_publishes(object()) == 0  # a client without that buffer: nothing to do
+
+
+def test_a_permissions_violation_gets_a_hint_and_other_errors_do_not() -> None:
+    from nats.errors import Error
+
+    from bridge.io.connect import PERMISSION_HINT, error_fields
+
+    denied = error_fields(Error('nats: permissions violation for publish to "$js.fc.orders.c.abcd"'))
+    assert denied["hint"] == PERMISSION_HINT and '"$js.fc.orders.c.abcd"' in denied["error"]
+    assert "hint" not in error_fields(OSError("connection refused"))
