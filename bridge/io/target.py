@@ -12,6 +12,7 @@ import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -70,6 +71,7 @@ class SourcePublisher:
         self._inbox = nc.new_inbox()
         self._prefix_len = len(self._inbox) + 1
         self._sub: Subscription | None = None
+        self._raw = _has_raw_path(nc)
 
     async def start(self) -> None:
         """Subscribe the ack inbox (before the first publish)."""
@@ -93,8 +95,11 @@ class SourcePublisher:
         self, subject: str, headers: dict[str, str], payload: bytes, order: int, attempt: int
     ) -> str | None:
         """Send one publish; return None when it was handed to the connection, else why it could not be."""
+        reply = f"{self._inbox}.{order}.{attempt}"
+        if self._raw:
+            return await self._publish_raw(subject, reply, headers, payload)
         try:
-            await self._nc.publish(subject, payload, reply=f"{self._inbox}.{order}.{attempt}", headers=headers)
+            await self._nc.publish(subject, payload, reply=reply, headers=headers)
         except Exception as exc:  # MaxPayload, not connected, closed, bad header: the engine retries all alike
             name = type(exc).__name__
             if name == "MaxPayloadError":
@@ -103,3 +108,37 @@ class SourcePublisher:
                 return "target not connected"
             return describe(exc)
         return None
+
+    async def _publish_raw(self, subject: str, reply: str, headers: dict[str, str], payload: bytes) -> str | None:
+        # nats-py's own publish does exactly this plus, per message, subject validation and a regex check,
+        # strip and translate of every header: about a sixth of the bridge's CPU per message. Our subjects and
+        # headers are valid by construction (they came off the wire or from the validated configuration).
+        nc: Any = self._nc
+        if nc.is_closed:
+            return "target connection closed"
+        if not nc.is_connected:
+            return "target not connected"
+        if len(payload) > nc.max_payload:  # nats-py's check (the pipeline has already checked headers + payload)
+            return f"message of {len(payload)} bytes exceeds the target server's max_payload"
+        await nc._send_command(hpub_command(subject, reply, headers, payload))
+        if nc._flush_queue is not None and nc._flush_queue.empty():
+            await nc._flush_pending()
+        return None
+
+
+def hpub_command(subject: str, reply: str, headers: dict[str, str], payload: bytes) -> bytes:
+    """The ``HPUB`` protocol line, header block and payload of one publish, as nats-py would write them."""
+    block = ("NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
+    return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+        subject.encode(),
+        reply.encode(),
+        len(block),
+        len(block) + len(payload),
+        block,
+        payload,
+    )
+
+
+def _has_raw_path(nc: Any) -> bool:
+    """Whether this nats-py client has the internals :meth:`SourcePublisher._publish_raw` writes through."""
+    return all(hasattr(nc, name) for name in ("_send_command", "_flush_queue", "_flush_pending", "max_payload"))

@@ -57,3 +57,22 @@ def test_fast_path_agrees_with_decoding(body: dict[str, Any]) -> None:
         outcome = parse_pub_ack("1.1", reply(encoded.encode()))
         assert outcome is not None
         assert (outcome.stored, outcome.duplicate if outcome.stored else bool(body.get("duplicate"))) == _slow(body)
+
+
+@given(
+    st.dictionaries(
+        st.from_regex(r"[A-Za-z][A-Za-z0-9-]{0,20}", fullmatch=True),
+        st.from_regex(r"[ -~]{0,30}", fullmatch=True).map(str.strip),
+        max_size=8,
+    ),
+    st.binary(max_size=300),
+)
+def test_raw_publish_encodes_exactly_as_nats_py(headers: dict[str, str], payload: bytes) -> None:
+    from nats.protocol.command import hpub_cmd
+
+    from bridge.io.target import hpub_command
+
+    block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    assert hpub_command("agg.s.x", "_INBOX.a.1.1", headers, payload) == hpub_cmd(
+        "agg.s.x", "_INBOX.a.1.1", block.encode(), payload
+    )
