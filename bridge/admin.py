@@ -25,6 +25,7 @@ from bridge.errors import BridgeError
 from bridge.io.aggregate import read_source_tail
 from bridge.io.connect import open_connection
 from bridge.io.jsapi import JsApi
+from bridge.observe.http import parse_listen
 
 TIMEOUT = 5.0
 
@@ -82,11 +83,10 @@ def _daemon_view(listen: str) -> tuple[dict[str, Any] | None, str]:
     """The running daemon's /readyz body, or None and why not."""
     if not listen:
         return None, "http listener disabled in the configuration"
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if host in ("0.0.0.0", "::", ""):
+    host, port = parse_listen(listen)  # validated with the configuration
+    if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    if port == "0":
+    if port == 0:
         return None, "http listener on a random port"
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/readyz"
     try:

@@ -331,15 +331,17 @@ class EngineConfig(BaseModel):
 
 
 def _listen(value: str) -> str:
+    from bridge.observe.http import parse_listen  # the listener's own rule, so the two cannot drift apart
+
     if value == "":
         return value
-    host, sep, port = value.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    try:
+        parse_listen(value)
+    except ValueError:
         raise _fail(
             f'must be "host:port" (e.g. "127.0.0.1:9464", "[::]:9464"; port 0 picks a free one), or "" to disable '
             f"(got {_show(value)})"
-        )
+        ) from None
     return value
 
 

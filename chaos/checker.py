@@ -103,8 +103,8 @@ def check_source(
 
     # another source's origin sequences are a different numbering: its excuses and samples say nothing here
     excuses = [e for e in excuses if e.source == source]
-    excused_by_any = _coverage(excuses)
-    excused_by_reset = _coverage(e for e in excuses if e.reason == FORWARD_RESET)
+    excused_by_any = coverage(excuses)
+    excused_by_reset = coverage(e for e in excuses if e.reason == FORWARD_RESET)
     deleted_first = _deletion_index(s for s in samples if s.source == source)
 
     lost_seqs: list[int] = []
@@ -206,7 +206,7 @@ def _in_aggregate_order(copies: Sequence[StoredCopy]) -> Sequence[StoredCopy]:
     return sorted(copies, key=lambda c: c.aggregate_seq)
 
 
-def _coverage(excuses: Iterable[Excuse]) -> Callable[[int], bool]:
+def coverage(excuses: Iterable[Excuse]) -> Callable[[int], bool]:
     """A test ``covered(origin_seq)`` over the union of the excuses' ranges, O(log E) per call."""
     firsts: list[int] = []
     lasts: list[int] = []

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos.checker import check_run
+from chaos.checker import FORWARD_RESET, check_run, coverage
 from chaos.faults import FAULTS, FaultContext
 from chaos.model import DeletionSample, PublishLog, ScenarioResult
 from chaos.reader import AggregateReader, remaining_seqs, stream_state
@@ -157,9 +157,6 @@ class Scenario:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), SAMPLE_INTERVAL)
 
-    def _excused(self, source: str, origin_seq: int) -> bool:
-        return any(e.source == source and e.covers(origin_seq) for e in self.ctx.excuses)
-
     async def _converged(self, reader: AggregateReader, missing: dict[str, set[int]]) -> bool:
         start = len(reader.copies)
         await reader.poll()
@@ -169,21 +166,18 @@ class Scenario:
         if any(missing.values()):
             return False
         for source in self.topo.sources:
+            skipped = coverage(e for e in self.ctx.excuses if e.source == source.name and e.reason == FORWARD_RESET)
             left = await remaining_seqs(self.topo.leaf, source.stream)
-            if any(not self._excused_by_reset(source.name, seq) for seq in left):
+            if not all(skipped(seq) for seq in left):
                 return False
         return True
 
-    def _excused_by_reset(self, source: str, origin_seq: int) -> bool:
-        return any(
-            e.source == source and e.reason == "forward-reset" and e.covers(origin_seq) for e in self.ctx.excuses
-        )
-
     async def _finish(self) -> None:
         reader = AggregateReader(self.topo.hub, AGGREGATE)
-        missing = {
-            name: {n for n, seq in log.acked.items() if not self._excused(name, seq)} for name, log in self.logs.items()
-        }
+        missing = {}
+        for name, log in self.logs.items():
+            excused = coverage(e for e in self.ctx.excuses if e.source == name)
+            missing[name] = {n for n, seq in log.acked.items() if not excused(seq)}
         deadline = time.monotonic() + CONVERGE_TIMEOUT
         while True:
             with contextlib.suppress(Exception):

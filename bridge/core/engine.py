@@ -212,7 +212,7 @@ class SourceEngine:
                 subject=msg.subject,
                 timestamp_ns=ack.timestamp_ns,
             )
-            self.pipeline.add(sseq, OutboundMessage(subject, headers, msg.payload))
+            self.pipeline.add(sseq, OutboundMessage(subject, headers, msg.payload, ack.timestamp_ns))
             self.accepted = sseq
         self._cover(effects)
         self._pump(now, effects)

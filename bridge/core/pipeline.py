@@ -35,6 +35,7 @@ class OutboundMessage:
     subject: str
     headers: dict[str, str]
     payload: bytes
+    origin_ns: int = 0  # the origin's store time (also in the Bridge-Time header), for latency metrics
     size: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -33,7 +33,6 @@ from bridge.core import inbound
 from bridge.core.backoff import Backoff
 from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset, VerifyStored
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
-from bridge.core.headers import TIME as TIME_HEADER
 from bridge.core.pipeline import EntryState
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.subjects import SubjectSet
@@ -345,9 +344,8 @@ class SourceRunner:
             return  # a duplicate ack, or a marker
         message = entry.message
         self._replicated_bytes += len(message.payload)
-        stamp = message.headers.get(TIME_HEADER)
-        if stamp is not None and stamp.isdigit():
-            origin_ns = int(stamp)
+        origin_ns = message.origin_ns
+        if origin_ns:
             if self._last_replicated_origin_ns is None or origin_ns > self._last_replicated_origin_ns:
                 self._last_replicated_origin_ns = origin_ns
             if self.observers is not None:
