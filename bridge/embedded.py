@@ -47,6 +47,7 @@ __all__ = [
     "live_pids",
     "server_version",
     "start_topology",
+    "stop_process",
 ]
 
 ENV_BINARY = "NATS_SERVER_BIN"
@@ -162,6 +163,34 @@ def _kill_all_live() -> None:
 
 
 atexit.register(_kill_all_live)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    """SIGSTOP ``proc`` and return once every thread of it is stopped (Linux), or after ``timeout``.
+
+    The signal is asynchronous: a thread running on another CPU goes on until it next enters the kernel, so a
+    test that sends a request right after ``kill()`` returns can still see it answered. Where ``/proc`` is
+    absent this only sends the signal.
+    """
+    proc.send_signal(signal.SIGSTOP)
+    tasks = Path(f"/proc/{proc.pid}/task")
+    if not tasks.is_dir():
+        return
+    deadline = time.monotonic() + timeout
+    while not _all_threads_stopped(tasks) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _all_threads_stopped(tasks: Path) -> bool:
+    try:
+        for task in tasks.iterdir():
+            # Field 3 of stat follows the parenthesised command name, which may itself hold spaces.
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state not in ("T", "t"):
+                return False
+    except (OSError, IndexError):
+        return True  # the process or a thread is gone: nothing left to wait for
+    return True
 
 
 def live_pids() -> list[int]:
@@ -434,7 +463,7 @@ class NatsServer:
 
     def pause(self) -> None:
         """SIGSTOP the server: its sockets stay open but nothing is read or answered until :meth:`resume`."""
-        self._require_running().send_signal(signal.SIGSTOP)
+        stop_process(self._require_running())
         self._paused = True
 
     def resume(self) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from bridge.embedded import reap_child, register_child
+from bridge.embedded import reap_child, register_child, stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,7 @@ class BridgeProcess:
         """SIGSTOP: the process keeps its sockets but runs nothing until :meth:`resume`."""
         if self._proc is None or self._proc.poll() is not None:
             raise RuntimeError("bridge not running")
-        self._proc.send_signal(signal.SIGSTOP)
+        stop_process(self._proc)
         self._paused = True
 
     def resume(self) -> None:
