@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
 class AckInfo:
     """What a data message's ack subject says about it."""
 
@@ -40,26 +40,29 @@ def parse_ack_subject(subject: str) -> AckInfo | None:
     if n == 9:
         domain = account_hash = None
         base = 2
-    elif n in (11, 12):
+    elif n == 11 or n == 12:
         domain = None if tokens[2] == "_" else tokens[2]
         account_hash = tokens[3]
         base = 4
     else:
         return None
-    numbers = tokens[base + 2 : base + 7]
-    if not all(token.isascii() and token.isdigit() for token in numbers):
-        return None  # int() would also take "+5", "1_0" or non-ASCII digits
+    delivered, sseq, dseq, ts, pending = tokens[base + 2 : base + 7]
+    # one check over all five numbers (this runs once per replicated message): int() alone would also take
+    # "+5", " 5", "1_0" or non-ASCII digits
+    digits = delivered + sseq + dseq + ts + pending
+    if not (digits.isascii() and digits.isdigit()):
+        return None
     try:
         return AckInfo(
-            stream=tokens[base],
-            consumer=tokens[base + 1],
-            delivered=int(tokens[base + 2]),
-            stream_seq=int(tokens[base + 3]),
-            consumer_seq=int(tokens[base + 4]),
-            timestamp_ns=int(tokens[base + 5]),
-            pending=int(tokens[base + 6]),
-            domain=domain,
-            account_hash=account_hash,
+            tokens[base],
+            tokens[base + 1],
+            int(delivered),
+            int(sseq),
+            int(dseq),
+            int(ts),
+            int(pending),
+            domain,
+            account_hash,
         )
-    except ValueError:
+    except ValueError:  # an empty token
         return None

@@ -21,7 +21,7 @@ class ResetCause(StrEnum):
     EXTERNAL = "external"  # deliveries restarted at dseq 1 unasked: someone else reset (or re-created) the consumer
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
 class Publish:
     """Publish ``entry.message`` to the aggregate; report the outcome with ``(entry.order, attempt)``."""
 

@@ -203,7 +203,7 @@ class SourceEngine:
             self.pipeline.add_stored(sseq)
         else:
             subject = hdr.aggregate_subject(msg.subject, self.settings.subject_prefix)
-            headers = hdr.build_headers(
+            block = hdr.build_header_block(
                 msg.headers,
                 source=self.settings.source,
                 stream=self.settings.stream,
@@ -212,7 +212,7 @@ class SourceEngine:
                 subject=msg.subject,
                 timestamp_ns=ack.timestamp_ns,
             )
-            self.pipeline.add(sseq, OutboundMessage(subject, headers, msg.payload, ack.timestamp_ns))
+            self.pipeline.add(sseq, OutboundMessage(subject, block, msg.payload, ack.timestamp_ns))
             self.accepted = sseq
         self._cover(effects)
         self._pump(now, effects)

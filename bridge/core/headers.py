@@ -55,7 +55,7 @@ def rename_reserved(name: str) -> str:
     return name
 
 
-def build_headers(
+def build_header_block(
     origin: Mapping[str, str] | None,
     *,
     source: str,
@@ -64,19 +64,49 @@ def build_headers(
     prev_seq: int,
     subject: str,
     timestamp_ns: int,
-) -> dict[str, str]:
-    """Headers for the aggregate copy of one origin message: the origin's (policy applied) plus provenance."""
+) -> bytes:
+    """The encoded header block of the aggregate copy of one origin message: the origin's headers (policy
+    applied) then provenance.
+
+    Built as one string and encoded once: this runs for every replicated message, and the block is both what
+    ``max_msg_size`` is checked against and what goes on the wire.
+    """
+    origin_lines = "".join(f"{rename_reserved(name)}: {value}\r\n" for name, value in origin.items()) if origin else ""
+    return (
+        f"NATS/1.0\r\n{origin_lines}{MSG_ID}: {source}:{stream}:{stream_seq}\r\n{SOURCE}: {source}\r\n"
+        f"{STREAM}: {stream}\r\n{SEQ}: {stream_seq}\r\n{PREV}: {prev_seq}\r\n{SUBJECT}: {subject}\r\n"
+        f"{TIME}: {timestamp_ns}\r\n\r\n"
+    ).encode()
+
+
+def encode_header_block(headers: Mapping[str, str]) -> bytes:
+    """A ``NATS/1.0`` header block holding ``headers``, exactly as nats-py encodes one."""
+    return ("NATS/1.0\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n").encode()
+
+
+def parse_header_block(block: bytes) -> dict[str, str]:
+    """The headers in a ``NATS/1.0`` header block (a message's, or one ``STREAM.MSG.GET`` returns), the way nats-py
+    presents them.
+
+    A status line (``NATS/1.0 100 FlowControl Request``) becomes the pseudo-headers ``Status`` and
+    ``Description``; a name repeated keeps its last value; names are kept as sent and values stripped; lines
+    without a colon, and names that are empty, hold whitespace or are not ASCII, are skipped.
+    """
+    lines = block.split(b"\r\n")
     out: dict[str, str] = {}
-    if origin:
-        for name, value in origin.items():
-            out[rename_reserved(name)] = value
-    out[MSG_ID] = msg_id(source, stream, stream_seq)
-    out[SOURCE] = source
-    out[STREAM] = stream
-    out[SEQ] = str(stream_seq)
-    out[PREV] = str(prev_seq)
-    out[SUBJECT] = subject
-    out[TIME] = str(timestamp_ns)
+    status = lines[0][8:].strip()  # after "NATS/1.0"
+    if status:
+        code, _, description = status.partition(b" ")
+        if code.isdigit():
+            out["Status"] = code.decode()
+        if description.strip():
+            out["Description"] = description.strip().decode("utf-8", "replace")
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        name = name.strip()
+        if not sep or not name or not name.isascii() or any(c in name for c in b" \t"):
+            continue
+        out[name.decode()] = value.strip().decode("utf-8", "replace")
     return out
 
 

@@ -21,7 +21,7 @@ LAST_STREAM = "Nats-Last-Stream"
 CONSUMER_STALLED = "Nats-Consumer-Stalled"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
 class Data:
     """A stored message delivered by the consumer."""
 

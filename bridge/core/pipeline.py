@@ -21,26 +21,31 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from bridge.core.backoff import Backoff
+from bridge.core.headers import parse_header_block
 from bridge.core.subjects import SubjectSet
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
 class OutboundMessage:
-    """One message to publish to the aggregate.
+    """One message to publish to the aggregate, its header block already encoded.
 
     ``size`` is what the server counts against ``max_msg_size``/``max_payload``: the header block plus the
     payload. It is computed once, here: every send (and retry) checks it.
     """
 
     subject: str
-    headers: dict[str, str]
+    header_block: bytes
     payload: bytes
     origin_ns: int = 0  # the origin's store time (also in the Bridge-Time header), for latency metrics
     size: int = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        header_block = 12 + sum(len(k) + len(v) + 4 for k, v in self.headers.items())  # NATS/1.0 CRLF ... CRLF
-        object.__setattr__(self, "size", header_block + len(self.payload))
+        self.size = len(self.header_block) + len(self.payload)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers, decoded (for inspection; the hot path never needs them)."""
+        return parse_header_block(self.header_block)
 
 
 class EntryState(Enum):
@@ -66,7 +71,7 @@ class Entry:
         return self.order < other.order
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
 class Send:
     """Publish ``entry.message`` now; its ack comes back with ``(entry.order, attempt)``."""
 

@@ -31,16 +31,6 @@ BATCH = 1024
 MAX_BYTES = 8 * 1024 * 1024
 
 
-def parse_header_block(raw: bytes) -> dict[str, str]:
-    """Parse a ``NATS/1.0`` header block (as returned base64 by ``STREAM.MSG.GET``)."""
-    out: dict[str, str] = {}
-    for line in raw.decode(errors="replace").split("\r\n")[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            out[name.strip()] = value.strip()
-    return out
-
-
 async def read_source_tail(
     nc: NATS, api: JsApi, stream: str, source: str, subject_filter: str, floor: int, cap: int, timeout: float
 ) -> tuple[list[Copy], bool]:
@@ -168,7 +158,7 @@ async def _msg_get_range(
         if mseq == 0 or mseq > hi:
             break
         raw = message.get("hdrs")
-        headers = parse_header_block(base64.b64decode(raw)) if raw else {}
+        headers = hdr.parse_header_block(base64.b64decode(raw)) if raw else {}
         headers["Nats-Sequence"] = str(mseq)
         out.append(headers)
         seq = mseq + 1

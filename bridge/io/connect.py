@@ -20,6 +20,7 @@ from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 
 from bridge.errors import BridgeError
+from bridge.io import wire
 
 
 class ConnectionSettings(Protocol):
@@ -147,6 +148,7 @@ async def open_connection(
                 abandon.cancel()  # nats-py would hang next (module docstring); it runs this in the connecting task
 
     nc = NATS()
+    wire.install(nc)  # before connecting: the parser cannot be swapped under a running read loop
     bound = (
         len(side.servers)
         * _ATTEMPTS_PER_SERVER

@@ -33,10 +33,12 @@ from bridge.core import inbound
 from bridge.core.backoff import Backoff
 from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset, VerifyStored
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
+from bridge.core.headers import parse_header_block
 from bridge.core.pipeline import EntryState
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
+from bridge.io import wire
 from bridge.io.aggregate import read_source_tail
 from bridge.io.connect import describe, error_fields, open_connection
 from bridge.io.consumer import ensure_consumer
@@ -48,6 +50,7 @@ from bridge.observe.metrics import SourceObservers, SourceSnapshot
 TICK = 0.1
 LIMITS_REFRESH = 5.0  # seconds between re-reading the target's limits and subjects while blocked
 BLOCKED_LOG_INTERVAL = 30.0  # a blocked publish is logged when it blocks, then at most this often
+PUBLISH_BATCH = 256  # publishes written to the target in one command at most
 SETUP_BACKOFF = Backoff(1.0, 30.0)
 
 
@@ -317,7 +320,14 @@ class SourceRunner:
             await self._changed.wait()
 
     async def _on_delivery(self, msg: Msg) -> None:
-        message = inbound.classify(msg.subject, msg.reply, msg.headers, msg.data)
+        # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
+        self._receive(inbound.classify(msg.subject, msg.reply, msg.headers, msg.data))
+
+    def _on_wire_delivery(self, subject: bytes, reply: bytes, header: bytes | None, payload: bytes) -> None:
+        headers = parse_header_block(header) if header is not None else None
+        self._receive(inbound.classify(subject.decode(), reply.decode(), headers, payload))
+
+    def _receive(self, message: inbound.Inbound) -> None:
         now = self.clock()
         if isinstance(message, inbound.Data):
             self._last_delivered = message.ack.stream_seq
@@ -433,26 +443,41 @@ class SourceRunner:
     # -- effects --------------------------------------------------------------------------------------------
 
     async def _executor(self) -> None:
+        effects = self._effects
         while True:
-            while self._effects:
-                await self._perform(self._effects.popleft())
+            while effects:
+                effect = effects.popleft()
+                if isinstance(effect, Publish):
+                    # consecutive publishes leave as one write: one await, one command for nats-py's buffer
+                    batch = [effect]
+                    while effects and len(batch) < PUBLISH_BATCH:
+                        following = effects[0]
+                        if not isinstance(following, Publish):
+                            break
+                        effects.popleft()
+                        batch.append(following)
+                    await self._publish(batch)
+                else:
+                    await self._perform(effect)
             self._changed.set()
             self._wake = anyio.Event()
-            if not self._effects:
+            if not effects:
                 await self._wake.wait()
 
+    async def _publish(self, batch: list[Publish]) -> None:
+        assert self._publisher is not None
+        sends = []
+        for publish in batch:
+            message = publish.entry.message
+            assert message is not None  # markers (no message) are never published
+            sends.append((message, publish.entry.order, publish.attempt))
+        failures = await self._publisher.publish(sends)
+        for order, attempt, error in failures:
+            self._publish_error(error)
+            self._emit(self.engine.publish_failed(order, attempt, error, self.clock()))
+
     async def _perform(self, effect: Effect) -> None:
-        if isinstance(effect, Publish):
-            entry = effect.entry
-            message = entry.message
-            assert message is not None and self._publisher is not None
-            error = await self._publisher.publish(
-                message.subject, message.headers, message.payload, entry.order, effect.attempt
-            )
-            if error is not None:
-                self._publish_error(error)
-                self._emit(self.engine.publish_failed(entry.order, effect.attempt, error, self.clock()))
-        elif isinstance(effect, AnswerFlowControl):
+        if isinstance(effect, AnswerFlowControl):
             await self._answer(effect)
         elif isinstance(effect, RequestReset):
             if not self._stopping:
@@ -549,11 +574,13 @@ class SourceRunner:
                 pending_msgs_limit=limit,
                 pending_bytes_limit=512 * 1024 * 1024,
             )
+            wire.add_handler(self._nc, self._sub, self._on_wire_delivery)
         except Exception as exc:  # not connected: the next reset (silence) subscribes again
             self.log.warning("subscribe.failed", error=describe(exc))
 
     async def _unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
+            wire.remove_handler(self._nc, sub)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

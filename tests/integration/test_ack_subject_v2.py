@@ -13,7 +13,6 @@ from typing import Any
 import anyio
 import nats
 import pytest
-from nats.aio.msg import Msg
 from nats.js.api import RetentionPolicy, StreamConfig
 
 from bridge.config import load_config
@@ -31,18 +30,19 @@ async def test_v2_ack_and_flow_control_subjects(
     nats_server_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: dict[str, set[Any]] = {"tokens": set(), "domains": set(), "fc": set()}
-    original = SourceRunner._on_delivery
+    original = SourceRunner._on_wire_delivery
 
-    async def spy(self: SourceRunner, msg: Msg) -> None:
-        if msg.reply.startswith("$JS.ACK."):
-            seen["tokens"].add(len(msg.reply.split(".")))
-            info = parse_ack_subject(msg.reply)
+    def spy(self: SourceRunner, subject: bytes, reply_bytes: bytes, header: bytes | None, payload: bytes) -> None:
+        reply = reply_bytes.decode()
+        if reply.startswith("$JS.ACK."):
+            seen["tokens"].add(len(reply.split(".")))
+            info = parse_ack_subject(reply)
             seen["domains"].add(info.domain if info else "unparsed")
-        elif msg.reply.startswith("$JS.FC."):
-            seen["fc"].add(len(msg.reply.split(".")))
-        await original(self, msg)
+        elif reply.startswith("$JS.FC."):
+            seen["fc"].add(len(reply.split(".")))
+        original(self, subject, reply_bytes, header, payload)
 
-    monkeypatch.setattr(SourceRunner, "_on_delivery", spy)
+    monkeypatch.setattr(SourceRunner, "_on_wire_delivery", spy)
     with start_topology(
         tmp_path / "servers", binary=nats_server_bin, leaf_extra="feature_flags { js_ack_fc_v2: true }"
     ) as topology:

@@ -1,6 +1,6 @@
 """Deliveries lost between the server and the engine are repaired by a RESET: no loss, no duplicate.
 
-The bridge runs in-process with ``SourceRunner._on_delivery`` patched to swallow the first delivery of a few
+The bridge runs in-process with ``SourceRunner._receive`` patched to swallow the first delivery of a few
 origin sequences, as a slow-consumer drop or a lost packet would: the engine never sees them. A drop in the
 middle of a burst shows up as a delivery-sequence jump (reset cause ``gap``); a drop of the very last message
 shows up only in the next idle heartbeat (``heartbeat_mismatch``).
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nats.aio.msg import Msg
 
+from bridge.core import inbound
 from bridge.embedded import Topology
 from bridge.runtime.source import SourceRunner
 
@@ -37,16 +37,9 @@ N = 2000
 MID_DROPS = {50, 51, 700, 1234}
 
 
-def origin_seq(msg: Msg) -> int | None:
-    """The stream sequence from a data message's ``$JS.ACK`` reply (v1: 9 tokens, v2: 11 or 12)."""
-    tokens = (msg.reply or "").split(".")
-    if tokens[:2] != ["$JS", "ACK"]:
-        return None
-    if len(tokens) == 9:
-        return int(tokens[5])
-    if len(tokens) in (11, 12):
-        return int(tokens[7])
-    return None
+def origin_seq(message: inbound.Inbound) -> int | None:
+    """The stream sequence of a data message (parsed from its ``$JS.ACK`` reply, v1 or v2)."""
+    return message.ack.stream_seq if isinstance(message, inbound.Data) else None
 
 
 @pytest.mark.anyio
@@ -55,16 +48,16 @@ async def test_lost_deliveries_are_reset_and_replayed(
 ) -> None:
     drops = MID_DROPS | {N}
     dropped: list[int] = []
-    original = SourceRunner._on_delivery
+    original = SourceRunner._receive
 
-    async def lossy(self: SourceRunner, msg: Msg) -> Any:
-        seq = origin_seq(msg)
+    def lossy(self: SourceRunner, message: inbound.Inbound) -> Any:
+        seq = origin_seq(message)
         if seq in drops and seq not in dropped:
             dropped.append(seq)
             return None
-        return await original(self, msg)
+        return original(self, message)
 
-    monkeypatch.setattr(SourceRunner, "_on_delivery", lossy)
+    monkeypatch.setattr(SourceRunner, "_receive", lossy)
 
     spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=200)
     config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
@@ -97,16 +90,15 @@ async def test_lost_flow_control_requests_are_answered_from_the_stalled_header(
     """The first few FC requests never reach the engine: the consumer stalls until the heartbeat's
     ``Nats-Consumer-Stalled`` names the outstanding subject, which the bridge must answer (with what is stored)."""
     lost: list[str] = []
-    original = SourceRunner._on_delivery
+    original = SourceRunner._receive
 
-    async def lossy(self: SourceRunner, msg: Msg) -> Any:
-        headers = msg.headers or {}
-        if headers.get("Status") == "100" and msg.reply and len(lost) < 3:
-            lost.append(msg.reply)
+    def lossy(self: SourceRunner, message: inbound.Inbound) -> Any:
+        if isinstance(message, inbound.FlowControlRequest) and len(lost) < 3:
+            lost.append(message.reply)
             return None
-        return await original(self, msg)
+        return original(self, message)
 
-    monkeypatch.setattr(SourceRunner, "_on_delivery", lossy)
+    monkeypatch.setattr(SourceRunner, "_receive", lossy)
     spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=200)
     config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:

@@ -8,13 +8,13 @@ wire (``FcTap``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from bridge.embedded import Topology
 from bridge.io.target import SourcePublisher
@@ -253,15 +253,15 @@ async def test_hub_outage_longer_than_duplicate_window_does_not_duplicate(
     hub = topology.hub
     withhold = anyio.Event()
     withheld: list[str] = []
-    original = SourcePublisher._handle
+    original = SourcePublisher._route
 
-    async def handle(self: SourcePublisher, msg: Msg) -> None:
+    def route(self: SourcePublisher, subject: bytes, data: bytes, headers: Mapping[str, str] | None) -> None:
         if withhold.is_set():
-            withheld.append(msg.subject)  # this ack "died with the connection"
+            withheld.append(subject.decode())  # this ack "died with the connection"
             return
-        await original(self, msg)
+        original(self, subject, data, headers)
 
-    monkeypatch.setattr(SourcePublisher, "_handle", handle)
+    monkeypatch.setattr(SourcePublisher, "_route", route)
     spec = source(topology)
     config = write_config(tmp_path / "bridge.toml", target_url=hub.url, sources=[spec])
     async with connect(topology.leaf.url) as leaf_nc, connect(hub.url) as hub_nc:

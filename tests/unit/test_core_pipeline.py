@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge.core.backoff import Backoff
+from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import Blocked, OutboundMessage, PublishPipeline, Send
 from bridge.core.subjects import SubjectSet
 
@@ -18,7 +19,7 @@ def pipeline(window: int = 3, ack_timeout: float = 5.0, watermark: int = 0) -> P
 
 
 def msg(seq: int) -> OutboundMessage:
-    return OutboundMessage(f"agg.{seq}", {"Nats-Msg-Id": f"s:S:{seq}"}, f"m{seq}".encode())
+    return OutboundMessage(f"agg.{seq}", encode_header_block({"Nats-Msg-Id": f"s:S:{seq}"}), f"m{seq}".encode())
 
 
 def fill(p: PublishPipeline, *seqs: int) -> None:
@@ -342,9 +343,9 @@ def test_a_subject_the_target_does_not_capture_is_sent_alone() -> None:
     """A likely refusal must not let later messages overtake it: it goes out alone, nothing after it."""
     p = pipeline(window=4)
     p.subjects = SubjectSet(["agg.>"])
-    p.add(1, OutboundMessage("agg.a", {}, b""))
-    p.add(2, OutboundMessage("other.b", {}, b""))
-    p.add(3, OutboundMessage("agg.c", {}, b""))
+    p.add(1, OutboundMessage("agg.a", b"", b""))
+    p.add(2, OutboundMessage("other.b", b"", b""))
+    p.add(3, OutboundMessage("agg.c", b"", b""))
     first = p.take_sendable(0.0)
     assert seqs(first) == [1]  # the barrier waits for what is in flight before it
     assert p.take_sendable(0.0) == []
@@ -363,8 +364,8 @@ def test_a_subject_the_target_does_not_capture_is_sent_alone() -> None:
 
 def test_no_subjects_known_captures_everything() -> None:
     p = pipeline(window=4)
-    p.add(1, OutboundMessage("anything.at.all", {}, b""))
-    p.add(2, OutboundMessage("x", {}, b""))
+    p.add(1, OutboundMessage("anything.at.all", b"", b""))
+    p.add(2, OutboundMessage("x", b"", b""))
     assert seqs(p.take_sendable(0.0)) == [1, 2]
     assert p.barriers == 0
 

@@ -7,31 +7,30 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
-from nats.aio.msg import Msg
 
 from bridge.io.target import AckOutcome, parse_pub_ack
 
 
-def reply(data: bytes, headers: dict[str, str] | None = None) -> Msg:
-    return Msg(_client=None, subject="_INBOX.x.7.2", data=data, headers=headers)  # type: ignore[arg-type]
+def reply(data: bytes, headers: dict[str, str] | None = None) -> tuple[bytes, dict[str, str] | None]:
+    return data, headers
 
 
 def test_success_duplicate_and_errors() -> None:
-    assert parse_pub_ack("7.2", reply(b'{"stream":"AGG","seq":5}')) == AckOutcome(7, 2, True)
-    assert parse_pub_ack("7.2", reply(b'{"stream":"AGG","domain":"hub","seq":5,"duplicate":true}')) == AckOutcome(
+    assert parse_pub_ack(b"7.2", *reply(b'{"stream":"AGG","seq":5}')) == AckOutcome(7, 2, True)
+    assert parse_pub_ack(b"7.2", *reply(b'{"stream":"AGG","domain":"hub","seq":5,"duplicate":true}')) == AckOutcome(
         7, 2, True, duplicate=True
     )
     err = parse_pub_ack(
-        "7.2",
-        reply(b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"AGG"}'),
+        b"7.2",
+        *reply(b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"AGG"}'),
     )
     assert err is not None and not err.stored and "maximum messages exceeded" in err.error
-    gone = parse_pub_ack("7.2", reply(b"", {"Status": "503"}))
+    gone = parse_pub_ack(b"7.2", *reply(b"", {"Status": "503"}))
     assert gone is not None and not gone.stored and "no responders" in gone.error
-    assert parse_pub_ack("x.2", reply(b"{}")) is None
-    odd = parse_pub_ack("7.2", reply(b"not json"))
+    assert parse_pub_ack(b"x.2", *reply(b"{}")) is None
+    odd = parse_pub_ack(b"7.2", *reply(b"not json"))
     assert odd is not None and not odd.stored
-    noseq = parse_pub_ack("7.2", reply(b'{"stream":"AGG"}'))
+    noseq = parse_pub_ack(b"7.2", *reply(b'{"stream":"AGG"}'))
     assert noseq is not None and not noseq.stored
 
 
@@ -54,7 +53,7 @@ def _slow(body: dict[str, Any]) -> tuple[bool, bool]:
 )
 def test_fast_path_agrees_with_decoding(body: dict[str, Any]) -> None:
     for encoded in (json.dumps(body, separators=(",", ":")), json.dumps(body)):
-        outcome = parse_pub_ack("1.1", reply(encoded.encode()))
+        outcome = parse_pub_ack(b"1.1", *reply(encoded.encode()))
         assert outcome is not None
         assert (outcome.stored, outcome.duplicate if outcome.stored else bool(body.get("duplicate"))) == _slow(body)
 
@@ -70,9 +69,11 @@ def test_fast_path_agrees_with_decoding(body: dict[str, Any]) -> None:
 def test_raw_publish_encodes_exactly_as_nats_py(headers: dict[str, str], payload: bytes) -> None:
     from nats.protocol.command import hpub_cmd
 
+    from bridge.core.headers import encode_header_block
     from bridge.io.target import hpub_command
 
     block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
-    assert hpub_command("agg.s.x", "_INBOX.a.1.1", headers, payload) == hpub_cmd(
+    assert encode_header_block(headers) == block.encode()
+    assert hpub_command("agg.s.x", "_INBOX.a.1.1", encode_header_block(headers), payload) == hpub_cmd(
         "agg.s.x", "_INBOX.a.1.1", block.encode(), payload
     )

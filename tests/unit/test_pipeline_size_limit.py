@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from bridge.core.backoff import Backoff
+from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import OutboundMessage, PublishPipeline
 
 
 def _message(size: int) -> OutboundMessage:
-    return OutboundMessage("s", {"Nats-Msg-Id": "x"}, b"p" * size)
+    return OutboundMessage("s", encode_header_block({"Nats-Msg-Id": "x"}), b"p" * size)
 
 
 def _pipeline(limit: int) -> PublishPipeline:

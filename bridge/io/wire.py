@@ -1,0 +1,176 @@
+"""A faster reader of the NATS protocol for nats-py connections, handing hot subscriptions' messages over raw.
+
+nats-py turns every ``MSG``/``HMSG`` into a ``Msg`` object (a regex match on the control line, the header block
+parsed into a dict, subject and reply decoded), queues it on the subscription's ``asyncio.Queue`` and wakes the
+subscription's task, which awaits the callback. For the bridge's two per-message subscriptions (the consumer's
+deliver subject and the publish-ack inbox) that machinery cost about a third of its CPU per replicated message,
+and none of it buys anything: both callbacks only feed a pure state machine and never await.
+
+:class:`WireParser` replaces the connection's protocol parser (``nc._ps``) before the connection is made. It
+parses control lines with ``find``/``split`` instead of regular expressions, and a message for a subscription
+registered with :func:`add_handler` is handed to a plain synchronous function as ``(subject, reply,
+header_block, payload)`` bytes, in wire order, from the read loop itself. Every other message, and every other
+protocol line (``PING``, ``PONG``, ``INFO``, ``-ERR``, ``+OK``), goes to nats-py exactly as its own parser would
+send it, so requests, JetStream API calls and reconnects are untouched.
+
+This reaches into nats-py internals (``Client._ps``, ``_process_msg`` and friends, ``Subscription._id``), checked
+by :func:`install`; a client without them keeps its own parser and :func:`add_handler` reports that, so callers
+fall back to ordinary subscription callbacks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from nats.errors import ProtocolError
+from nats.protocol.parser import ERR_RE, INFO_RE, MAX_CONTROL_LINE_SIZE, Parser
+
+__all__ = ["RawHandler", "WireParser", "add_handler", "install", "remove_handler"]
+
+RawHandler = Callable[[bytes, bytes, bytes | None, bytes], None]
+"""``(subject, reply, header_block or None, payload)``; must not await (it runs inside the read loop)."""
+
+_CRLF = b"\r\n"
+
+
+class WireParser(Parser):
+    """nats-py's ``Parser``, faster, with synchronous raw handlers for chosen subscription ids."""
+
+    def __init__(self, nc: Any) -> None:
+        self.handlers: dict[int, RawHandler] = {}
+        super().__init__(nc)
+
+    def reset(self) -> None:
+        """Forget any partial input (nats-py calls this when it reconnects)."""
+        super().reset()
+        self._epoch = getattr(self, "_epoch", 0) + 1  # a parse suspended in an await must not write stale state
+        self._rest = b""  # unparsed bytes: the start of a line or message that has not fully arrived
+        self._chunks: list[bytes] = []  # pieces of one large message, joined once all of it is here
+        self._have = 0
+        self._need = 0  # bytes from the start of ``_rest`` that complete the pending message (0: unknown)
+
+    async def parse(self, data: bytes = b"") -> None:
+        """Parse ``data`` (appended to what an earlier call left over) and dispatch what is complete."""
+        if self._need:
+            # a message larger than one read: gather the pieces and join them once, not once per read
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return
+            buf = b"".join(self._chunks)
+            self._chunks, self._have, self._need = [], 0, 0
+        else:
+            buf = self._rest + data if self._rest else data
+        epoch = self._epoch
+        pos = 0
+        end_of_data = len(buf)
+        handlers = self.handlers
+        nc = self.nc
+        try:
+            while pos < end_of_data:
+                eol = buf.find(_CRLF, pos)
+                if eol < 0:
+                    if end_of_data - pos > MAX_CONTROL_LINE_SIZE:
+                        raise ProtocolError
+                    break
+                first = buf[pos]
+                if first == 77 or first == 72:  # "M"SG, "H"MSG
+                    args = buf[pos:eol].split()
+                    op, count = args[0], len(args)
+                    try:
+                        if op == b"HMSG" and (count == 6 or count == 5):
+                            reply = args[3] if count == 6 else b""
+                            subject, sid, header_size, total = args[1], int(args[2]), int(args[-2]), int(args[-1])
+                        elif op == b"MSG" and (count == 5 or count == 4):
+                            reply = args[3] if count == 5 else b""
+                            subject, sid, header_size, total = args[1], int(args[2]), 0, int(args[-1])
+                        else:
+                            raise ProtocolError
+                    except ValueError as exc:  # nats-py's read loop only recovers from a ProtocolError
+                        raise ProtocolError from exc
+                    start = eol + 2
+                    stop = start + total
+                    if stop + 2 > end_of_data:
+                        self._need = stop + 2 - pos  # parsed again once complete: cheaper than keeping state
+                        break
+                    header = buf[start : start + header_size] if header_size else None
+                    payload = buf[start + header_size : stop]
+                    pos = stop + 2
+                    handler = handlers.get(sid)
+                    if handler is None:
+                        await nc._process_msg(sid, subject, reply, payload, header)
+                        if self._epoch != epoch:
+                            return
+                        continue
+                    try:
+                        handler(subject, reply, header, payload)
+                    except Exception as exc:
+                        # as nats-py does for a failing subscription callback: report it and go on reading (an
+                        # exception escaping parse() would end the read loop for good)
+                        await nc._error_cb(exc)
+                        if self._epoch != epoch:
+                            return
+                    continue
+                line = buf[pos : eol + 2]
+                pos = eol + 2
+                if line == b"PING\r\n":
+                    await nc._process_ping()
+                elif line == b"PONG\r\n":
+                    await nc._process_pong()
+                elif line.startswith(b"+OK"):
+                    pass
+                elif line.startswith(b"-ERR"):
+                    match = ERR_RE.match(line)
+                    await nc._process_err((match.group(1) or b"").decode().lower() if match else "")
+                elif line.startswith(b"INFO"):
+                    match = INFO_RE.match(line)
+                    if match is None:
+                        raise ProtocolError
+                    try:
+                        info = json.loads(match.group(1).decode())
+                    except ValueError as exc:
+                        raise ProtocolError from exc
+                    await nc._process_info(info)
+                else:
+                    raise ProtocolError
+                if self._epoch != epoch:
+                    return
+        finally:
+            # unless reset() ran meanwhile: then the rest of this input belongs to a connection that is gone
+            if self._epoch == epoch:
+                self._keep(buf[pos:] if pos else buf)
+
+    def _keep(self, rest: bytes) -> None:
+        if self._need:
+            self._chunks, self._have = [rest], len(rest)
+            self._rest = b""
+        else:
+            self._rest = rest
+
+
+def install(nc: Any) -> WireParser | None:
+    """Give a not yet connected nats-py client a :class:`WireParser`; None when its internals are not as expected."""
+    if not isinstance(getattr(nc, "_ps", None), Parser) or not hasattr(nc, "_process_msg"):
+        return None
+    parser = WireParser(nc)
+    nc._ps = parser
+    return parser
+
+
+def add_handler(nc: Any, sub: Any, handler: RawHandler) -> bool:
+    """Hand ``sub``'s messages to ``handler`` from now on; False when ``nc`` has no :class:`WireParser`."""
+    parser = getattr(nc, "_ps", None)
+    sid = getattr(sub, "_id", None)
+    if not isinstance(parser, WireParser) or not isinstance(sid, int):
+        return False
+    parser.handlers[sid] = handler
+    return True
+
+
+def remove_handler(nc: Any, sub: Any) -> None:
+    """Stop handing ``sub``'s messages to a raw handler (before unsubscribing it)."""
+    parser = getattr(nc, "_ps", None)
+    if isinstance(parser, WireParser):
+        parser.handlers.pop(getattr(sub, "_id", None), None)  # type: ignore[arg-type]

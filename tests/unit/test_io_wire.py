@@ -1,0 +1,205 @@
+"""``bridge.io.wire.WireParser``: the protocol stream cut at any point is dispatched exactly as nats-py's own parser
+dispatches it, with registered subscriptions handed over raw and in wire order.
+
+The parser is fed bytes directly; what it calls on the client is recorded by a small stand-in that has the four
+hooks nats-py's read loop provides (no server is involved: this is the parser alone).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nats.errors import ProtocolError
+from nats.protocol.parser import Parser
+
+from bridge.io.wire import WireParser, add_handler, install, remove_handler
+
+pytestmark = pytest.mark.anyio
+
+
+class Recorder:
+    """The client side of a parser: records every call, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self._ps: Parser = Parser(self)
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        self.calls.append(("msg", sid, bytes(subject), bytes(reply), headers, data))
+
+    async def _process_ping(self) -> None:
+        self.calls.append(("ping",))
+
+    async def _process_pong(self) -> None:
+        self.calls.append(("pong",))
+
+    async def _process_err(self, err: str) -> None:
+        self.calls.append(("err", err))
+
+    async def _process_info(self, info: dict[str, Any]) -> None:
+        self.calls.append(("info", info))
+
+    async def _error_cb(self, exc: Exception) -> None:
+        self.calls.append(("error", type(exc).__name__))
+
+
+def hmsg(subject: str, sid: int, reply: str, header: bytes, payload: bytes) -> bytes:
+    reply_part = f" {reply}" if reply else ""
+    line = f"HMSG {subject} {sid}{reply_part} {len(header)} {len(header) + len(payload)}\r\n"
+    return line.encode() + header + payload + b"\r\n"
+
+
+def msg(subject: str, sid: int, reply: str, payload: bytes) -> bytes:
+    reply_part = f" {reply}" if reply else ""
+    return f"MSG {subject} {sid}{reply_part} {len(payload)}\r\n".encode() + payload + b"\r\n"
+
+
+STREAM = b"".join(
+    [
+        b'INFO {"server_id":"x","max_payload":1048576}\r\n',
+        msg("deliver.a", 1, "$JS.ACK.S.C.1.1.1.1.0", b"payload one"),
+        b"PING\r\n",
+        hmsg("deliver.a", 1, "$JS.FC.S.C.ab", b"NATS/1.0 100 FlowControl Request\r\n\r\n", b""),
+        msg("_INBOX.other", 2, "", b"not registered"),
+        hmsg("deliver.a", 1, "", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 1\r\n\r\n", b""),
+        b"+OK\r\n",
+        hmsg("acks.7.1", 3, "", b"NATS/1.0\r\nX: y\r\n\r\n", b'{"stream":"AGG","seq":1}'),
+        msg("deliver.a", 1, "$JS.ACK.S.C.1.2.2.1.0", b"\r\n inside \r\n the payload " + bytes(range(256)) * 40),
+        b"PONG\r\n",
+        hmsg("_INBOX.other", 2, "r", b"NATS/1.0 503\r\n\r\n", b""),
+        b"-ERR 'Permissions Violation for Publish to \"x\"'\r\n",
+        msg("deliver.a", 1, "$JS.ACK.S.C.1.3.3.1.0", b""),
+    ]
+)
+
+
+def expected() -> list[tuple[Any, ...]]:
+    """What nats-py's own parser makes of STREAM, with sids 1 and 3 as raw handler calls."""
+    return [
+        ("info", {"server_id": "x", "max_payload": 1048576}),
+        ("raw1", b"deliver.a", b"$JS.ACK.S.C.1.1.1.1.0", None, b"payload one"),
+        ("ping",),
+        ("raw1", b"deliver.a", b"$JS.FC.S.C.ab", b"NATS/1.0 100 FlowControl Request\r\n\r\n", b""),
+        ("msg", 2, b"_INBOX.other", b"", None, b"not registered"),
+        ("raw1", b"deliver.a", b"", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 1\r\n\r\n", b""),
+        ("raw3", b"acks.7.1", b"", b"NATS/1.0\r\nX: y\r\n\r\n", b'{"stream":"AGG","seq":1}'),
+        (
+            "raw1",
+            b"deliver.a",
+            b"$JS.ACK.S.C.1.2.2.1.0",
+            None,
+            b"\r\n inside \r\n the payload " + bytes(range(256)) * 40,
+        ),
+        ("pong",),
+        ("msg", 2, b"_INBOX.other", b"r", b"NATS/1.0 503\r\n\r\n", b""),
+        ("err", "'permissions violation for publish to \"x\"'"),
+        ("raw1", b"deliver.a", b"$JS.ACK.S.C.1.3.3.1.0", None, b""),
+    ]
+
+
+def wired() -> tuple[Recorder, WireParser]:
+    client = Recorder()
+    parser = install(client)
+    assert isinstance(parser, WireParser) and client._ps is parser
+    for sid in (1, 3):
+
+        def handler(subject: bytes, reply: bytes, header: bytes | None, payload: bytes, sid: int = sid) -> None:
+            client.calls.append((f"raw{sid}", subject, reply, header, payload))
+
+        assert add_handler(client, type("Sub", (), {"_id": sid})(), handler)
+    return client, parser
+
+
+async def feed(parser: Parser, data: bytes, cuts: list[int]) -> None:
+    last = 0
+    for cut in sorted(set(cuts)):
+        await parser.parse(data[last:cut])
+        last = cut
+    await parser.parse(data[last:])
+
+
+async def test_one_read_dispatches_like_nats_py() -> None:
+    client, parser = wired()
+    await parser.parse(STREAM)
+    assert client.calls == expected()
+
+
+async def test_nats_py_parser_sees_the_same_stream() -> None:
+    # the reference: nats-py's own parser on the same bytes (registered sids would reach _process_msg there)
+    client = Recorder()
+    await client._ps.parse(STREAM)
+    ours = [c if c[0] not in ("raw1", "raw3") else ("msg", int(c[0][3:]), *c[1:]) for c in expected()]
+    assert client.calls == ours
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(0, len(STREAM)), max_size=40))
+async def test_any_cutting_of_the_stream_gives_the_same_calls(cuts: list[int]) -> None:
+    client, parser = wired()
+    await feed(parser, STREAM, cuts)
+    assert client.calls == expected()
+
+
+async def test_byte_by_byte() -> None:
+    client, parser = wired()
+    await feed(parser, STREAM, list(range(len(STREAM))))
+    assert client.calls == expected()
+
+
+async def test_a_message_larger_than_many_reads_is_joined_once() -> None:
+    client, parser = wired()
+    big = bytes(range(256)) * 4096  # 1 MiB
+    data = msg("deliver.a", 1, "$JS.ACK.S.C.1.1.1.1.0", big) + b"PING\r\n"
+    await feed(parser, data, list(range(0, len(data), 32768)))
+    assert client.calls == [("raw1", b"deliver.a", b"$JS.ACK.S.C.1.1.1.1.0", None, big), ("ping",)]
+
+
+async def test_a_failing_handler_is_reported_and_reading_goes_on() -> None:
+    client = Recorder()
+    parser = install(client)
+    assert parser is not None
+
+    def broken(subject: bytes, reply: bytes, header: bytes | None, payload: bytes) -> None:
+        raise RuntimeError("bug")
+
+    add_handler(client, type("Sub", (), {"_id": 1})(), broken)
+    await parser.parse(msg("deliver.a", 1, "", b"x") + b"PING\r\n")
+    assert client.calls == [("error", "RuntimeError"), ("ping",)]
+
+
+async def test_removed_handler_falls_back_to_nats_py_dispatch() -> None:
+    client, parser = wired()
+    remove_handler(client, type("Sub", (), {"_id": 1})())
+    await parser.parse(msg("deliver.a", 1, "", b"x"))
+    assert client.calls == [("msg", 1, b"deliver.a", b"", None, b"x")]
+
+
+async def test_reset_drops_a_partial_message() -> None:
+    client, parser = wired()
+    await parser.parse(msg("deliver.a", 1, "", b"x" * 100)[:50])
+    parser.reset()  # nats-py reconnected: the rest of that message will never come
+    await parser.parse(b"PONG\r\n")
+    assert client.calls == [("pong",)]
+
+
+@pytest.mark.parametrize(
+    "line", [b"BOGUS\r\n", b"MSG a\r\n", b"HMSG a 1 2 3 4 5 6\r\n", b"MSG a x 3\r\nabc\r\n", b"INFO\r\n", b"INFO {\r\n"]
+)
+async def test_malformed_input_is_a_protocol_error(line: bytes) -> None:
+    _, parser = wired()
+    with pytest.raises(ProtocolError):
+        await parser.parse(line)
+
+
+async def test_endless_control_line_is_a_protocol_error() -> None:
+    _, parser = wired()
+    with pytest.raises(ProtocolError):
+        await parser.parse(b"MSG " + b"x" * 5000)
+
+
+def test_install_refuses_a_client_without_nats_py_internals() -> None:
+    assert install(object()) is None
+    assert add_handler(object(), type("Sub", (), {"_id": 1})(), lambda *a: None) is False
