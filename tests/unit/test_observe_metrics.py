@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -114,3 +116,40 @@ def test_dashboard_and_alerts_use_only_metrics_the_bridge_exports() -> None:
         used = set(re.findall(r"nats_bridge_[a-z_]+", (config / file).read_text()))
         assert used, file
         assert used <= names, f"{file} uses {sorted(used - names)}, not exported"
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1000, allow_nan=False), max_size=50))
+def test_loop_histogram_exports_what_prometheus_client_would(values: list[float]) -> None:
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from bridge.observe.metrics import LATENCY_BUCKETS
+
+    reference_registry = CollectorRegistry()
+    reference = Histogram(
+        "nats_bridge_replication_latency_seconds",
+        "Origin store time to the aggregate's publish ack, per replicated message.",
+        ["source"],
+        buckets=LATENCY_BUCKETS,
+        registry=reference_registry,
+    )
+    metrics = Metrics()
+    ours = metrics.observers("a").latency
+    reference.labels("a")
+    for value in values:
+        ours.observe(value)
+        reference.labels("a").observe(value)
+
+    def histogram_samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in registry.collect()
+            if family.name == "nats_bridge_replication_latency_seconds"
+            for sample in family.samples
+            if not sample.name.endswith("_created")
+        }
+
+    theirs = histogram_samples(reference_registry)
+    mine = histogram_samples(metrics.registry)
+    assert mine.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert mine[key] == pytest.approx(value)
