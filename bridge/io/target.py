@@ -104,8 +104,11 @@ class SourcePublisher:
         """Send ``(message, order, attempt)`` publishes, in order; return ``(order, attempt, why)`` for each one
         that could not be handed to the connection (the rest are on their way; their acks come to ``on_outcome``).
         """
+        done = self.write_now(batch)
+        if done is not None:
+            return done
         if self._raw:
-            return await self._publish_raw(batch)
+            return await self._publish_buffered(batch)
         failures: list[tuple[int, int, str]] = []
         for message, order, attempt in batch:
             try:
@@ -123,39 +126,53 @@ class SourcePublisher:
                 failures.append((order, attempt, why))
         return failures
 
-    async def _publish_raw(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]]:
-        # nats-py's own publish does what this does plus, per message, subject validation and a regex check,
-        # strip and translate of every header: about a sixth of the bridge's CPU per message. Our subjects and
-        # headers are valid by construction (they came off the wire or from the validated configuration), and the
-        # header block was encoded once, by the engine. A batch goes to nats-py's write buffer as one command.
+    def write_now(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]] | None:
+        """Like :meth:`publish`, without waiting: None when that is not possible now (nats-py has unwritten data,
+        or its internals are not the expected ones), and then nothing was sent."""
+        if not self._raw:
+            return None
         nc: Any = self._nc
         why = "target connection closed" if nc.is_closed else "" if nc.is_connected else "target not connected"
         if why:
             return [(order, attempt, why) for _, order, attempt in batch]
+        transport = nc._transport
+        if nc._pending or transport is None:
+            return None
+        # nothing of nats-py's waits to be written, so these cannot overtake anything: straight into the socket's
+        # buffer, an event-loop pass sooner than through nats-py's flusher task (latency at low rates)
+        data, failures = self._encode(batch, nc.max_payload)
+        if data:
+            transport.write(data)
+        return failures
+
+    async def _publish_buffered(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]]:
+        # behind whatever nats-py still has to write: appended to its buffer, written by its flusher task
+        nc: Any = self._nc
+        data, failures = self._encode(batch, nc.max_payload)
+        if data:
+            await nc._send_command(data)
+            if nc._flush_queue is not None and nc._flush_queue.empty():
+                await nc._flush_pending()
+        return failures
+
+    def _encode(
+        self, batch: Sequence[tuple[OutboundMessage, int, int]], limit: int
+    ) -> tuple[bytes, list[tuple[int, int, str]]]:
+        # nats-py's own publish does what this does plus, per message, subject validation and a regex check,
+        # strip and translate of every header: about a sixth of the bridge's CPU per message. Our subjects and
+        # headers are valid by construction (they came off the wire or from the validated configuration), and the
+        # header block was encoded once, by the engine. A batch becomes one write.
         failures: list[tuple[int, int, str]] = []
         commands: list[bytes] = []
-        inbox, limit = self._inbox, nc.max_payload
+        inbox = self._inbox
         for message, order, attempt in batch:
             if len(message.payload) > limit:  # nats-py's check (the pipeline has already checked headers + payload)
                 why = f"message of {len(message.payload)} bytes exceeds the target server's max_payload"
                 failures.append((order, attempt, why))
                 continue
-            commands.append(
-                hpub_command(message.subject, f"{inbox}.{order}.{attempt}", message.header_block, message.payload)
-            )
-        if not commands:
-            return failures
-        data = commands[0] if len(commands) == 1 else b"".join(commands)
-        transport = nc._transport
-        if not nc._pending and transport is not None:
-            # nothing of nats-py's waits to be written, so these cannot overtake anything: straight into the
-            # socket's buffer, an event-loop pass sooner than through nats-py's flusher task (latency at low rates)
-            transport.write(data)
-            return failures
-        await nc._send_command(data)
-        if nc._flush_queue is not None and nc._flush_queue.empty():
-            await nc._flush_pending()
-        return failures
+            reply = f"{inbox}.{order}.{attempt}"
+            commands.append(hpub_command(message.subject, reply, message.header_block, message.payload))
+        return (commands[0] if len(commands) == 1 else b"".join(commands)), failures
 
 
 def hpub_command(subject: str, reply: str, header_block: bytes, payload: bytes) -> bytes:
@@ -172,7 +189,7 @@ def hpub_command(subject: str, reply: str, header_block: bytes, payload: bytes) 
 
 
 def _has_raw_path(nc: Any) -> bool:
-    """Whether this nats-py client has the internals :meth:`SourcePublisher._publish_raw` writes through."""
+    """Whether this nats-py client has the internals :meth:`SourcePublisher.write_now` writes through."""
     return all(
         hasattr(nc, name)
         for name in ("_send_command", "_flush_queue", "_flush_pending", "_pending", "_transport", "max_payload")

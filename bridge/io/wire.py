@@ -27,7 +27,15 @@ from typing import Any
 from nats.errors import ProtocolError
 from nats.protocol.parser import ERR_RE, INFO_RE, MAX_CONTROL_LINE_SIZE, Parser
 
-__all__ = ["RawHandler", "WireParser", "add_handler", "install", "remove_handler"]
+__all__ = [
+    "RawHandler",
+    "WireParser",
+    "add_after_parse",
+    "add_handler",
+    "install",
+    "remove_after_parse",
+    "remove_handler",
+]
 
 RawHandler = Callable[[bytes, bytes, bytes | None, bytes], None]
 """``(subject, reply, header_block or None, payload)``; must not await (it runs inside the read loop)."""
@@ -40,6 +48,7 @@ class WireParser(Parser):
 
     def __init__(self, nc: Any) -> None:
         self.handlers: dict[int, RawHandler] = {}
+        self.after_parse: list[Callable[[], None]] = []
         super().__init__(nc)
 
     def reset(self) -> None:
@@ -141,6 +150,11 @@ class WireParser(Parser):
             # unless reset() ran meanwhile: then the rest of this input belongs to a connection that is gone
             if self._epoch == epoch:
                 self._keep(buf[pos:] if pos else buf)
+        for hook in self.after_parse:
+            try:
+                hook()
+            except Exception as exc:
+                await nc._error_cb(exc)
 
     def _keep(self, rest: bytes) -> None:
         if self._need:
@@ -167,6 +181,22 @@ def add_handler(nc: Any, sub: Any, handler: RawHandler) -> bool:
         return False
     parser.handlers[sid] = handler
     return True
+
+
+def add_after_parse(nc: Any, hook: Callable[[], None]) -> bool:
+    """Call ``hook`` each time everything one read brought has been handed over; False without a WireParser."""
+    parser = getattr(nc, "_ps", None)
+    if not isinstance(parser, WireParser):
+        return False
+    parser.after_parse.append(hook)
+    return True
+
+
+def remove_after_parse(nc: Any, hook: Callable[[], None]) -> None:
+    """Undo :func:`add_after_parse`."""
+    parser = getattr(nc, "_ps", None)
+    if isinstance(parser, WireParser) and hook in parser.after_parse:
+        parser.after_parse.remove(hook)
 
 
 def remove_handler(nc: Any, sub: Any) -> None:

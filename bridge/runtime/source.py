@@ -6,8 +6,10 @@ Task ownership (all inside the runner's task group, cancelled together when the 
   task; it never awaits I/O, it only queues effects);
 * the publisher's ack callback feeds publish outcomes;
 * ``_ticker`` feeds the clock every ``TICK`` seconds (timeouts, retries, silence, due resets);
-* ``_executor`` is the only task that performs effects, in the order the engine produced them, so publishes
-  reach the target in origin order;
+* ``_executor`` performs effects, in the order the engine produced them, so publishes reach the target in
+  origin order. One shortcut: once the wire parser has handed over everything a read brought, ``_write_ready``
+  writes the publishes at the head of the queue itself if the executor is idle (same order, one write per burst,
+  no wait for the executor's turn);
 * a RESET runs in a task of its own (it can take ``reset_timeout``): publishing goes on meanwhile.
 
 Shutdown (``stop`` set): deliveries stop (unsubscribe), nothing new is published, in-flight acks are awaited up to
@@ -34,7 +36,7 @@ from bridge.core.backoff import Backoff
 from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset, VerifyStored
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
 from bridge.core.headers import parse_header_block
-from bridge.core.pipeline import EntryState
+from bridge.core.pipeline import EntryState, OutboundMessage
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
@@ -111,6 +113,7 @@ class SourceRunner:
         self._publisher: SourcePublisher | None = None
         self._tg: TaskGroup | None = None
         self._stopping = False
+        self._performing = False  # the executor is performing an effect (it may be suspended in it)
         self._error_throttle = Throttle()
         self._blocked_throttle = Throttle(BLOCKED_LOG_INTERVAL)
         # observed state, for metrics, /readyz and status (never for decisions)
@@ -181,6 +184,7 @@ class SourceRunner:
                 on_error=self._on_error,
             )
             self._api = JsApi(self._nc, src.api_prefix)
+            wire.add_after_parse(self._nc, self._write_ready)  # deliveries make publishes
             self.origin_connected = True
             self.log.info("origin.connected", servers=list(src.servers), api_prefix=src.api_prefix)
         api = self._api
@@ -205,6 +209,7 @@ class SourceRunner:
         if self._publisher is None:
             self._publisher = SourcePublisher(self.target.nc, self._on_outcome)
             await self._publisher.start()
+            wire.add_after_parse(self.target.nc, self._write_ready)  # acks free the window for more
         await self._refresh_target_limits()
 
     async def _refresh_target_limits(self) -> None:
@@ -300,6 +305,7 @@ class SourceRunner:
     async def _close(self) -> None:
         self._stopping = True
         with anyio.CancelScope(shield=True):
+            wire.remove_after_parse(self.target.nc, self._write_ready)  # the target connection outlives this source
             if self._publisher is not None:
                 await self._publisher.stop()
             if self._nc is not None:
@@ -312,6 +318,26 @@ class SourceRunner:
         if effects:
             self._effects.extend(effects)
             self._wake.set()
+
+    def _write_ready(self) -> None:
+        """Write the publishes at the head of the queue now, if nothing is under way (called by the wire parser
+        once it has handed over everything one read brought: deliveries and acks come in bursts, so this is one
+        write per burst, an event-loop pass before the executor would make it)."""
+        effects = self._effects
+        if self._performing or not effects or not isinstance(effects[0], Publish) or self._publisher is None:
+            return
+        batch: list[Publish] = []
+        while effects and len(batch) < PUBLISH_BATCH:
+            head = effects[0]
+            if not isinstance(head, Publish):
+                break
+            batch.append(head)
+            effects.popleft()
+        failures = self._publisher.write_now(_sends(batch))
+        if failures is None:  # nats-py has unwritten data: these go behind it, through the executor
+            effects.extendleft(reversed(batch))
+            return
+        self._publish_failures(failures)
 
     async def _wait_until(self, condition: Callable[[], bool]) -> None:
         # woken on every executor pass, publish outcome and tick, so a condition on engine state is seen promptly
@@ -447,31 +473,29 @@ class SourceRunner:
         while True:
             while effects:
                 effect = effects.popleft()
-                if isinstance(effect, Publish):
-                    # consecutive publishes leave as one write: one await, one command for nats-py's buffer
-                    batch = [effect]
-                    while effects and len(batch) < PUBLISH_BATCH:
-                        following = effects[0]
-                        if not isinstance(following, Publish):
-                            break
-                        effects.popleft()
-                        batch.append(following)
-                    await self._publish(batch)
-                else:
-                    await self._perform(effect)
+                self._performing = True
+                try:
+                    if isinstance(effect, Publish):
+                        # consecutive publishes leave as one write: one await, one command for nats-py's buffer
+                        batch = [effect]
+                        while effects and len(batch) < PUBLISH_BATCH:
+                            following = effects[0]
+                            if not isinstance(following, Publish):
+                                break
+                            effects.popleft()
+                            batch.append(following)
+                        assert self._publisher is not None
+                        self._publish_failures(await self._publisher.publish(_sends(batch)))
+                    else:
+                        await self._perform(effect)
+                finally:
+                    self._performing = False
             self._changed.set()
             self._wake = anyio.Event()
             if not effects:
                 await self._wake.wait()
 
-    async def _publish(self, batch: list[Publish]) -> None:
-        assert self._publisher is not None
-        sends = []
-        for publish in batch:
-            message = publish.entry.message
-            assert message is not None  # markers (no message) are never published
-            sends.append((message, publish.entry.order, publish.attempt))
-        failures = await self._publisher.publish(sends)
+    def _publish_failures(self, failures: list[tuple[int, int, str]]) -> None:
         for order, attempt, error in failures:
             self._publish_error(error)
             self._emit(self.engine.publish_failed(order, attempt, error, self.clock()))
@@ -584,3 +608,13 @@ class SourceRunner:
             wire.remove_handler(self._nc, sub)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+def _sends(batch: list[Publish]) -> list[tuple[OutboundMessage, int, int]]:
+    """What the publisher takes for each Publish effect: the message, its order token and the attempt."""
+    sends = []
+    for publish in batch:
+        message = publish.entry.message
+        assert message is not None  # markers (no message) are never published
+        sends.append((message, publish.entry.order, publish.attempt))
+    return sends

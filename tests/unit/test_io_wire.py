@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from bridge.io.wire import WireParser, add_handler, install, remove_handler
+from bridge.io.wire import WireParser, add_after_parse, add_handler, install, remove_after_parse, remove_handler
 
 pytestmark = pytest.mark.anyio
 
@@ -203,3 +203,30 @@ async def test_endless_control_line_is_a_protocol_error() -> None:
 def test_install_refuses_a_client_without_nats_py_internals() -> None:
     assert install(object()) is None
     assert add_handler(object(), type("Sub", (), {"_id": 1})(), lambda *a: None) is False
+
+
+async def test_after_parse_hooks_run_once_per_read_after_every_message_of_it() -> None:
+    client, parser = wired()
+    seen: list[int] = []
+    assert add_after_parse(client, lambda: seen.append(len(client.calls)))
+    await parser.parse(STREAM[:100])
+    first = len(client.calls)
+    assert seen == [first] and 0 < first < len(expected())
+    await parser.parse(STREAM[100:])
+    assert seen == [first, len(expected())]
+    assert client.calls == expected()
+
+
+async def test_a_failing_hook_is_reported_and_removed_hooks_stop() -> None:
+    client, parser = wired()
+
+    def broken() -> None:
+        raise RuntimeError("bug")
+
+    add_after_parse(client, broken)
+    await parser.parse(b"PING\r\n")
+    assert client.calls == [("ping",), ("error", "RuntimeError")]
+    remove_after_parse(client, broken)
+    await parser.parse(b"PONG\r\n")
+    assert client.calls[-1] == ("pong",)
+    assert add_after_parse(object(), broken) is False
