@@ -19,6 +19,7 @@ class ResetCause(StrEnum):
     SILENCE = "silence"
     RECONNECT = "reconnect"
     EXTERNAL = "external"  # deliveries restarted at dseq 1 unasked: someone else reset (or re-created) the consumer
+    STRANDED = "stranded"  # WorkQueue messages left below the ack floor (a server restart lost its pending list)
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
@@ -48,13 +49,15 @@ class AnswerFlowControl:
 
 @dataclass(frozen=True, slots=True)
 class RequestReset:
-    """Stop taking deliveries, send ``CONSUMER.RESET`` (empty body: back to the ack floor), then take them again.
+    """Stop taking deliveries, send ``CONSUMER.RESET``, then take them again: with an empty body (back to the ack
+    floor) or, when ``seq`` is set, ``{"seq": seq}`` (the next delivery is ``seq``).
 
     Report ``reset_succeeded(reset_seq)`` or ``reset_failed(reason)``.
     """
 
     cause: ResetCause
     attempt: int
+    seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

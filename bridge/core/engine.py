@@ -111,6 +111,9 @@ class SourceEngine:
         self._reset_due = 0.0
         self._reset_cause = ResetCause.START
         self._reset_attempt = 0
+        self._reset_seq: int | None = None  # where the pending reset restarts deliveries (None: the ack floor)
+        self.skipped_through = 0  # the end of the newest range a forward reset skipped (never replicated)
+        self.acked_stream_seq = 0  # the highest Nats-Last-Stream any answer of this process named
         self._was_blocked = False
         self._uncaptured: set[str] = set()  # subjects already warned about (bounded)
         self._epoch_current = True  # False once stopping with a reset pending: the epoch is no longer the server's
@@ -294,7 +297,7 @@ class SourceEngine:
         self._reset_attempt += 1
         self._last_reset_at = now
         self.resets[self._reset_cause.value] += 1
-        return [RequestReset(self._reset_cause, self._reset_attempt)]
+        return [RequestReset(self._reset_cause, self._reset_attempt, self._reset_seq)]
 
     def _consumer_alive(self, now: float) -> list[Effect]:
         # something arrived while a reset backs off: the consumer (or link) is back, retry without waiting
@@ -309,6 +312,7 @@ class SourceEngine:
             return []
         floor = reset_seq - 1
         self.phase = Phase.RUNNING
+        self._reset_seq = None
         self.epoch += 1
         self.last_dseq = 0
         self._epoch_last_sseq = 0
@@ -328,6 +332,7 @@ class SourceEngine:
             # copies the origin saw acked. Either way those messages are not ours to replicate.
             fields["skipped_from"] = self.accepted + 1
             fields["skipped_to"] = floor
+            self.skipped_through = floor
             self.accepted = floor
             self._present = {seq for seq in self._present if seq > floor}
             self.pipeline.add_stored(floor)
@@ -426,6 +431,28 @@ class SourceEngine:
 
     # -- time -----------------------------------------------------------------------------------------------
 
+    def stranded(self, first_seq: int, now: float) -> list[Effect]:
+        """The WorkQueue origin still holds ``first_seq``, which an answer of ours has already acked.
+
+        Acks under ``flow_control`` delete only messages in the consumer's pending list; a server restart can lose
+        entries of it, and those messages then stay in the origin for good, never redelivered. When they are
+        already stored (at or below the watermark, and not in a range a forward reset skipped), a RESET to
+        ``first_seq`` redelivers them: they are dropped as duplicates and acked again, which deletes them.
+        """
+        if (
+            self.phase is not Phase.RUNNING
+            or not (self.skipped_through < first_seq <= self.acked_stream_seq)
+            or first_seq > self.watermark
+        ):
+            return []
+        self._reset_seq = first_seq
+        notice = Notice(
+            "origin.stranded",
+            level="warning",
+            fields={"first_seq": first_seq, "acked_through": self.acked_stream_seq, "watermark": self.watermark},
+        )
+        return [notice, *self._schedule_reset(ResetCause.STRANDED, now)]
+
     def tick(self, now: float) -> list[Effect]:
         """Advance timers: publish ack timeouts, retries, silence detection, due resets."""
         effects: list[Effect] = []
@@ -484,6 +511,8 @@ class SourceEngine:
 
     def _answer(self, subject: str, position: tuple[int, int]) -> AnswerFlowControl:
         self.stats.fc_answers += 1
+        if position[1] > self.acked_stream_seq:
+            self.acked_stream_seq = position[1]
         return AnswerFlowControl(subject, position[0], position[1])
 
     def _pump(self, now: float, effects: list[Effect]) -> None:

@@ -68,6 +68,21 @@ class JsApi:
             body["pedantic"] = True
         return await self.request(f"CONSUMER.CREATE.{stream}.{config['durable_name']}", body, timeout)
 
-    async def reset_consumer(self, stream: str, consumer: str, timeout: float) -> dict[str, Any]:
-        """``CONSUMER.RESET`` with an empty body: back to the ack floor. The reply holds ``reset_seq``."""
-        return await self.request(f"CONSUMER.RESET.{stream}.{consumer}", None, timeout)
+    async def reset_consumer(
+        self, stream: str, consumer: str, timeout: float, seq: int | None = None
+    ) -> dict[str, Any]:
+        """``CONSUMER.RESET``: back to the ack floor (empty body), or to ``seq``. The reply holds ``reset_seq``."""
+        body = {"seq": seq} if seq is not None else None
+        return await self.request(f"CONSUMER.RESET.{stream}.{consumer}", body, timeout)
+
+    async def first_seq_from(self, stream: str, start: int, subject_filter: str, timeout: float = 5.0) -> int:
+        """The sequence of the stream's first message at or after ``start`` on ``subject_filter``; 0 when none."""
+        try:
+            reply = await self.request(
+                f"STREAM.MSG.GET.{stream}", {"seq": start, "next_by_subj": subject_filter}, timeout
+            )
+        except ApiError as exc:
+            if exc.code == 404:
+                return 0
+            raise
+        return int(reply.get("message", {}).get("seq", 0))

@@ -54,6 +54,8 @@ LIMITS_REFRESH = 5.0  # seconds between re-reading the target's limits and subje
 BLOCKED_LOG_INTERVAL = 30.0  # a blocked publish is logged when it blocks, then at most this often
 PUBLISH_BATCH = 256  # publishes written to the target in one command at most
 SETUP_BACKOFF = Backoff(1.0, 30.0)
+STRANDED_CHECK = 10.0  # seconds between looks for WorkQueue messages stranded below the ack floor
+STRANDED_CONFIRM = 2.0  # seconds before a second look confirms what the first one found
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,10 @@ class SourceRunner:
         self._tg: TaskGroup | None = None
         self._stopping = False
         self._performing = False  # the executor is performing an effect (it may be suspended in it)
+        self._workqueue = False  # the origin has WorkQueue retention: checked for stranded messages
+        self._checking_stranded = False
+        self._stranded_seen = 0  # first stranded sequence the previous check found (0: none)
+        self._next_stranded_check = 0.0
         self._error_throttle = Throttle()
         self._blocked_throttle = Throttle(BLOCKED_LOG_INTERVAL)
         # observed state, for metrics, /readyz and status (never for decisions)
@@ -196,6 +202,7 @@ class SourceRunner:
             raise OriginUnavailable(f"origin stream {src.stream!r}: {exc.description}") from exc
         except (ApiTimeout, ApiUnavailable) as exc:
             raise OriginUnavailable(f"origin stream {src.stream!r}: {exc}") from exc
+        self._workqueue = origin.get("config", {}).get("retention") == "workqueue"
         info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=timeout)
         self.log.info(
             "consumer.bound",
@@ -456,12 +463,18 @@ class SourceRunner:
 
     async def _ticker(self) -> None:
         last_refresh = self.clock()
+        self._next_stranded_check = last_refresh + STRANDED_CHECK
         while True:
             await anyio.sleep(TICK)
             now = self.clock()
             if self.engine.pipeline.degraded and now - last_refresh >= LIMITS_REFRESH:
                 last_refresh = now
                 await self._refresh_target_limits()
+            if self._workqueue and now >= self._next_stranded_check and not self._checking_stranded:
+                self._next_stranded_check = now + STRANDED_CHECK
+                self._checking_stranded = True
+                assert self._tg is not None
+                self._tg.start_soon(self._check_stranded)
             self._emit(self.engine.tick(now))
             self._track_progress(now)
             self._changed.set()
@@ -551,13 +564,16 @@ class SourceRunner:
             "reset.requested",
             cause=request.cause.value,
             attempt=request.attempt,
+            seq=request.seq,
             watermark=self.engine.watermark,
             last_dseq=self.engine.last_dseq,
         )
         await self._unsubscribe()
         effects: list[Effect]
         try:
-            reply = await api.reset_consumer(src.stream, src.consumer, timeout=self.engine_cfg.reset_timeout)
+            reply = await api.reset_consumer(
+                src.stream, src.consumer, timeout=self.engine_cfg.reset_timeout, seq=request.seq
+            )
             if reply.get("config", {}).get("ack_policy") not in (None, "flow_control"):
                 raise ConsumerUnfit(f"consumer {src.stream}/{src.consumer} no longer has ack_policy flow_control")
             effects = self.engine.reset_succeeded(int(reply["reset_seq"]), self.clock())
@@ -575,6 +591,37 @@ class SourceRunner:
         self._emit(effects)
         if self.engine.phase is Phase.RUNNING:
             self.ready.set()
+
+    async def _check_stranded(self) -> None:
+        """Look for WorkQueue messages our answers acked that the origin still holds (``SourceEngine.stranded``).
+
+        The same first message must be found twice in a row: an answer may still be on its way to the server, and
+        on a clustered stream the deletions of an ack land a little after it.
+        """
+        src, api = self.source, self._api
+        try:
+            acked = self.engine.acked_stream_seq
+            start = self.engine.skipped_through + 1
+            if api is None or self.engine.phase is not Phase.RUNNING or acked < start:
+                return
+            timeout = self.engine_cfg.reset_timeout
+            if src.filter_subjects:
+                found = [await api.first_seq_from(src.stream, start, f, timeout) for f in src.filter_subjects]
+                first = min((seq for seq in found if seq), default=0)
+            else:  # the stream's first message (STREAM.INFO, which the bridge may use anyway)
+                state = (await api.stream_info(src.stream, timeout=timeout)).get("state", {})
+                first = int(state.get("first_seq", 0)) if int(state.get("messages", 0)) else 0
+                first = first if first >= start else 0
+            if first and first <= acked and first == self._stranded_seen:
+                self._emit(self.engine.stranded(first, self.clock()))
+                first = 0
+            self._stranded_seen = first if first <= acked else 0
+            if self._stranded_seen:  # confirm (or not) soon rather than after a whole interval
+                self._next_stranded_check = min(self._next_stranded_check, self.clock() + STRANDED_CONFIRM)
+        except (BridgeError, OSError) as exc:
+            self.log.debug("stranded.check_failed", error=str(exc))
+        finally:
+            self._checking_stranded = False
 
     async def _recreate_consumer(self) -> str:
         assert self._api is not None

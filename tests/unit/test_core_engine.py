@@ -713,3 +713,49 @@ def test_shutdown_while_running_answers_with_the_stored_position() -> None:
     engine.begin_shutdown(3.1)
     store(engine, sent, now=3.2)  # in-flight acks still count while stopping
     assert engine.final_answer() == []  # the held request was answered as soon as it was covered
+
+
+# -- WorkQueue messages stranded below the ack floor ----------------------------------------------------------
+
+
+def test_stranded_stored_messages_are_redelivered_dropped_and_acked_again() -> None:
+    engine = start()
+    store(engine, feed(engine, [(1, 1), (2, 2), (3, 3), (4, 4)]))
+    assert engine.watermark == 4
+    assert engine.stranded(2, 3.0) == []  # nothing acked yet: 2 may simply be on its way out
+    assert answers(engine.flow_control("$JS.FC.ORDERS.BRIDGE.s0", 3.0)) == [("$JS.FC.ORDERS.BRIDGE.s0", 4, 4)]
+    effects = engine.stranded(2, 3.0)  # a server restart left 2.. in the WorkQueue although 4 was acked
+    assert notices(effects) == ["origin.stranded"]
+    (request,) = of(effects, RequestReset)
+    assert (request.cause, request.seq) == (ResetCause.STRANDED, 2)
+    assert engine.stranded(2, 3.0) == []  # already resetting
+    engine.reset_succeeded(2, 3.1)
+    assert (engine.watermark, engine.resets["stranded"]) == (4, 1)
+    # redelivered: nothing published again; the flow-control answer acks them (that deletes them)
+    assert published(feed(engine, [(1, 2), (2, 3), (3, 4)], 3.2)) == []
+    assert answers(engine.flow_control("$JS.FC.ORDERS.BRIDGE.s1", 3.3)) == [("$JS.FC.ORDERS.BRIDGE.s1", 3, 4)]
+    # the next reset, for another cause, goes back to the ack floor again
+    gap = engine.data(data(9, 9), 6.0)
+    assert [(r.cause, r.seq) for r in of(gap, RequestReset)] == [(ResetCause.GAP, None)]
+
+
+@pytest.mark.parametrize(
+    ("first", "why"),
+    [
+        (5, "not stored yet: above the watermark"),
+        (4, "not acked yet: the answer named 3"),
+        (2, "in the range a forward reset skipped"),
+    ],
+)
+def test_stranded_is_ignored_unless_stored_acked_and_not_skipped(first: int, why: str) -> None:
+    engine = SourceEngine(SETTINGS, 0.0)
+    engine.recovered(0, (), 0.0)
+    skipped = "skipped" in why
+    engine.reset_succeeded(3 if skipped else 1, 0.0)  # ack floor 2: a forward reset skipped 1..2
+    pairs = [(1, 3), (2, 4)] if skipped else [(1, 1), (2, 2), (3, 3), (4, 4)]
+    sent = feed(engine, pairs[:-1])
+    engine.flow_control("$JS.FC.ORDERS.BRIDGE.s0", 0.0)
+    store(engine, sent)  # answered: covers up to 3
+    store(engine, feed(engine, pairs[-1:]))
+    assert (engine.watermark, engine.acked_stream_seq) == (4, 3)
+    assert engine.stranded(first, 1.0) == [], why
