@@ -169,12 +169,29 @@ async def open_connection(
         timed_out = TimeoutError(f"not connected within {bound:g}s") if deadline.cancelled_caught else None
         failure = timed_out or ConnectionError("connection abandoned")
     if failure is not None:
-        cause = _most_telling(seen) if seen else failure
+        cause = describe(_most_telling(seen) if seen else failure)
+        cause += _missing_client_certificate(nc, side, cause)
         await _discard(nc)
-        raise error_type(f"cannot connect to {', '.join(side.servers)}: {describe(cause)}") from failure
+        raise error_type(f"cannot connect to {', '.join(side.servers)}: {cause}") from failure
     connected = True
     nc.options["max_reconnect_attempts"] = -1
     return nc
+
+
+def _missing_client_certificate(nc: Any, side: ConnectionSettings, cause: str) -> str:
+    """A hint when the server asked for a client certificate (``tls_verify`` in its INFO) and none is configured.
+
+    The server's "certificate required" alert reaches the client only if it reads before it writes: under TLS 1.3
+    the handshake looks complete to the client, which then often meets a broken pipe instead.
+    """
+    info = getattr(nc, "_server_info", None) or {}
+    has_cert = bool(side.tls is not None and getattr(side.tls, "cert_file", None))
+    if not info.get("tls_verify") or has_cert or "certificate required" in cause.lower():
+        return ""
+    return (
+        "; the server requires a client certificate (certificate required) and none is configured: set "
+        "tls.cert_file and tls.key_file"
+    )
 
 
 def _most_telling(errors: list[Exception]) -> Exception:

@@ -39,3 +39,25 @@ def test_a_permissions_violation_gets_a_hint_and_other_errors_do_not() -> None:
     denied = error_fields(Error('nats: permissions violation for publish to "$js.fc.orders.c.abcd"'))
     assert denied["hint"] == PERMISSION_HINT and '"$js.fc.orders.c.abcd"' in denied["error"]
     assert "hint" not in error_fields(OSError("connection refused"))
+
+
+def test_a_missing_client_certificate_is_named_whatever_the_socket_said() -> None:
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from bridge.io.connect import _missing_client_certificate
+
+    asks = Client()
+    asks._server_info = {"tls_required": True, "tls_verify": True}
+    side = SimpleNamespace(servers=["tls://x:4222"], auth=None, tls=SimpleNamespace(ca_file=Path("ca.pem")))
+    hint = _missing_client_certificate(asks, side, "BrokenPipeError: [Errno 32] Broken pipe")  # type: ignore[arg-type]
+    assert "certificate required" in hint and "tls.cert_file" in hint
+    # the alert itself got through: nothing to add
+    said = "SSLError: [SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required"
+    assert _missing_client_certificate(asks, side, said) == ""  # type: ignore[arg-type]
+    # a certificate is configured, or the server does not ask for one: some other problem
+    with_cert = SimpleNamespace(servers=side.servers, auth=None, tls=SimpleNamespace(cert_file=Path("c.pem")))
+    assert _missing_client_certificate(asks, with_cert, "BrokenPipeError") == ""  # type: ignore[arg-type]
+    plain = Client()
+    plain._server_info = {"tls_required": True}
+    assert _missing_client_certificate(plain, side, "BrokenPipeError") == ""  # type: ignore[arg-type]
