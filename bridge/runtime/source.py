@@ -330,9 +330,20 @@ class SourceRunner:
         """Write the publishes at the head of the queue now, if nothing is under way (called by the wire parser
         once it has handed over everything one read brought: deliveries and acks come in bursts, so this is one
         write per burst, an event-loop pass before the executor would make it)."""
-        effects = self._effects
-        if self._performing or not effects or not isinstance(effects[0], Publish) or self._publisher is None:
+        if self._performing or self._publisher is None:
             return
+        batch = self._take_publishes()
+        if not batch:
+            return
+        failures = self._publisher.write_now(_sends(batch))
+        if failures is None:  # nats-py has unwritten data: these go behind it, through the executor
+            self._effects.extendleft(reversed(batch))
+            return
+        self._publish_failures(failures)
+
+    def _take_publishes(self) -> list[Publish]:
+        """Take the run of Publish effects at the head of the queue (at most PUBLISH_BATCH): they leave as one write."""
+        effects = self._effects
         batch: list[Publish] = []
         while effects and len(batch) < PUBLISH_BATCH:
             head = effects[0]
@@ -340,11 +351,7 @@ class SourceRunner:
                 break
             batch.append(head)
             effects.popleft()
-        failures = self._publisher.write_now(_sends(batch))
-        if failures is None:  # nats-py has unwritten data: these go behind it, through the executor
-            effects.extendleft(reversed(batch))
-            return
-        self._publish_failures(failures)
+        return batch
 
     async def _wait_until(self, condition: Callable[[], bool]) -> None:
         # woken on every executor pass, publish outcome and tick, so a condition on engine state is seen promptly
@@ -485,22 +492,14 @@ class SourceRunner:
         effects = self._effects
         while True:
             while effects:
-                effect = effects.popleft()
                 self._performing = True
                 try:
-                    if isinstance(effect, Publish):
-                        # consecutive publishes leave as one write: one await, one command for nats-py's buffer
-                        batch = [effect]
-                        while effects and len(batch) < PUBLISH_BATCH:
-                            following = effects[0]
-                            if not isinstance(following, Publish):
-                                break
-                            effects.popleft()
-                            batch.append(following)
+                    batch = self._take_publishes()
+                    if batch:
                         assert self._publisher is not None
                         self._publish_failures(await self._publisher.publish(_sends(batch)))
                     else:
-                        await self._perform(effect)
+                        await self._perform(effects.popleft())
                 finally:
                     self._performing = False
             self._changed.set()
