@@ -113,6 +113,7 @@ class SourceEngine:
         self._reset_attempt = 0
         self._reset_seq: int | None = None  # where the pending reset restarts deliveries (None: the ack floor)
         self.skipped_through = 0  # the end of the newest range a forward reset skipped (never replicated)
+        self._skip_note: str | None = None  # "<first>-<last>" of that range, for the next copy's Bridge-Skipped
         self.acked_stream_seq = 0  # the highest Nats-Last-Stream any answer of this process named
         self._was_blocked = False
         self._uncaptured: set[str] = set()  # subjects already warned about (bounded)
@@ -214,7 +215,9 @@ class SourceEngine:
                 prev_seq=self.accepted,
                 subject=msg.subject,
                 timestamp_ns=ack.timestamp_ns,
+                skipped=self._skip_note,
             )
+            self._skip_note = None
             self.pipeline.add(sseq, OutboundMessage(subject, block, msg.payload, ack.timestamp_ns))
             self.accepted = sseq
         self._cover(effects)
@@ -332,6 +335,12 @@ class SourceEngine:
             # copies the origin saw acked. Either way those messages are not ours to replicate.
             fields["skipped_from"] = self.accepted + 1
             fields["skipped_to"] = floor
+            # the next copy's Bridge-Prev names `floor`, which the aggregate never holds: say why, in the copy
+            self._skip_note = (
+                f"{self.accepted + 1}-{floor}"
+                if self._skip_note is None
+                else f"{self._skip_note.partition('-')[0]}-{floor}"
+            )
             self.skipped_through = floor
             self.accepted = floor
             self._present = {seq for seq in self._present if seq > floor}

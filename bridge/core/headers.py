@@ -14,6 +14,9 @@ Provenance (every replicated message), under the ``Bridge-`` prefix because the 
                      contiguous run from one with a hole (see ``bridge.core.recovery``)
 ``Bridge-Subject``   the origin subject (the aggregate subject may carry a prefix)
 ``Bridge-Time``      the origin store time, nanoseconds since the epoch
+``Bridge-Skipped``   only on the first copy after a forward reset: ``<first>-<last>``, the origin sequences
+                     the reset skipped on purpose, so an audit (``bridge.audit``) tells that hole in the
+                     chain from a lost copy
 ==================  =====================================================================================
 
 Origin headers policy: every header whose name starts with ``Nats-`` or ``Bridge-`` (any case) is kept, renamed
@@ -38,6 +41,7 @@ SEQ = "Bridge-Seq"
 PREV = "Bridge-Prev"
 SUBJECT = "Bridge-Subject"
 TIME = "Bridge-Time"
+SKIPPED = "Bridge-Skipped"
 ORIGINAL_PREFIX = "Bridge-Orig-"
 
 _RESERVED_PREFIXES = ("nats-", "bridge-")
@@ -64,14 +68,18 @@ def build_header_block(
     prev_seq: int,
     subject: str,
     timestamp_ns: int,
+    skipped: str | None = None,
 ) -> bytes:
     """The encoded header block of the aggregate copy of one origin message: the origin's headers (policy
     applied) then provenance.
 
     Built as one string and encoded once: this runs for every replicated message, and the block is both what
-    ``max_msg_size`` is checked against and what goes on the wire.
+    ``max_msg_size`` is checked against and what goes on the wire. ``skipped`` (``"<first>-<last>"``) marks
+    the first copy after a forward reset.
     """
     origin_lines = "".join(f"{rename_reserved(name)}: {value}\r\n" for name, value in origin.items()) if origin else ""
+    if skipped:
+        origin_lines += f"{SKIPPED}: {skipped}\r\n"
     return (
         f"NATS/1.0\r\n{origin_lines}{MSG_ID}: {source}:{stream}:{stream_seq}\r\n{SOURCE}: {source}\r\n"
         f"{STREAM}: {stream}\r\n{SEQ}: {stream_seq}\r\n{PREV}: {prev_seq}\r\n{SUBJECT}: {subject}\r\n"

@@ -441,6 +441,10 @@ def test_forward_skip_is_adopted_from_reset_seq() -> None:
     (send,) = of(engine.data(data(1, 11), 0.0), Publish)
     assert send.entry.message is not None
     assert send.entry.message.headers[hdr.PREV] == "10"
+    assert send.entry.message.headers[hdr.SKIPPED] == "6-10"  # the audit's proof that 6..10 were not lost
+    (after,) = of(engine.data(data(2, 12), 0.0), Publish)
+    assert after.entry.message is not None
+    assert hdr.SKIPPED not in after.entry.message.headers
 
 
 def test_forward_skip_waits_for_messages_still_in_flight() -> None:
