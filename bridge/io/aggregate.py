@@ -12,15 +12,13 @@ every message of the chunk is read and its ``Bridge-Source`` compared.
 from __future__ import annotations
 
 import base64
-import json
-from typing import Any
 
-import anyio
 from nats.aio.client import Client as NATS
 
 from bridge.core import headers as hdr
 from bridge.core.recovery import Copy
 from bridge.errors import TargetUnavailable
+from bridge.io.directget import read_batches
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
 
 MAX_CHUNK = 65536
@@ -95,49 +93,22 @@ async def _direct_range(
     nc: NATS, api: JsApi, stream: str, lo: int, hi: int, subject_filter: str, timeout: float
 ) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox, pending_msgs_limit=BATCH * 4, pending_bytes_limit=MAX_BYTES * 4)
-    try:
-        seq = lo
-        while seq <= hi:
-            body = {
-                "seq": seq,
-                "batch": min(BATCH, hi - seq + 1),
-                "next_by_subj": subject_filter,
-                "max_bytes": MAX_BYTES,
-            }
-            await nc.publish(f"{api.prefix}.DIRECT.GET.{stream}", json.dumps(body).encode(), reply=inbox)
-            got_any = False
-            done = False
-            with anyio.fail_after(timeout):
-                while True:
-                    msg = await sub.next_msg(timeout=timeout)
-                    headers: dict[str, Any] = dict(msg.headers or {})
-                    status = headers.get("Status")
-                    if status == "204":  # end of batch
-                        if int(headers.get("Nats-Num-Pending", "0") or 0) == 0:
-                            done = True
-                        break
-                    if status == "404":  # nothing at or after seq for this filter
-                        done = True
-                        break
-                    if status:
-                        raise TargetUnavailable(
-                            f"direct get on {stream!r}: status {status} {headers.get('Description')}"
-                        )
-                    mseq = int(headers.get("Nats-Sequence", "0"))
-                    got_any = True
-                    seq = mseq + 1
-                    if mseq > hi:
-                        done = True
-                        continue
-                    out.append(headers)
-            if done or not got_any:
-                break
-    except TimeoutError as exc:
-        raise TargetUnavailable(f"direct get on {stream!r} timed out after {timeout:g}s") from exc
-    finally:
-        await sub.unsubscribe()
+    batches = read_batches(
+        nc,
+        api.prefix,
+        stream,
+        lo,
+        hi,
+        error_type=TargetUnavailable,
+        subject_filter=subject_filter,
+        batch=BATCH,
+        max_bytes=MAX_BYTES,
+        timeout=timeout,
+    )
+    async for messages in batches:
+        for message in messages:
+            message.headers["Nats-Sequence"] = str(message.seq)
+            out.append(message.headers)
     return out
 
 

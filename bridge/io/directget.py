@@ -1,0 +1,151 @@
+"""Reading a range of a stream with batched Direct Get (ADR-31, ``../shared/seeds/adr-jetstream-direct-get.txt``).
+
+One request ``{"seq": a, "batch": n, "max_bytes": m, "next_by_subj": filter}`` to ``<api>.DIRECT.GET.<stream>``
+makes the server send up to ``n`` stored messages at or after ``a`` (fewer once ``m`` bytes are sent), each with
+``Nats-Sequence``, ``Nats-Subject``, ``Nats-Time-Stamp`` (RFC 3339), ``Nats-Num-Pending`` and
+``Nats-Last-Sequence`` appended to its own headers, then an empty end-of-batch message with status 204. Deleted
+sequences are stepped over. A 404 means nothing at or after ``a``; 408 a request the server could not use; 503 (no
+responders) a stream without ``allow_direct``. A server without batch support answers the first message only,
+without ``Nats-Num-Pending``.
+
+Replies are taken over raw from the read loop (:mod:`bridge.io.wire`) when the client allows it, and parsed with
+the bridge's one header codec; the recovery of a source's watermark and the audit's data source both read here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client as NATS
+
+from bridge.core import headers as hdr
+from bridge.errors import BridgeError
+from bridge.io import wire
+
+BATCH = 1024
+MAX_BYTES = 4 * 1024 * 1024
+
+# what the server appends to every reply; not part of the stored message's own headers
+SEQUENCE = "Nats-Sequence"
+SUBJECT = "Nats-Subject"
+TIME_STAMP = "Nats-Time-Stamp"
+STREAM = "Nats-Stream"
+NUM_PENDING = "Nats-Num-Pending"
+LAST_SEQUENCE = "Nats-Last-Sequence"
+
+
+@dataclass(slots=True)
+class StoredMessage:
+    """One message as the stream stores it. ``headers`` are its own (the reply's additions removed)."""
+
+    seq: int
+    subject: str
+    time: str  # RFC 3339 with nanoseconds, as the server formats it (see :func:`rfc3339_to_micros`)
+    headers: dict[str, str]
+    payload: bytes
+
+
+class _Batch:
+    """Collects the replies to one request; ``done`` is set by the end-of-batch (or an error) reply."""
+
+    __slots__ = ("done", "end", "error", "messages", "no_batch_support", "token")
+
+    def __init__(self, token: bytes) -> None:
+        self.token = token
+        self.messages: list[StoredMessage] = []
+        self.done = asyncio.Event()
+        self.end: str | None = None  # "204" or "404"
+        self.error: str | None = None
+        self.no_batch_support = False
+
+    def take(self, headers: dict[str, str], payload: bytes) -> None:
+        status = headers.get("Status")
+        if status is not None:
+            if status in ("204", "404"):
+                self.end = status
+            elif status == "503":
+                self.error = "no responders: the stream does not exist here or lacks allow_direct"
+            else:
+                self.error = f"status {status} {headers.get('Description', '')}".rstrip()
+            self.done.set()
+            return
+        if not self.messages and NUM_PENDING not in headers:
+            self.no_batch_support = True
+        seq = int(headers.pop(SEQUENCE, "0"))
+        subject = headers.pop(SUBJECT, "")
+        stamp = headers.pop(TIME_STAMP, "")
+        for name in (STREAM, NUM_PENDING, LAST_SEQUENCE):
+            headers.pop(name, None)
+        self.messages.append(StoredMessage(seq, subject, stamp, headers, payload))
+        if self.no_batch_support:
+            self.done.set()
+
+
+async def read_batches(
+    nc: NATS,
+    api_prefix: str,
+    stream: str,
+    first: int,
+    last: int,
+    *,
+    error_type: type[BridgeError],
+    subject_filter: str | None = None,
+    batch: int = BATCH,
+    max_bytes: int = MAX_BYTES,
+    timeout: float = 5.0,
+) -> AsyncIterator[list[StoredMessage]]:
+    """The messages stored in ``first..last`` (matching ``subject_filter`` when given), one list per server batch.
+
+    Raises ``error_type`` naming the stream on an error status, a timeout, or a server without batch support.
+    """
+    subject = f"{api_prefix}.DIRECT.GET.{stream}"
+    prefix = nc.new_inbox()
+    current: _Batch | None = None
+
+    def on_wire(msg_subject: bytes, _reply: bytes, header_block: bytes | None, payload: bytes) -> None:
+        if current is not None and msg_subject.endswith(current.token):
+            current.take(hdr.parse_header_block(header_block) if header_block else {}, payload)
+
+    async def on_msg(msg: Any) -> None:  # only when nats-py lacks the internals wire.py needs
+        if current is not None and msg.subject.endswith(current.token.decode()):
+            current.take(dict(msg.headers or {}), msg.data)
+
+    sub = await nc.subscribe(f"{prefix}.*", cb=on_msg, pending_msgs_limit=batch * 4, pending_bytes_limit=max_bytes * 4)
+    wire.add_handler(nc, sub, on_wire)
+    try:
+        seq, n = first, 0
+        while seq <= last:
+            n += 1
+            current = _Batch(f".{n}".encode())
+            body: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1), "max_bytes": max_bytes}
+            if subject_filter:
+                body["next_by_subj"] = subject_filter
+            await nc.publish(subject, json.dumps(body).encode(), reply=f"{prefix}.{n}")
+            try:
+                await asyncio.wait_for(current.done.wait(), timeout)
+            except TimeoutError as exc:
+                raise error_type(
+                    f"direct get on stream {stream!r}: no end of batch within {timeout:g}s "
+                    f"(read up to sequence {seq - 1})"
+                ) from exc
+            if current.error is not None:
+                raise error_type(f"direct get on stream {stream!r}: {current.error}")
+            if current.no_batch_support:
+                raise error_type(
+                    f"direct get on stream {stream!r}: the server does not support batched Direct Get "
+                    "(nats-server 2.11 or newer needed)"
+                )
+            messages = [m for m in current.messages if m.seq <= last]
+            if messages:
+                yield messages
+            if current.end == "404" or not current.messages or current.messages[-1].seq >= last:
+                return
+            seq = current.messages[-1].seq + 1
+    finally:
+        current = None
+        wire.remove_handler(nc, sub)
+        await sub.unsubscribe()
