@@ -1,7 +1,7 @@
-"""The ``nats-bridge`` command: ``run``, ``check``, ``status``, ``reset`` and ``demo``.
+"""The ``nats-bridge`` command: ``run``, ``check``, ``status``, ``reset``, ``audit`` and ``demo``.
 
-Exit codes: 0 success; 1 a check or the demo found a problem, or the bridge could not run; 2 invalid
-configuration or usage (one line per problem, no traceback).
+Exit codes: 0 success; 1 a check, the audit or the demo found a problem, or the bridge could not run; 2 invalid
+configuration or usage (one line per problem, no traceback); 3 the audit could not read a stream (nothing judged).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from bridge.errors import ConfigError
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_CONFIG = 2
+EXIT_UNAUDITED = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +47,17 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--seq", type=int, help="next origin sequence to deliver (default: the ack floor + 1)")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
+    audit = sub.add_parser(
+        "audit", help="prove with Spark that the aggregate holds every origin message once and in order"
+    )
+    audit.add_argument("-c", "--config", required=True, help="TOML configuration file (the bridge's own)")
+    audit.add_argument(
+        "--origin-too", action="store_true", help="also compare with what each origin still holds (Limits/Interest)"
+    )
+    audit.add_argument("--out", default="audit-report", help="directory for report.json, Parquet and audit.png")
+    audit.add_argument("--master", help="Spark master URL (default: embedded local[*], or spark-submit's)")
+    audit.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+
     demo = sub.add_parser("demo", help="start a local leaf and hub, replicate a workload, print the counts")
     demo.add_argument("--messages", type=int, default=50_000, help="messages to publish (default 50000)")
     demo.add_argument("--size", type=int, default=512, help="payload bytes per message (default 512)")
@@ -65,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args.config, args.json)
         if args.command == "reset":
             return _reset(args.config, args.source, args.seq, args.yes)
+        if args.command == "audit":
+            return _audit(args.config, args.origin_too, args.out, args.master, args.json)
         if args.command == "demo":
             from bridge.demo import run_demo
 
@@ -135,6 +149,36 @@ def _reset(path: str, source: str, seq: int | None, yes: bool) -> int:
         return EXIT_PROBLEM
     print(message, file=sys.stdout if done else sys.stderr)
     return EXIT_OK if done else EXIT_PROBLEM
+
+
+def _audit(path: str, origin_too: bool, out: str, master: str | None, as_json: bool) -> int:
+    from bridge.config import load_config
+    from bridge.errors import AuditError
+
+    config = load_config(path)
+    try:
+        from bridge.audit.job import AuditOptions, run_audit
+        from bridge.audit.report import render_table
+    except ImportError as exc:
+        print(
+            f"nats-bridge audit: {exc.name or exc} is not installed: install the audit extra "
+            "(pip install 'nats-bridge[audit]') and Java 17 or newer",
+            file=sys.stderr,
+        )
+        return EXIT_UNAUDITED
+    try:
+        report = run_audit(config, AuditOptions(origin_too=origin_too, out=Path(out), master=master))
+    except AuditError as exc:
+        print(f"nats-bridge audit: {exc}", file=sys.stderr)
+        return EXIT_UNAUDITED
+    if as_json:
+        import json
+
+        print(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        print(render_table(report))
+        print(f"report: {Path(out) / 'report.json'}, {Path(out) / 'audit.png'}, Parquet in {out}/")
+    return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
 if __name__ == "__main__":

@@ -262,7 +262,8 @@ def _non_empty(value: str) -> str:
     return value
 
 
-def _api_prefix(domain: str | None) -> str:
+def api_prefix(domain: str | None) -> str:
+    """The JetStream API subject prefix for a domain: ``$JS.API``, or ``$JS.<domain>.API``."""
     return "$JS.API" if domain is None else f"$JS.{domain}.API"
 
 
@@ -442,7 +443,7 @@ class TargetConfig(BaseModel):
     @property
     def api_prefix(self) -> str:
         """The JetStream API subject prefix: ``$JS.API``, or ``$JS.<domain>.API`` with a domain."""
-        return _api_prefix(self.domain)
+        return api_prefix(self.domain)
 
 
 class SourceConfig(BaseModel):
@@ -490,7 +491,7 @@ class SourceConfig(BaseModel):
     @property
     def api_prefix(self) -> str:
         """The JetStream API subject prefix: ``$JS.API``, or ``$JS.<domain>.API`` with a domain."""
-        return _api_prefix(self.domain)
+        return api_prefix(self.domain)
 
 
 class BridgeConfig(BaseSettings):

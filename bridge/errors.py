@@ -51,3 +51,8 @@ class ApiUnavailable(BridgeError):
 
 class ConsumerUnfit(BridgeError):
     """A pre-created consumer cannot be used by the bridge; the message says which setting and why."""
+
+
+class AuditError(BridgeError):
+    """The audit cannot read a stream (missing, without ``allow_direct``, unreachable) or was given a bad option;
+    the message names the stream or option and the fix."""

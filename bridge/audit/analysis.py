@@ -1,0 +1,179 @@
+"""What the aggregate proves about each source, computed with Spark from the copies' provenance headers.
+
+Every copy the bridge writes names its origin (``Bridge-Source``, ``Bridge-Stream``, ``Bridge-Seq``), the origin
+sequence the bridge accepted just before it (``Bridge-Prev``), the origin store time (``Bridge-Time``) and, on the
+first copy after a forward reset, the range that reset skipped (``Bridge-Skipped``); see
+:mod:`bridge.core.headers`. Per source (and origin stream):
+
+* **duplicates**: copies of an origin sequence after its first (aggregate order).
+* **reordered**: first copies stored after a first copy of a higher origin sequence (the chaos checker's rule).
+* **gaps**: between two consecutive present origin sequences ``a < b``, the missing ``a+1..b-1`` are split by
+  what copy ``b`` testifies. Its ``Bridge-Prev`` ``p`` says the bridge accepted ``p`` just before ``b``: so
+  ``max(a, p)+1..b-1`` never reached the bridge (**not delivered**: deleted by the origin's limits, a purge, or
+  outside the source's filter) and, when ``p > a``, ``a+1..p`` were accepted but are not here (**lost**), except
+  what ``Bridge-Skipped`` names (**skipped** on purpose by a forward reset).
+* **latency**: aggregate store time minus origin store time, per first copy.
+
+Sequences before a source's first copy are not judged: the bridge may have started on a consumer whose ack floor
+was already there (``chain_start`` reports the first copy's ``Bridge-Prev``). Ranges are kept as ranges; nothing
+here builds a list of sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from bridge.core import headers as hdr
+
+KEYS = ["source", "origin_stream"]
+PROVENANCE_HEADERS = [hdr.SOURCE, hdr.STREAM, hdr.SEQ, hdr.PREV, hdr.TIME, hdr.SKIPPED, hdr.SUBJECT]
+
+# gap kinds
+LOST = "lost"
+SKIPPED = "skipped"
+NOT_DELIVERED = "not_delivered"
+# origin comparison kinds
+ABSENT = "absent"
+EXTRA = "extra"
+HASH_MISMATCH = "hash_mismatch"
+PENDING = "pending"
+
+
+@dataclass
+class Findings:
+    """The audit's DataFrames: ``copies`` (one row per bridge copy, with ``first`` and ``reordered`` flags),
+    ``gaps`` (ranges of missing origin sequences by kind), ``duplicates`` and ``reordered`` (ranges of origin
+    sequences), ``origin`` (ranges by origin comparison kind; None without ``--origin-too``), and ``foreign``
+    (aggregate messages without provenance)."""
+
+    copies: DataFrame
+    gaps: DataFrame
+    duplicates: DataFrame
+    reordered: DataFrame
+    origin: DataFrame | None
+    foreign: DataFrame
+
+
+def provenance(aggregate: DataFrame) -> DataFrame:
+    """The aggregate's rows with their provenance as columns (null where a header is missing)."""
+    h = F.col("headers")
+    skipped = F.split(h[hdr.SKIPPED], "-")
+    return aggregate.select(
+        F.col("seq").alias("agg_seq"),
+        F.col("timestamp").alias("agg_time"),
+        F.col("payload_hash"),
+        h[hdr.SOURCE].alias("source"),
+        h[hdr.STREAM].alias("origin_stream"),
+        h[hdr.SEQ].cast("long").alias("oseq"),
+        F.coalesce(h[hdr.PREV].cast("long"), F.lit(0)).alias("prev"),
+        F.timestamp_micros(F.floor(h[hdr.TIME].cast("long") / 1000)).alias("origin_time"),
+        F.when(h[hdr.SKIPPED].isNotNull(), skipped[0].cast("long")).alias("skip_from"),
+        F.when(h[hdr.SKIPPED].isNotNull(), skipped[1].cast("long")).alias("skip_to"),
+    )
+
+
+def _range(kind: str, first: Column, last: Column) -> Column:
+    return F.when(first <= last, F.struct(F.lit(kind).alias("kind"), first.alias("first"), last.alias("last")))
+
+
+def _islands(df: DataFrame, seq: str) -> DataFrame:
+    """Consecutive values of ``seq`` (distinct per source) as ranges ``first, last, count``."""
+    w = Window.partitionBy(*KEYS).orderBy(seq)
+    return (
+        df.withColumn("_island", F.col(seq) - F.row_number().over(w))
+        .groupBy(*KEYS, "_island")
+        .agg(F.min(seq).alias("first"), F.max(seq).alias("last"), F.count(F.lit(1)).alias("count"))
+        .drop("_island")
+    )
+
+
+def analyse(
+    aggregate: DataFrame, origins: DataFrame | None = None, origin_last: dict[tuple[str, str], int] | None = None
+) -> Findings:
+    """Judge every source found in ``aggregate`` (rows of the ``jetstream`` data source). With ``origins`` (the
+    origins' rows plus a ``source`` column) and ``origin_last`` (each ``(source, origin stream)``'s last sequence
+    when it was read), also compare against what the origins still hold."""
+    rows = provenance(aggregate)
+    bridged = rows.where(F.col("source").isNotNull() & F.col("oseq").isNotNull())
+    foreign = rows.where(F.col("source").isNull() | F.col("oseq").isNull()).select("agg_seq")
+
+    by_copy = Window.partitionBy(*KEYS, "oseq").orderBy("agg_seq")
+    before = Window.partitionBy(*KEYS).orderBy("agg_seq").rowsBetween(Window.unboundedPreceding, -1)
+    copies = bridged.withColumn("first", F.row_number().over(by_copy) == 1)
+    firsts = copies.where("first").withColumn("_prior_max", F.max("oseq").over(before))
+    firsts = firsts.withColumn("reordered", F.coalesce(F.col("oseq") < F.col("_prior_max"), F.lit(False)))
+    copies = copies.where(~F.col("first")).withColumn("reordered", F.lit(False)).unionByName(firsts.drop("_prior_max"))
+
+    by_origin = Window.partitionBy(*KEYS).orderBy("oseq")
+    a = F.lag("oseq").over(by_origin)
+    stepped = firsts.select(*KEYS, "oseq", "prev", "skip_from", "skip_to", "agg_seq", "agg_time", a.alias("a"))
+    gap = stepped.where(F.col("a").isNotNull() & (F.col("oseq") > F.col("a") + 1))
+    b, p, sf, st = F.col("oseq"), F.col("prev"), F.col("skip_from"), F.col("skip_to")
+    low = F.col("a") + 1
+    claimed_to = F.least(p, b - 1)  # accepted by the bridge, per copy b
+    has_skip = sf.isNotNull()
+    ranges = F.array(
+        _range(NOT_DELIVERED, F.greatest(p, F.col("a")) + 1, b - 1),
+        # with a skip: what was accepted below it, and above it, is lost; the skip itself is not
+        _range(LOST, low, F.when(has_skip, F.least(sf - 1, claimed_to)).otherwise(claimed_to)),
+        F.when(has_skip, _range(LOST, F.greatest(st + 1, low), claimed_to)),
+        F.when(has_skip, _range(SKIPPED, F.greatest(sf, low), F.least(st, b - 1))),
+    )
+    gaps = (
+        gap.select(*KEYS, F.col("agg_seq").alias("at_agg_seq"), F.col("agg_time").alias("at_time"), F.explode(ranges))
+        .where(F.col("col").isNotNull())
+        .select(*KEYS, "col.kind", "col.first", "col.last", "at_agg_seq", "at_time")
+        .withColumn("count", F.col("last") - F.col("first") + 1)
+    )
+
+    duplicates = _islands(copies.where(~F.col("first")).select(*KEYS, "oseq").distinct(), "oseq")
+    reordered = _islands(firsts.where("reordered").select(*KEYS, "oseq"), "oseq")
+    origin = compare_origin(firsts, gaps, origins, origin_last or {}) if origins is not None else None
+    return Findings(copies, gaps, duplicates, reordered, origin, foreign)
+
+
+def compare_origin(
+    firsts: DataFrame, gaps: DataFrame, origins: DataFrame, origin_last: dict[tuple[str, str], int]
+) -> DataFrame:
+    """Ranges of origin sequences by kind: ``absent`` (the origin holds it, the aggregate does not, it is within
+    the source's chain and no forward reset skipped it), ``pending`` (above the newest copy: not replicated yet),
+    ``extra`` (a copy of a sequence above the origin's last sequence: never stored there) and ``hash_mismatch``
+    (the copy's payload differs from the origin's)."""
+    span = firsts.groupBy(*KEYS).agg(F.min_by("prev", "oseq").alias("chain_start"), F.max("oseq").alias("newest"))
+    o = origins.select(
+        F.col("source"),
+        F.col("stream").alias("origin_stream"),
+        F.col("seq").alias("oseq"),
+        F.col("payload_hash").alias("origin_hash"),
+    )
+    joined = o.join(span, KEYS, "left").join(firsts.select(*KEYS, "oseq", "payload_hash"), [*KEYS, "oseq"], "left")
+    skips = gaps.where(F.col("kind") == SKIPPED).select(*KEYS, F.col("first").alias("_sf"), F.col("last").alias("_sl"))
+    missing = joined.where(F.col("payload_hash").isNull())
+    skipped_seqs = (
+        missing.join(skips, [*KEYS], "inner")
+        .where((F.col("oseq") >= F.col("_sf")) & (F.col("oseq") <= F.col("_sl")))
+        .select(*KEYS, "oseq")
+    )
+    missing = missing.join(skipped_seqs, [*KEYS, "oseq"], "left_anti")
+    absent = missing.where(
+        F.col("newest").isNotNull() & (F.col("oseq") > F.col("chain_start")) & (F.col("oseq") <= F.col("newest"))
+    )
+    pending = missing.where(F.col("newest").isNull() | (F.col("oseq") > F.col("newest")))
+    mismatch = joined.where(F.col("payload_hash").isNotNull() & (F.col("payload_hash") != F.col("origin_hash")))
+    lasts = origins.sparkSession.createDataFrame(
+        [(source, stream, last) for (source, stream), last in origin_last.items()],
+        "source string, origin_stream string, _origin_last long",
+    )
+    # a source not compared (not configured, or its origin not read) has no row here and is not judged
+    extra = firsts.join(lasts, KEYS, "inner").where(F.col("oseq") > F.col("_origin_last"))
+    parts = [
+        _islands(df.select(*KEYS, "oseq"), "oseq").withColumn("kind", F.lit(kind))
+        for kind, df in ((ABSENT, absent), (PENDING, pending), (HASH_MISMATCH, mismatch), (EXTRA, extra))
+    ]
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out

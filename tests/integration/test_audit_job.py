@@ -1,0 +1,231 @@
+"""The audit finds exactly the damage in an aggregate, and nothing in a clean one.
+
+Broken aggregates are built by publishing copies directly, with the headers the bridge itself writes
+(``bridge.core.headers.build_header_block``); a clean one by running the bridge. One SparkSession for the run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from nats.aio.client import Client
+
+from bridge.audit.job import AuditOptions, run_audit
+from bridge.audit.report import AuditReport, SourceReport
+from bridge.config import load_config
+from bridge.core import headers as hdr
+from bridge.embedded import Topology
+
+from .helpers import (
+    AGGREGATE,
+    ORIGIN,
+    BridgeFactory,
+    Publisher,
+    SourceSpec,
+    aggregate_count,
+    bridge_procs_fixture,  # noqa: F401
+    connect,
+    create_aggregate,
+    create_stream,
+    default_payload,
+    js_request,
+    read_stream,
+    wait_for_value,
+    write_config,
+)
+
+
+@dataclass(frozen=True)
+class Copy:
+    seq: int
+    prev: int
+    skipped: str | None = None
+    payload: bytes | None = None
+    dedupe: bool = True  # False: no Nats-Msg-Id, so the aggregate stores a second copy
+
+
+async def publish_copies(nc: Client, copies: list[Copy], source: str = "edge1") -> None:
+    js = nc.jetstream(timeout=5)
+    for c in copies:
+        block = hdr.build_header_block(
+            {"Test-Index": str(c.seq)},
+            source=source,
+            stream=ORIGIN,
+            stream_seq=c.seq,
+            prev_seq=c.prev,
+            subject=f"orders.{c.seq}",
+            timestamp_ns=time.time_ns() - 3_000_000,
+            skipped=c.skipped,
+        )
+        headers = hdr.parse_header_block(block)
+        if not c.dedupe:
+            del headers[hdr.MSG_ID]
+        await js.publish(f"edge.{source}.{c.seq}", c.payload or default_payload(c.seq - 1), headers=headers)
+
+
+def damaged_plan() -> list[Copy]:
+    """Origin 1..500 replicated with: 100-109 lost (the chain still names them), 200 stored twice, 300 stored
+    after 301, 400-409 skipped by a forward reset, 450-454 never delivered (the chain goes from 449 to 455)."""
+    plan: list[Copy] = []
+    for s in range(1, 501):
+        if 100 <= s <= 109 or 400 <= s <= 409 or 450 <= s <= 454 or s == 300:
+            continue
+        if s == 410:
+            plan.append(Copy(410, 409, skipped="400-409"))
+        elif s == 455:
+            plan.append(Copy(455, 449))
+        elif s == 301:
+            plan += [Copy(301, 300), Copy(300, 299)]
+        else:
+            plan.append(Copy(s, s - 1))
+        if s == 200:
+            plan.append(Copy(200, 199, dedupe=False))
+    return plan
+
+
+def config_file(tmp_path: Path, topology: Topology, **spec: Any) -> Path:
+    source = SourceSpec(name="edge1", servers=topology.leaf.url, **spec)
+    return write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[source])
+
+
+async def audit(spark: Any, config: Path, **options: Any) -> AuditReport:
+    cfg = load_config(config, environ={})
+    return await anyio.to_thread.run_sync(lambda: run_audit(cfg, AuditOptions(**options), spark=spark))
+
+
+def only(report: AuditReport, source: str = "edge1") -> SourceReport:
+    (found,) = [s for s in report.sources if s.source == source]
+    return found
+
+
+@pytest.mark.anyio
+async def test_finds_exactly_the_injected_damage(spark: Any, topology: Topology, tmp_path: Path) -> None:
+    async with connect(topology.hub.url) as nc:
+        await create_aggregate(nc)
+        await publish_copies(nc, damaged_plan())
+        await nc.jetstream().publish("edge.other", b"not a copy")
+    out = tmp_path / "report"
+    report = await audit(spark, config_file(tmp_path, topology), out=out)
+
+    s = only(report)
+    assert (s.copies, s.distinct, s.first_seq, s.last_seq, s.chain_start) == (476, 475, 1, 500, 0)
+    assert (s.lost, s.duplicates, s.reordered, s.skipped, s.not_delivered) == (10, 1, 1, 10, 5)
+    assert s.examples == {
+        "lost": [[100, 109]],
+        "duplicate": [[200, 200]],
+        "reordered": [[300, 300]],
+        "skipped": [[400, 409]],
+    }
+    assert s.problems == ["10 lost", "1 duplicated", "1 out of order"]
+    assert not report.ok and report.foreign == 1
+    assert s.latency_ms["p50"] is not None and 0 < s.latency_ms["p50"] < 60_000
+
+    written = json.loads((out / "report.json").read_text())
+    assert written["verdict"] == "damaged"
+    assert written["sources"][0]["examples"]["lost"] == [[100, 109]]
+    sources = spark.read.parquet(str(out / "sources.parquet")).collect()
+    assert [(r["source"], r["lost"], r["ok"]) for r in sources] == [("edge1", 10, False)]
+    ranges = spark.read.parquet(str(out / "ranges.parquet"))
+    got = sorted((r["kind"], r["first"], r["last"]) for r in ranges.collect())
+    assert got == [
+        ("duplicate", 200, 200),
+        ("lost", 100, 109),
+        ("not_delivered", 450, 454),
+        ("reordered", 300, 300),
+        ("skipped", 400, 409),
+    ]
+    assert (out / "audit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.anyio
+async def test_a_replicated_origin_is_clean_and_a_deleted_copy_is_found(
+    spark: Any, topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    n = 2000
+    config = config_file(tmp_path, topology, subject_prefix="edge.edge1")
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], allow_direct=True)  # Limits: the origin keeps all
+        await create_aggregate(hub_nc)
+        bridge = bridge_procs(config)
+        await bridge.wait_event("reset.done", timeout=20)
+        await Publisher(leaf_nc, n).run()
+        await wait_for_value(lambda: aggregate_count(hub_nc, "edge.>"), n, timeout=60, what="copies")
+        assert await bridge.astop(15) == 0
+
+        clean = await audit(spark, config, origin_too=True, out=None)
+        s = only(clean)
+        assert clean.ok, clean.to_json()
+        assert (s.copies, s.first_seq, s.last_seq, s.lost, s.duplicates, s.reordered) == (n, 1, n, 0, 0, 0)
+        assert s.origin == {"absent": 0, "extra": 0, "hash_mismatch": 0, "pending": 0}
+
+        # the copy of origin 777 is lost from the aggregate; 5 more messages reach the origin only
+        (copy,) = [c for c in await read_stream(hub_nc, AGGREGATE) if c.origin_seq == 777]
+        await js_request(hub_nc, f"STREAM.MSG.DELETE.{AGGREGATE}", {"seq": copy.seq})
+        await Publisher(leaf_nc, 5).run()
+
+    damaged = await audit(spark, config, origin_too=True, out=None)
+    s = only(damaged)
+    assert (s.lost, s.examples.get("lost")) == (1, [[777, 777]])
+    assert s.origin == {"absent": 1, "extra": 0, "hash_mismatch": 0, "pending": 5}
+    assert s.examples["absent"] == [[777, 777]] and s.examples["pending"] == [[n + 1, n + 5]]
+    assert s.problems == ["1 lost", "1 absent"]
+
+
+@pytest.mark.anyio
+async def test_origin_comparison_finds_changed_payloads_and_copies_of_nothing(
+    spark: Any, topology: Topology, tmp_path: Path
+) -> None:
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], allow_direct=True)
+        await Publisher(leaf_nc, 50, payload=default_payload).run()
+        await create_aggregate(hub_nc)
+        plan = [Copy(s, s - 1) for s in range(1, 51)]
+        plan[19] = Copy(20, 19, payload=b"not what the origin stored")
+        plan += [Copy(51, 50), Copy(52, 51)]  # the origin never had 51 or 52
+        await publish_copies(hub_nc, plan)
+    report = await audit(spark, config_file(tmp_path, topology), origin_too=True, out=None)
+    s = only(report)
+    assert s.origin == {"absent": 0, "extra": 2, "hash_mismatch": 1, "pending": 0}
+    assert s.examples["hash_mismatch"] == [[20, 20]] and s.examples["extra"] == [[51, 52]]
+    assert (s.lost, s.duplicates, s.reordered) == (0, 0, 0)
+    assert not report.ok
+
+
+@pytest.mark.anyio
+async def test_cli_prints_the_damage_and_exits_non_zero(topology: Topology, tmp_path: Path) -> None:
+    async with connect(topology.hub.url) as nc:
+        await create_aggregate(nc)
+        await publish_copies(nc, damaged_plan())
+    config = config_file(tmp_path, topology)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "bridge", "audit", "-c", str(config), "--out", str(out)]
+    with anyio.fail_after(240):
+        done = await anyio.run_process(cmd, check=False)
+    stdout = done.stdout.decode()
+    assert done.returncode == 1, (stdout, done.stderr.decode()[-2000:])
+    assert "edge1: lost: 100-109" in stdout
+    assert "edge1: duplicate: 200" in stdout
+    assert "edge1: reordered: 300" in stdout
+    assert "edge1: skipped: 400-409" in stdout
+    assert "verdict: DAMAGED (edge1: 10 lost, 1 duplicated, 1 out of order)" in stdout
+    assert (out / "report.json").exists()
+
+    missing = write_config(
+        tmp_path / "missing.toml",
+        target_url=topology.hub.url,
+        target_stream="NOPE",
+        sources=[SourceSpec(name="edge1", servers=topology.leaf.url)],
+    )
+    with anyio.fail_after(60):
+        done = await anyio.run_process(
+            [sys.executable, "-m", "bridge", "audit", "-c", str(missing), "--out", str(out)], check=False
+        )
+    assert done.returncode == 3
+    assert "stream 'NOPE' not found" in done.stderr.decode()
