@@ -10,7 +10,7 @@ from pathlib import Path
 
 from chaos.faults import FAULTS
 from chaos.report import format_table, write_report
-from chaos.runner import FULL_PROFILE, SMOKE_PROFILE, ScenarioSpec, full_set, run_all, smoke_set
+from chaos.runner import FULL_PROFILE, SMOKE_PROFILE, ScenarioSpec, full_set, run_all, smoke_set, workdir
 
 DEFAULT_SEED = 1
 
@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--smoke-profile", action="store_true", help="with --scenario: the smoke set's light workload")
     run.add_argument("--out", type=Path, help="report directory (default chaos-results/<time>)")
     run.add_argument("--keep", action="store_true", help="keep every scenario's servers' data and logs")
+    run.add_argument(
+        "--audit",
+        action="store_true",
+        help="afterwards, run nats-bridge audit on each aggregate and require it to agree with the checker",
+    )
     return parser
 
 
@@ -64,7 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or Path("chaos-results") / time.strftime("%Y%m%d-%H%M%S")
     print(f"chaos: {len(specs)} scenario(s), seed {args.seed}, {parallel} at a time, report in {out}", flush=True)
-    results = asyncio.run(run_all(specs, seed=args.seed, out=out, parallel=parallel, command=command, keep=args.keep))
+    keep = args.keep or args.audit  # the audit reads each aggregate's store after the scenarios
+    results = asyncio.run(run_all(specs, seed=args.seed, out=out, parallel=parallel, command=command, keep=keep))
+    if args.audit:
+        from chaos.audit import audit_results
+
+        print("chaos: auditing each aggregate with nats-bridge audit", flush=True)
+        audit_results(results, [workdir(out, r.name) for r in results], binary=None, keep=args.keep)
+        for r in results:
+            seconds = r.audit["seconds"] if r.audit else "-"
+            verdict = "agrees" if r.audit and not any(p.startswith("audit") for p in r.problems) else "DISAGREES"
+            print(f"  {r.name:<24} audit {verdict} ({seconds}s)", flush=True)
     print(format_table(results))
     path = write_report(out, results, command=label, seed=args.seed)
     print(f"report: {path}")

