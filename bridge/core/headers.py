@@ -45,6 +45,7 @@ SKIPPED = "Bridge-Skipped"
 ORIGINAL_PREFIX = "Bridge-Orig-"
 
 _RESERVED_PREFIXES = ("nats-", "bridge-")
+_WS = " \t\n\r\x0b\x0c"  # what bytes.strip() strips: the same whitespace nats-py's parser strips
 
 
 def msg_id(source: str, stream: str, stream_seq: int) -> str:
@@ -100,21 +101,23 @@ def parse_header_block(block: bytes) -> dict[str, str]:
     ``Description``; a name repeated keeps its last value; names are kept as sent and values stripped; lines
     without a colon, and names that are empty, hold whitespace or are not ASCII, are skipped.
     """
-    lines = block.split(b"\r\n")
+    # decoded once, then plain str operations: this runs for every message an audit reads
+    lines = block.decode("utf-8", "replace").split("\r\n")
     out: dict[str, str] = {}
-    status = lines[0][8:].strip()  # after "NATS/1.0"
+    status = lines[0][8:].strip(_WS)  # after "NATS/1.0"
     if status:
-        code, _, description = status.partition(b" ")
-        if code.isdigit():
-            out["Status"] = code.decode()
-        if description.strip():
-            out["Description"] = description.strip().decode("utf-8", "replace")
+        code, _, description = status.partition(" ")
+        if code.isascii() and code.isdigit():
+            out["Status"] = code
+        description = description.strip(_WS)
+        if description:
+            out["Description"] = description
     for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        name = name.strip()
-        if not sep or not name or not name.isascii() or any(c in name for c in b" \t"):
+        name, sep, value = line.partition(":")
+        name = name.strip(_WS)
+        if not sep or not name or not name.isascii() or " " in name or "\t" in name:
             continue
-        out[name.decode()] = value.strip().decode("utf-8", "replace")
+        out[name] = value.strip(_WS)
     return out
 
 
