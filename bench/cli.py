@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench import audit, report
 from bench.model import BRIDGE, BRIDGE_EDGE, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
 from bench.procs import git_revision, machine
@@ -135,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument("--record", action="store_true", help="append to RESULTS.md even with --quick")
     record.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
     run.add_argument("--keep", action="store_true", help="keep every measurement's server and bridge files")
+    audit.parser(sub)
     return parser
 
 
@@ -171,6 +172,8 @@ def _describe(r: ThroughputRun | LatencyRun) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.command == "audit":
+        return audit.run(args)
     quick: bool = args.quick
     reps: int = args.reps if args.reps is not None else (1 if quick else 3)
     sizes: tuple[int, ...] = args.sizes

@@ -54,10 +54,13 @@ def spark_session(master: str | None = None, *, local_cores: int | None = None) 
         # the executors must run this interpreter, with this environment's packages
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else Spark warns that the host name is loopback
+        log4j = Path(__file__).with_name("log4j2.properties")
         builder = (
             builder.master(f"local[{local_cores or '*'}]")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
             # the audit's shuffles group by source: few keys, so few partitions (AQE splits skew if needed)
             .config("spark.sql.shuffle.partitions", str(local_cores or os.cpu_count() or 1))
         )
@@ -280,3 +283,9 @@ def run_audit(
     findings.copies.unpersist()
     aggregate.unpersist()
     return report
+
+
+if __name__ == "__main__":  # spark-submit .../bridge/audit/job.py -c FILE [...]: the same as nats-bridge audit
+    from bridge.cli import main
+
+    sys.exit(main(["audit", *sys.argv[1:]]))
