@@ -62,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--messages", type=int, default=50_000, help="messages to publish (default 50000)")
     demo.add_argument("--size", type=int, default=512, help="payload bytes per message (default 512)")
     demo.add_argument("--keep", action="store_true", help="keep the servers' directory for inspection")
+    demo.add_argument("--audit", action="store_true", help="then audit the aggregate with Spark (the audit extra)")
     return parser
 
 
@@ -82,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from bridge.demo import run_demo
 
-            return run_demo(messages=args.messages, size=args.size, keep=args.keep)
+            return run_demo(messages=args.messages, size=args.size, keep=args.keep, audit=args.audit)
     except ConfigError as err:
         from bridge.config import format_config_error
 

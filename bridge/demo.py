@@ -63,8 +63,9 @@ subject_prefix = "{PREFIX}"
 """
 
 
-def run_demo(messages: int = 50_000, size: int = 512, keep: bool = False) -> int:
-    """Run the demo; 0 when every acked origin message is in the aggregate exactly once, in order."""
+def run_demo(messages: int = 50_000, size: int = 512, keep: bool = False, audit: bool = False) -> int:
+    """Run the demo; 0 when every acked origin message is in the aggregate exactly once, in order (and, with
+    ``audit``, when ``nats-bridge audit`` of the aggregate finds it clean)."""
     from bridge.config import load_config
 
     if messages < 1 or size < 0:
@@ -82,7 +83,10 @@ def run_demo(messages: int = 50_000, size: int = 512, keep: bool = False) -> int
         config_path.write_text(_config_text(topology))
         print(f"  bridge config {config_path}", flush=True)
         config = load_config(config_path, environ={})
-        return anyio.run(_demo, topology, config, messages, size)
+        code = anyio.run(_demo, topology, config, messages, size)
+        if audit:
+            code = max(code, _audit(config, workdir / "audit", keep))
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 1
@@ -93,6 +97,22 @@ def run_demo(messages: int = 50_000, size: int = 512, keep: bool = False) -> int
             print(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _audit(config: Any, out: Path, keep: bool) -> int:
+    """``nats-bridge audit`` of the demo's aggregate, while its servers still run."""
+    try:
+        from bridge.audit.job import AuditOptions, run_audit
+        from bridge.audit.report import render_table
+    except ImportError as exc:
+        print(f"demo --audit: {exc.name} is not installed: pip install '.[demo,audit]' (and Java 17+)", file=sys.stderr)
+        return 1
+    print("\nauditing the aggregate with nats-bridge audit (Spark, embedded) ...", flush=True)
+    report = run_audit(config, AuditOptions(out=out))
+    print(render_table(report))
+    if keep:
+        print(f"audit report in {out}")
+    return 0 if report.ok else 1
 
 
 async def _demo(topology: Topology, config: Any, messages: int, size: int) -> int:

@@ -248,7 +248,23 @@ def run_audit(
     sides: list[TargetConfig | SourceConfig] = [target, *(config.sources if options.origin_too else [])]
     for side in sides:
         asyncio.run(stream_bounds(ReadOptions.parse(side_options(side))))
+    own = spark is None
     spark = spark or spark_session(options.master)
+    try:
+        return _audit(config, options, spark, progress, started)
+    finally:
+        if own:
+            spark.stop()  # the executors and the JVM go now, not at interpreter exit
+
+
+def _audit(
+    config: BridgeConfig,
+    options: AuditOptions,
+    spark: SparkSession,
+    progress: Callable[[str], None],
+    started: float,
+) -> AuditReport:
+    target = config.target
     aggregate, agg_last = read_stream(spark, {**side_options(target), "headers": ",".join(an.PROVENANCE_HEADERS)})
     progress(f"reading aggregate {target.stream} (up to sequence {agg_last}) on {', '.join(target.servers)}")
     aggregate = aggregate.cache()

@@ -229,3 +229,17 @@ async def test_cli_prints_the_damage_and_exits_non_zero(topology: Topology, tmp_
         )
     assert done.returncode == 3
     assert "stream 'NOPE' not found" in done.stderr.decode()
+
+
+@pytest.mark.anyio
+async def test_the_demo_replicates_and_its_audit_is_clean() -> None:
+    cmd = [sys.executable, "-m", "bridge", "demo", "--messages", "3000", "--size", "128", "--audit"]
+    with anyio.fail_after(300):
+        done = await anyio.run_process(cmd, check=False)
+    stdout = done.stdout.decode()
+    assert done.returncode == 0, (stdout[-3000:], done.stderr.decode()[-3000:])
+    assert "verdict           OK" in stdout
+    (row,) = [line.split() for line in stdout.splitlines() if line.startswith("leaf1 ")]
+    # source, origin, copies, origin seqs, lost, dup, order, skipped, gone (then the latencies)
+    assert row[:9] == ["leaf1", "ORDERS", "3000", "1..3000", "0", "0", "0", "0", "0"]
+    assert "verdict: CLEAN" in stdout
