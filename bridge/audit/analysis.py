@@ -14,9 +14,9 @@ first copy after a forward reset, the range that reset skipped (``Bridge-Skipped
   what ``Bridge-Skipped`` names (**skipped** on purpose by a forward reset).
 * **latency**: aggregate store time minus origin store time, per first copy.
 
-Sequences before a source's first copy are not judged: the bridge may have started on a consumer whose ack floor
-was already there (``chain_start`` reports the first copy's ``Bridge-Prev``). Ranges are kept as ranges; nothing
-here builds a list of sequences.
+Sequences before a source's first copy are judged as a gap from 0 when its chain starts at 0; otherwise the bridge
+began on a consumer whose ack floor was already higher and they are not judged (``chain_start`` says where).
+Ranges are kept as ranges; nothing here builds a list of sequences.
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ def provenance(aggregate: DataFrame) -> DataFrame:
     )
 
 
+def chain_start() -> Column:
+    """Aggregate: where a source's chain begins, the origin sequence before its lowest copy (the first copy's
+    ``Bridge-Prev``, or the start of the range a forward reset skipped just before it)."""
+    return F.min_by(F.coalesce(F.col("skip_from") - 1, F.col("prev")), F.col("oseq"))
+
+
 def _range(kind: str, first: Column, last: Column) -> Column:
     return F.when(first <= last, F.struct(F.lit(kind).alias("kind"), first.alias("first"), last.alias("last")))
 
@@ -108,7 +114,11 @@ def analyse(
     copies = copies.where(~F.col("first")).withColumn("reordered", F.lit(False)).unionByName(firsts.drop("_prior_max"))
 
     by_origin = Window.partitionBy(*KEYS).orderBy("oseq")
-    a = F.lag("oseq").over(by_origin)
+    # the source's first copy is judged from origin sequence 0 when its chain starts there (a fresh consumer; a
+    # forward reset before the first copy still counts as a start at 0); else the bridge began on a consumer
+    # whose ack floor was already higher, and what lies below is not the audit's to judge
+    head = F.when(F.coalesce(F.col("skip_from") - 1, F.col("prev")) == 0, F.lit(0))
+    a = F.coalesce(F.lag("oseq").over(by_origin), head)
     stepped = firsts.select(*KEYS, "oseq", "prev", "skip_from", "skip_to", "agg_seq", "agg_time", a.alias("a"))
     gap = stepped.where(F.col("a").isNotNull() & (F.col("oseq") > F.col("a") + 1))
     b, p, sf, st = F.col("oseq"), F.col("prev"), F.col("skip_from"), F.col("skip_to")
@@ -142,7 +152,7 @@ def compare_origin(
     the source's chain and no forward reset skipped it), ``pending`` (above the newest copy: not replicated yet),
     ``extra`` (a copy of a sequence above the origin's last sequence: never stored there) and ``hash_mismatch``
     (the copy's payload differs from the origin's)."""
-    span = firsts.groupBy(*KEYS).agg(F.min_by("prev", "oseq").alias("chain_start"), F.max("oseq").alias("newest"))
+    span = firsts.groupBy(*KEYS).agg(chain_start().alias("chain_start"), F.max("oseq").alias("newest"))
     o = origins.select(
         F.col("source"),
         F.col("stream").alias("origin_stream"),

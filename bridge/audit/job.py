@@ -104,7 +104,7 @@ def _summaries(findings: an.Findings) -> dict[tuple[str, str], dict[str, Any]]:
             F.min("oseq").alias("first_seq"),
             F.max("oseq").alias("last_seq"),
             F.sum(F.col("reordered").cast("long")).alias("reordered"),
-            F.min_by("prev", "oseq").alias("chain_start"),
+            an.chain_start().alias("chain_start"),
             F.percentile_approx(F.when(first, _latency_ms()), [0.5, 0.9, 0.99], 10_000).alias("latency"),
             F.max(F.when(first, _latency_ms())).alias("latency_max"),
             F.min("agg_time").alias("first_time"),
@@ -193,7 +193,7 @@ def _reports(
                 first_seq=s.get("first_seq"),
                 last_seq=s.get("last_seq"),
                 chain_start=s.get("chain_start"),
-                duplicates=t.get("duplicate", 0),
+                duplicates=int(s.get("copies", 0)) - int(s.get("distinct", 0)),  # extra copies, like the checker
                 reordered=t.get("reordered", 0),
                 lost=t.get(an.LOST, 0),
                 skipped=t.get(an.SKIPPED, 0),

@@ -145,6 +145,30 @@ async def test_finds_exactly_the_injected_damage(spark: Any, topology: Topology,
 
 
 @pytest.mark.anyio
+async def test_where_each_chain_starts_decides_what_is_judged(spark: Any, topology: Topology, tmp_path: Path) -> None:
+    async with connect(topology.hub.url) as nc:
+        await create_aggregate(nc)
+        # fresh: the origin had dropped 1..4 before the bridge's consumer existed
+        await publish_copies(nc, [Copy(5, 0), Copy(6, 5)], source="fresh")
+        # late: the bridge began on a consumer whose ack floor was 10; below it is not the audit's to judge
+        await publish_copies(nc, [Copy(11, 10), Copy(12, 11)], source="late")
+        # skipped: a forward reset to 11 before the first copy; and 12 stored three times
+        await publish_copies(
+            nc,
+            [Copy(11, 10, skipped="1-10"), Copy(12, 11), Copy(12, 11, dedupe=False), Copy(12, 11, dedupe=False)],
+            source="skipped",
+        )
+    report = await audit(spark, config_file(tmp_path, topology), out=None)
+    fresh, late, skipped = only(report, "fresh"), only(report, "late"), only(report, "skipped")
+    assert (fresh.chain_start, fresh.not_delivered, fresh.lost, fresh.ok) == (0, 4, 0, True)
+    assert (late.chain_start, late.not_delivered, late.lost, late.ok) == (10, 0, 0, True)
+    assert (skipped.chain_start, skipped.skipped, skipped.lost) == (0, 10, 0)
+    assert skipped.examples["skipped"] == [[1, 10]]
+    assert (skipped.duplicates, skipped.examples["duplicate"]) == (2, [[12, 12]]), "extra copies, like the checker"
+    assert not fresh.configured and only(report, "edge1").copies == 0
+
+
+@pytest.mark.anyio
 async def test_a_replicated_origin_is_clean_and_a_deleted_copy_is_found(
     spark: Any, topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:
