@@ -75,7 +75,7 @@ def _best(reps: int, run: Any) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Run the measurement; returns the exit code."""
-    from bridge.audit.job import AuditOptions, read_stream, run_audit, spark_session
+    from bridge.audit.job import AuditOptions, read_stream, run_audit, spark_session, stop_spark
     from bridge.config import BridgeConfig, SourceConfig, TargetConfig
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-audit-"))
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         results["audit_seconds"] = round(seconds, 1)
         results["audit_clean"] = all(verdicts)
         print(f"  nats-bridge audit of {args.messages:,} copies: {seconds:.1f} s, verdict clean: {all(verdicts)}")
-        spark.stop()
+        stop_spark(spark)
         print(json.dumps(results))
         if args.out is not None:
             args.out.write_text(json.dumps(results, indent=2) + "\n")

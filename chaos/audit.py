@@ -52,7 +52,7 @@ def audit_results(results: list[ScenarioResult], workdirs: list[Path], *, binary
     """Audit each scenario's aggregate (its hub restarted on the store it left) and record the comparison in
     ``result.audit`` and, on disagreement, ``result.problems``. Removes a passing scenario's directory unless
     ``keep``."""
-    from bridge.audit.job import AuditOptions, run_audit, spark_session
+    from bridge.audit.job import AuditOptions, run_audit, spark_session, stop_spark
     from bridge.config import BridgeConfig, SourceConfig, TargetConfig
 
     spark = spark_session()
@@ -83,4 +83,4 @@ def audit_results(results: list[ScenarioResult], workdirs: list[Path], *, binary
             if result.ok and not keep:
                 shutil.rmtree(workdir, ignore_errors=True)
     finally:
-        spark.stop()
+        stop_spark(spark)

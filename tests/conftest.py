@@ -93,10 +93,14 @@ def spark() -> Iterator[Any]:
     ``audit`` extra is not installed.
     """
     pytest.importorskip("pyspark", reason="the audit extra is not installed: pip install -e '.[test,audit]'")
-    from bridge.audit.job import spark_session
+    from pyspark import SparkContext
+
+    from bridge.audit.job import spark_session, stop_spark
 
     session = spark_session(local_cores=2)
+    jvm = SparkContext._gateway.proc  # type: ignore[union-attr]
     try:
         yield session
     finally:
-        session.stop()
+        stop_spark(session)
+        assert jvm.poll() is not None, f"the Spark JVM (pid {jvm.pid}) outlived the test session"

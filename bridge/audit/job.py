@@ -12,6 +12,7 @@ import asyncio
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,6 +78,27 @@ def spark_session(master: str | None = None, *, local_cores: int | None = None) 
     if not local:
         _ship_package(spark)
     return spark
+
+
+def stop_spark(spark: SparkSession, timeout: float = 20.0) -> None:
+    """Stop ``spark`` and the JVM pyspark launched for it, by its PID (its Python workers exit with it), so no
+    process outlives the audit that started it. A session whose JVM pyspark did not launch is only stopped."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    spark.stop()
+    if gateway is None or proc is None:
+        return
+    gateway.shutdown()
+    SparkContext._gateway = None  # the next session launches a JVM of its own
+    SparkContext._jvm = None
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
 
 
 def read_stream(spark: SparkSession, options: dict[str, str]) -> tuple[DataFrame, int]:
@@ -254,7 +276,7 @@ def run_audit(
         return _audit(config, options, spark, progress, started)
     finally:
         if own:
-            spark.stop()  # the executors and the JVM go now, not at interpreter exit
+            stop_spark(spark)  # the executors and the JVM go now, not at interpreter exit
 
 
 def _audit(
