@@ -19,7 +19,8 @@ Direct Get, default 8 MiB), ``timeout`` (seconds per Direct Get, default 10).
 Planning reads the stream's info once: the stream must exist and allow direct access. The sequences from its
 first to its last *at planning time* are split into contiguous ranges, one partition each; a partition reads its
 range with batched Direct Get (``../shared/seeds/adr-jetstream-direct-get.txt``) over its own connection, so
-messages stored after planning are not read and every row is read once.
+messages stored after planning are not read and every row is read once. A query's comparisons of ``seq`` with a
+constant are pushed down (Spark 4.1+): ``where seq > 5000000`` reads only those sequences.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Iterator, MutableMapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -140,11 +141,35 @@ class JetStreamReader(DataSourceReader):
 
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
+        self.lowest = 1  # bounds on seq pushed down by the query (pushFilters)
+        self.highest: int | None = None
+
+    def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
+        """Take comparisons of ``seq`` with an integer (``where seq >= 1000000``): they narrow the range read, so
+        only those sequences are fetched. Everything else is left to Spark. (Spark 4.1+, with
+        ``spark.sql.python.filterPushdown.enabled``, which :func:`bridge.audit.job.spark_session` sets.)"""
+        for f in filters:
+            value = getattr(f, "value", None)
+            if getattr(f, "attribute", None) != ("seq",) or not isinstance(value, int) or isinstance(value, bool):
+                yield f
+                continue
+            kind = type(f).__name__
+            low = {"GreaterThan": value + 1, "GreaterThanOrEqual": value, "EqualTo": value}.get(kind)
+            high = {"LessThan": value - 1, "LessThanOrEqual": value, "EqualTo": value}.get(kind)
+            if low is None and high is None:
+                yield f
+                continue
+            if low is not None:
+                self.lowest = max(self.lowest, low)
+            if high is not None:
+                self.highest = high if self.highest is None else min(self.highest, high)
 
     def partitions(self) -> list[SeqRange]:
-        """Contiguous sequence ranges covering the stream as it is now."""
+        """Contiguous sequence ranges covering the stream as it is now (within any pushed-down ``seq`` bounds)."""
         first, last, messages = asyncio.run(stream_bounds(self.opts))
-        return plan_ranges(first, last, messages, self.opts)
+        first = max(first, self.lowest)
+        last = last if self.highest is None else min(last, self.highest)
+        return plan_ranges(first, last, min(messages, last - first + 1), self.opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The rows of one range (a :class:`SeqRange`), one Arrow record batch per Direct Get batch."""

@@ -71,6 +71,7 @@ def spark_session(master: str | None = None, *, local_cores: int | None = None) 
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.python.filterPushdown.enabled", "true")  # seq bounds reach the jetstream source
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -103,6 +103,22 @@ async def test_partitions_are_contiguous_ranges_read_in_parallel(spark: Any, top
 
 
 @pytest.mark.anyio
+async def test_seq_bounds_in_the_query_narrow_what_is_read(spark: Any, topology: Topology) -> None:
+    from pyspark.sql import functions as F
+
+    async with connect(topology.hub.url) as nc:
+        await fill(nc)
+    df, _ = await read(spark, {"servers": topology.hub.url, "stream": "DS", "partitions": "4"})
+    narrowed = df.where("seq >= 1000 and seq < 1100 and subject != 'x'")
+    per = narrowed.groupBy(F.spark_partition_id().alias("p")).agg(F.min("seq"), F.max("seq"), F.count(F.lit(1)))
+    parts = sorted(tuple(r)[1:] for r in await anyio.to_thread.run_sync(per.collect))
+    # pushed down, the 4 partitions split 1000..1099; read whole, all of it would sit in the third of 1..1500
+    assert parts == [(1000, 1024, 25), (1025, 1049, 25), (1050, 1074, 25), (1075, 1099, 25)]
+    one = await anyio.to_thread.run_sync(df.where("seq = 7").collect)
+    assert [r["seq"] for r in one] == [7]
+
+
+@pytest.mark.anyio
 async def test_filters_payloads_and_header_selection(spark: Any, topology: Topology) -> None:
     async with connect(topology.hub.url) as nc:
         publisher = await fill(nc)
