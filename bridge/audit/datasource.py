@@ -20,7 +20,7 @@ Planning reads the stream's info once: the stream must exist and allow direct ac
 first to its last *at planning time* are split into contiguous ranges, one partition each; a partition reads its
 range with batched Direct Get (``../shared/seeds/adr-jetstream-direct-get.txt``) over its own connection, so
 messages stored after planning are not read and every row is read once. A query's comparisons of ``seq`` with a
-constant are pushed down (Spark 4.1+): ``where seq > 5000000`` reads only those sequences.
+constant are pushed down: ``where seq > 5000000`` reads only those sequences.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class JetStreamReader(DataSourceReader):
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         """Take comparisons of ``seq`` with an integer (``where seq >= 1000000``): they narrow the range read, so
-        only those sequences are fetched. Everything else is left to Spark. (Spark 4.1+, with
+        only those sequences are fetched. Everything else is left to Spark. (with
         ``spark.sql.python.filterPushdown.enabled``, which :func:`bridge.audit.job.spark_session` sets.)"""
         for f in filters:
             value = getattr(f, "value", None)
