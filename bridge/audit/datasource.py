@@ -146,8 +146,8 @@ class JetStreamReader(DataSourceReader):
 
     def pushFilters(self, filters: list[Any]) -> Iterator[Any]:
         """Take comparisons of ``seq`` with an integer (``where seq >= 1000000``): they narrow the range read, so
-        only those sequences are fetched. Everything else is left to Spark. (with
-        ``spark.sql.python.filterPushdown.enabled``, which :func:`bridge.audit.job.spark_session` sets.)"""
+        only those sequences are fetched. Everything else is left to Spark. Spark calls this only with
+        ``spark.sql.python.filterPushdown.enabled``, which :func:`bridge.audit.job.spark_session` sets."""
         for f in filters:
             value = getattr(f, "value", None)
             if getattr(f, "attribute", None) != ("seq",) or not isinstance(value, int) or isinstance(value, bool):
