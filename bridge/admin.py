@@ -199,4 +199,9 @@ def confirm_on_terminal(description: str) -> bool:
     if not sys.stdin.isatty():
         print("stdin is not a terminal: pass --yes to confirm", file=sys.stderr)
         return False
-    return input("proceed? [y/N] ").strip().lower() in ("y", "yes")
+    try:
+        answer = input("proceed? [y/N] ")
+    except EOFError:  # Ctrl-D at the prompt: no answer is a no, not a traceback
+        print()
+        return False
+    return answer.strip().lower() in ("y", "yes")

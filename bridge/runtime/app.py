@@ -269,7 +269,7 @@ class Bridge:
             if not src.consumer_bound:
                 reasons.append("consumer not bound yet")
             if src.stalled:
-                reasons.append(f"no progress for {src.seconds_since_progress:.0f}s with messages waiting")
+                reasons.append(f"stalled: no progress for {src.seconds_since_progress:.0f}s with messages waiting")
             ready = ready and not reasons
             sources[src.source] = {"ready": not reasons, "reasons": reasons, **src.to_json()}
         body = {

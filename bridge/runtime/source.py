@@ -132,6 +132,7 @@ class SourceRunner:
         self._fc_arrivals: dict[str, float] = {}
         self._progress_mark = -1
         self._progress_at = clock()
+        self._stalled = False
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -431,7 +432,9 @@ class SourceRunner:
             fc_answers=engine.stats.fc_answers,
             resets=dict(engine.resets),
             blocked_reason=blocked.reason if blocked is not None else "",
-            stalled=since >= self.stalled_after,
+            # the ticker decides (and logs) while the source runs; a source that never got that far, still
+            # failing to connect or bind, counts as stalled once it has been so for as long
+            stalled=self._stalled or since >= self.stalled_after,
             seconds_since_progress=since,
             last_replicated_origin_time=(
                 self._last_replicated_origin_ns / 1e9 if self._last_replicated_origin_ns is not None else None
@@ -444,9 +447,33 @@ class SourceRunner:
         # source (nothing pending, nothing in the pipeline) is never stalled
         pipeline = self.engine.pipeline
         idle = self._origin_pending == 0 and pipeline.empty and pipeline.blocked is None
+        last_progress = self._progress_at
         if idle or self.engine.watermark != self._progress_mark:
             self._progress_mark = self.engine.watermark
             self._progress_at = now
+        # decided here only, so the metric, /readyz and the log can never disagree; logged on the transitions
+        stalled = now - self._progress_at >= self.stalled_after
+        if stalled == self._stalled:
+            return
+        self._stalled = stalled
+        if stalled:
+            blocked = pipeline.blocked
+            self.log.warning(
+                "source.stalled",
+                watermark=self.engine.watermark,
+                seconds_without_progress=round(now - self._progress_at, 1),
+                stalled_after=self.stalled_after,
+                origin_pending=self._origin_pending,
+                backlog=pipeline.backlog,
+                blocked=blocked.reason if blocked is not None else None,
+            )
+        else:
+            self.log.info(
+                "source.recovered",
+                watermark=self.engine.watermark,
+                seconds_without_progress=round(now - last_progress, 1),
+                idle=idle,
+            )
 
     def target_reconnected(self) -> None:
         """Called by the bridge when the shared target connection is back."""

@@ -3,6 +3,7 @@
 * :func:`write_config` writes a bridge TOML for a topology (one or more :class:`SourceSpec`).
 * :class:`BridgeProcess` runs ``python -m bridge run -c FILE`` as a child process with its log in ``tmp_path``;
   the ``bridge_procs`` fixture starts them and SIGKILLs and reaps (by PID) every one still running at teardown.
+* :func:`http_port`, :func:`http_get`, :func:`metric`, :func:`readyz` read a running bridge's HTTP listener.
 * :func:`running_bridge` runs :class:`bridge.runtime.app.Bridge` in-process, for tests that patch or inspect it.
 * :func:`read_stream` / :func:`origin_seqs_by_source` read the aggregate back with batched Direct Get (not the
   bridge's own reader: the code under test does not judge itself).
@@ -24,6 +25,8 @@ import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +37,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.processes import REPO_ROOT, child_env
 from chaos.processes import BridgeProcess as ProcessBase
@@ -206,13 +210,15 @@ def config_text(
     target_stream: str = AGGREGATE,
     engine: Mapping[str, Any] | None = None,
     target_extra: Mapping[str, Any] | None = None,
+    http_extra: Mapping[str, Any] | None = None,
     log_level: str = "info",
 ) -> str:
     """The TOML text of a bridge configuration (JSON logs, test engine timings unless overridden)."""
     lines = ["# written by tests/integration/helpers.py", ""]
     lines += _table("[log]", {"level": log_level, "format": "json"})
     lines += ["", *_table("[engine]", {**TEST_ENGINE, **(engine or {})})]
-    lines += ["", *_table("[http]", {"listen": "127.0.0.1:0"})]  # tests run side by side: any free port
+    # tests run side by side: any free port
+    lines += ["", *_table("[http]", {"listen": "127.0.0.1:0", **(http_extra or {})})]
     target: dict[str, Any] = {"servers": [target_url], "stream": target_stream, **(target_extra or {})}
     lines += ["", *_table("[target]", target)]
     for spec in sources:
@@ -278,6 +284,45 @@ class BridgeProcess(ProcessBase):
 
 
 BridgeFactory = Callable[..., BridgeProcess]  # (config_path, env=None) -> a started BridgeProcess
+
+
+# --- the daemon's HTTP listener -----------------------------------------------------------------------------
+
+
+def _http_get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return int(reply.status), bytes(reply.read())
+    except urllib.error.HTTPError as err:
+        return int(err.code), bytes(err.read())
+
+
+async def http_get(port: int, path: str) -> tuple[int, bytes]:
+    """GET ``path`` from the bridge's listener on 127.0.0.1: (status, body), 5 s at most."""
+    return await anyio.to_thread.run_sync(_http_get, port, path)
+
+
+async def http_port(bridge: BridgeProcess) -> int:
+    """The port the bridge's HTTP listener bound (it logs ``http.listening``)."""
+    await bridge.wait_event("http.listening", timeout=20)
+    (event,) = [e for e in bridge.events() if e.get("event") == "http.listening"][-1:]
+    return int(event["port"])
+
+
+async def metric(port: int, name: str, **labels: str) -> float | None:
+    """One sample of ``/metrics`` (None when absent)."""
+    _, body = await http_get(port, "/metrics")
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return None
+
+
+async def readyz(port: int) -> tuple[int, dict[str, Any]]:
+    """``/readyz``: its status and JSON body."""
+    status, body = await http_get(port, "/readyz")
+    return status, json.loads(body)
 
 
 @pytest.fixture(name="bridge_procs")

@@ -3,27 +3,34 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
-from bridge.embedded import Topology
+from bridge.embedded import Topology, free_ports
 
 from .helpers import (
+    AGGREGATE,
     ORIGIN,
     BridgeFactory,
     Publisher,
     SourceSpec,
     ack_floor,
     aggregate_count,
+    assert_exact,
     bridge_procs_fixture,  # noqa: F401
     connect,
     consumer_info,
     create_aggregate,
     create_stream,
+    origin_seqs_by_source,
+    readyz,
     run_cli,
     wait_for_value,
+    wait_until,
     write_config,
 )
 
@@ -70,3 +77,77 @@ async def test_status_reads_servers_with_the_daemon_down_and_reset_asks_first(
 
         unknown = await anyio.to_thread.run_sync(lambda: run_cli("reset", "-c", str(config), "nope", "--yes"))
         assert unknown.returncode == 1 and "no source named 'nope'" in unknown.stderr
+
+
+@pytest.mark.anyio
+async def test_status_adds_the_running_daemons_view_and_reset_without_seq_goes_to_the_ack_floor(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")
+    # status finds the daemon through the configured listen address, so it must be a fixed port
+    (port,) = free_ports(1)
+    config = write_config(
+        tmp_path / "bridge.toml",
+        target_url=topology.hub.url,
+        sources=[spec],
+        http_extra={"listen": f"127.0.0.1:{port}"},
+    )
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(hub_nc)
+        bridge = bridge_procs(config)
+        await bridge.wait_event("bridge.ready", timeout=30)
+        first = Publisher(leaf_nc, 200)
+        await first.run()
+        await wait_for_value(lambda: aggregate_count(hub_nc, "edge.one.>"), 200, timeout=30, what="copies")
+
+        done = await anyio.to_thread.run_sync(lambda: run_cli("status", "-c", str(config), "--json"))
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        assert status["daemon"] == f"http://127.0.0.1:{port}/readyz"
+        (source,) = status["sources"]
+        assert source["stored_watermark"] == first.seqs[-1] and source["lag"] == 0
+        assert source["daemon"] == {
+            "ready": True,
+            "reasons": [],
+            "phase": "running",
+            "last_error": None,
+            "stalled": False,
+        }
+
+        # the running daemon adopts an operator's reset to the ack floor: nothing skipped, nothing doubled
+        reset = await anyio.to_thread.run_sync(lambda: run_cli("reset", "-c", str(config), "edge1", "--yes"))
+        assert reset.returncode == 0, reset.stderr
+        # the daemon may ack (answer flow control) at any moment: the floor to expect is the one the CLI read
+        found = re.search(r"ack floor (\d+), delivered", reset.stdout)
+        assert found is not None, reset.stdout
+        floor = int(found.group(1))
+        assert f"reset to the ack floor: delivery restarts at {floor + 1}; nothing is skipped" in reset.stdout
+        assert f"next delivery at {floor + 1}" in reset.stdout
+        second = Publisher(leaf_nc, 100)
+        await second.run()
+        expected = first.seqs + second.seqs
+        await wait_for_value(lambda: aggregate_count(hub_nc, "edge.one.>"), len(expected), timeout=30, what="copies")
+        assert_exact((await origin_seqs_by_source(hub_nc, AGGREGATE))["edge1"], expected, "aggregate")
+
+        # with the origin down, status still answers: the servers' side fails, the daemon says why it is unready
+        await anyio.to_thread.run_sync(topology.leaf.stop)
+
+        async def daemon_knows() -> dict[str, Any] | None:
+            ready, body = await readyz(port)
+            live = body["sources"]["edge1"]
+            return live if ready == 503 and live["last_error"] and not live["origin_connected"] else None
+
+        await wait_until(daemon_knows, timeout=30, what="the daemon's /readyz naming the lost origin")
+        down = await anyio.to_thread.run_sync(lambda: run_cli("status", "-c", str(config), "--json"))
+        assert down.returncode == 1, down.stdout
+        (source,) = json.loads(down.stdout)["sources"]
+        assert "error" in source
+        assert source["daemon"]["ready"] is False and "origin not connected" in source["daemon"]["reasons"]
+        assert source["daemon"]["last_error"].startswith("origin: "), source
+        table = await anyio.to_thread.run_sync(lambda: run_cli("status", "-c", str(config)))
+        assert table.returncode == 1
+        assert "edge1: not ready: origin not connected" in table.stdout
+        assert "edge1: last error in the daemon: origin: " in table.stdout
+        await anyio.to_thread.run_sync(topology.leaf.start)
+        assert await bridge.astop(15) == 0

@@ -2,18 +2,24 @@
 
 Invalid configuration: exit 2, a header line and one line per problem naming the key on stderr, no traceback,
 for ``run`` and ``check`` alike. ``check`` against real servers: exit 0 with an OK line per source, exit 1 when the
-aggregate stream is missing.
+aggregate stream is missing. ``demo``: where metrics and health can be seen, printed while it runs.
 """
 
 from __future__ import annotations
 
+import re
+import sys
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
+from anyio.streams.text import TextReceiveStream
 
 from bridge.embedded import Topology
+from chaos.processes import REPO_ROOT, child_env
 
 from .helpers import (
     AGGREGATE,
@@ -23,6 +29,7 @@ from .helpers import (
     consumer_exists,
     create_aggregate,
     create_stream,
+    http_get,
     run_cli,
     write_config,
 )
@@ -172,3 +179,53 @@ async def test_check_against_running_topology(topology: Topology, tmp_path: Path
         # a managed consumer is created by check, ready for run
         assert await consumer_exists(leaf_nc, ORIGIN, specs[0].consumer_name)
         assert await consumer_exists(leaf_nc, "ORDERS_B", specs[1].consumer_name)
+
+
+DEMO_URLS = re.compile(
+    r"metrics (?P<base>http://127\.0\.0\.1:(?P<port>\d+))/metrics +health (?P=base)/healthz +readiness (?P=base)/readyz"
+)
+
+
+async def _lines(stream: anyio.abc.ByteReceiveStream) -> AsyncIterator[str]:
+    pending = ""
+    async for text in TextReceiveStream(stream):
+        pending += text
+        *complete, pending = pending.split("\n")
+        for line in complete:
+            yield line
+    if pending:
+        yield pending
+
+
+@pytest.mark.anyio
+async def test_the_demo_prints_where_metrics_and_health_are_while_it_runs() -> None:
+    cmd = [sys.executable, "-m", "bridge", "demo", "--messages", "5000"]
+    stdout: list[str] = []
+    stderr: list[str] = []
+    live: dict[str, tuple[int, bytes]] = {}
+
+    async def collect(stream: anyio.abc.ByteReceiveStream, into: list[str]) -> None:
+        async for line in _lines(stream):
+            into.append(line)
+
+    with anyio.fail_after(120):
+        async with await anyio.open_process(cmd, cwd=REPO_ROOT, env=child_env()) as demo:
+            assert demo.stdout is not None and demo.stderr is not None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(collect, demo.stderr, stderr)
+                async for line in _lines(demo.stdout):
+                    stdout.append(line)
+                    found = DEMO_URLS.search(line)
+                    if found and not live:
+                        # the demo checks for completion 0.5 s after printing these at the soonest
+                        port = int(found["port"])
+                        live = {path: await http_get(port, path) for path in ("/healthz", "/metrics")}
+            code = await demo.wait()
+    text = "\n".join(stdout)
+    assert code == 0, (text[-3000:], "\n".join(stderr)[-3000:])
+    assert live, f"no metrics/health URLs printed:\n{text}"
+    assert live["/healthz"] == (200, b'{"status": "ok"}\n')
+    assert live["/metrics"][0] == 200 and b"nats_bridge_build_info" in live["/metrics"][1]
+    urls_at = next(i for i, line in enumerate(stdout) if DEMO_URLS.search(line))
+    assert urls_at < next(i for i, line in enumerate(stdout) if line.startswith("verdict")), text
+    assert "verdict           OK" in text

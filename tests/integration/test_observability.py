@@ -6,18 +6,14 @@ The bridge runs as a child process (``python -m bridge run``) with its HTTP list
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.embedded import Topology
 
@@ -25,50 +21,25 @@ from .helpers import (
     AGGREGATE,
     ORIGIN,
     BridgeFactory,
-    BridgeProcess,
     Publisher,
     SourceSpec,
     assert_exact,
+    assert_holds,
     bridge_procs_fixture,  # noqa: F401
     connect,
     create_aggregate,
     create_stream,
+    http_get,
+    http_port,
+    js_request,
+    metric,
     origin_seqs_by_source,
+    readyz,
+    stream_info,
+    wait_for_value,
     wait_until,
     write_config,
 )
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return int(reply.status), bytes(reply.read())
-    except urllib.error.HTTPError as err:
-        return int(err.code), bytes(err.read())
-
-
-async def get(port: int, path: str) -> tuple[int, bytes]:
-    return await anyio.to_thread.run_sync(_get, port, path)
-
-
-async def http_port(bridge: BridgeProcess) -> int:
-    await bridge.wait_event("http.listening", timeout=20)
-    (event,) = [e for e in bridge.events() if e.get("event") == "http.listening"][-1:]
-    return int(event["port"])
-
-
-async def metric(port: int, name: str, **labels: str) -> float | None:
-    _, body = await get(port, "/metrics")
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return None
-
-
-async def readyz(port: int) -> tuple[int, dict[str, Any]]:
-    status, body = await get(port, "/readyz")
-    return status, json.loads(body)
 
 
 @pytest.mark.anyio
@@ -82,7 +53,7 @@ async def test_metrics_health_and_readiness_follow_the_origin(
         await create_aggregate(hub_nc)
         bridge = bridge_procs(config)
         port = await http_port(bridge)
-        assert (await get(port, "/healthz"))[0] == 200
+        assert (await http_get(port, "/healthz"))[0] == 200
         await wait_until(lambda: _ready(port), timeout=30, what="/readyz 200")
         publisher = Publisher(leaf_nc, 500)
         await publisher.run()
@@ -111,7 +82,7 @@ async def test_metrics_health_and_readiness_follow_the_origin(
         body = await wait_until(not_ready, timeout=30, what="/readyz 503 with the origin down")
         assert "origin not connected" in body["sources"]["edge1"]["reasons"]
         assert await metric(port, "nats_bridge_origin_connected", source="edge1") == 0
-        assert (await get(port, "/healthz"))[0] == 200  # alive, just not ready
+        assert (await http_get(port, "/healthz"))[0] == 200  # alive, just not ready
         await anyio.to_thread.run_sync(topology.leaf.start)
         await wait_until(lambda: _ready(port), timeout=60, what="/readyz 200 again")
         assert await bridge.astop(15) == 0
@@ -186,6 +157,9 @@ async def test_sighup_adds_removes_and_rejects_without_touching_unchanged_source
             path.write_text(path.read_text() + "\n[[sources]]\nname = 'bad name!'\n")
             bridge.signal(signal.SIGHUP)
             await bridge.wait_event("reload.rejected", timeout=30)
+            (rejected,) = [e for e in bridge.events() if e.get("event") == "reload.rejected"]
+            # the operator is told which key is wrong and why, not just that the file is bad
+            assert any(p.startswith("sources[2].name:") and "'bad name!'" in p for p in rejected["problems"]), rejected
             write_config(path, target_url=topology.hub.url, sources=[a])  # b removed
             bridge.signal(signal.SIGHUP)
             await bridge.wait_event("reload.applied", timeout=30, after=1)
@@ -201,4 +175,69 @@ async def test_sighup_adds_removes_and_rejects_without_touching_unchanged_source
         assert bridge.count("consumer.bound", source="a") == 1, "the unchanged source was restarted"
         assert bridge.count("source.stopped", source="b") == 1
         assert bridge.is_running
+        assert await bridge.astop(15) == 0
+
+
+STALLED_AFTER = 2.0
+CAPACITY = 100  # copies the aggregate takes before its DiscardNew limit refuses the rest
+
+
+@pytest.mark.anyio
+async def test_a_stalled_source_is_reported_once_and_its_recovery_too(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")
+    config = write_config(
+        tmp_path / "bridge.toml",
+        target_url=topology.hub.url,
+        sources=[spec],
+        http_extra={"stalled_after": STALLED_AFTER},
+    )
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(hub_nc, max_msgs=CAPACITY, discard="new")
+        bridge = bridge_procs(config)
+        port = await http_port(bridge)
+        await wait_until(lambda: _ready(port), timeout=30, what="/readyz 200")
+        publisher = Publisher(leaf_nc, 3 * CAPACITY)
+        await publisher.run()
+
+        async def stalled() -> float | None:
+            return await metric(port, "nats_bridge_source_stalled", source="edge1")
+
+        await wait_for_value(stalled, 1.0, timeout=30, what="nats_bridge_source_stalled")
+        status, body = await readyz(port)
+        assert status == 503 and not body["ready"], body
+        source = body["sources"]["edge1"]
+        assert source["stalled"] is True and source["watermark"] == publisher.seqs[CAPACITY - 1], source
+        assert any(r.startswith("stalled: no progress for") for r in source["reasons"]), source
+        assert (await http_get(port, "/healthz"))[0] == 200  # stalled is unready, never unhealthy
+        await bridge.wait_event("source.stalled", timeout=5, source="edge1")
+        (event,) = [e for e in bridge.events() if e.get("event") == "source.stalled"]
+        assert event["watermark"] == publisher.seqs[CAPACITY - 1], event
+        assert event["seconds_without_progress"] >= STALLED_AFTER, event
+        assert event["blocked"] and event["level"] == "warning", event
+
+        # the refused publish is retried (at most every publish_retry_max = 1 s) all along: none of it is news
+        def logged_once() -> None:
+            assert bridge.count("source.stalled") == 1
+            assert bridge.count("source.recovered") == 0
+
+        assert await assert_holds(logged_once, duration=2.5, what="a single source.stalled") > 1
+
+        aggregate = (await stream_info(hub_nc, AGGREGATE))["config"]
+        await js_request(hub_nc, f"STREAM.UPDATE.{AGGREGATE}", {**aggregate, "max_msgs": -1})
+        await wait_for_value(stalled, 0.0, timeout=30, what="nats_bridge_source_stalled")
+        await wait_until(lambda: _ready(port), timeout=30, what="/readyz 200 after the stall")
+        await bridge.wait_event("source.recovered", timeout=5, source="edge1")
+        (event,) = [e for e in bridge.events() if e.get("event") == "source.recovered"]
+        assert event["seconds_without_progress"] >= STALLED_AFTER, event
+
+        async def all_copied() -> bool:
+            seqs = await origin_seqs_by_source(hub_nc, AGGREGATE)
+            return len(seqs.get("edge1", [])) >= len(publisher.seqs)
+
+        await wait_until(all_copied, timeout=30, what="every message replicated after the stall")
+        assert_exact((await origin_seqs_by_source(hub_nc, AGGREGATE))["edge1"], publisher.seqs, "aggregate")
+        assert bridge.count("source.stalled") == 1 and bridge.count("source.recovered") == 1
         assert await bridge.astop(15) == 0

@@ -4,7 +4,8 @@ Mostly in the edge position: the bridge's source connects to the origin server a
 server, two independent servers each requiring the method under test (no leaf link involved). Every method is used
 on both sides at once: token (from ``NATS_BRIDGE_*`` variables), user/password, NKey seed file, creds file
 (operator mode, JWTs signed here), TLS verified with ``tls.ca_file``, and mutual TLS. A refused connection is
-logged (and printed by ``check``) naming the problem and never the secret. The least-privilege tests run the
+logged (and printed by ``check``) naming the problem and never the secret; a token in a configuration file every
+local user can read is warned about by ``check`` and ``run``. The least-privilege tests run the
 bridge as a user holding exactly the permissions of ``docs/permissions.md`` (edge and sidecar positions) and show
 what the log says when one is missing.
 
@@ -352,6 +353,45 @@ async def test_refused_connection_is_named_and_secret_free(
     assert f"FAIL {'target' if refusal.side == 'target' else 'source edge1'}: cannot connect" in output, output
     assert refusal.expect in output.lower(), output
     assert_no_secret(output, required.secrets + given.secrets)
+
+
+# --- secrets in a file others can read ---------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_world_readable_token_in_the_config_is_warned_about_and_never_printed(
+    tmp_path: Path, servers: ServerFactory, bridge_procs: BridgeFactory
+) -> None:
+    """The origin requires a token written in the configuration file, and the file is mode 0644: ``check`` and
+    ``run`` (the real CLI) say so, naming the key and the ``chmod``, and still work; the token is never printed."""
+    required = secure("token", tmp_path / "secrets", "")
+    origin = servers("origin", required.server_config)
+    target = servers("target", "")
+    (token,) = required.secrets
+    spec = SourceSpec(name="edge1", servers=origin.url, subject_prefix="edge.one", extra={"auth": {"token": token}})
+    config = write_config(tmp_path / "bridge.toml", target_url=target.url, sources=[spec])
+    config.chmod(0o644)
+    async with client(origin.url, **required.client) as origin_nc, client(target.url) as target_nc:
+        await create_stream(origin_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(target_nc)
+
+        check = await anyio.to_thread.run_sync(run_check, config)
+        output = check.stdout + check.stderr
+        assert check.returncode == 0, output
+        (warning,) = [line for line in check.stdout.splitlines() if line.startswith("WARN secrets:")]
+        assert str(config) in warning and "sources[0].auth.token" in warning and f"chmod o-r {config}" in warning
+        assert_no_secret(output, required.secrets)
+
+        bridge = await replicate_and_check(bridge_procs, config, origin_nc, target_nc, n=50)
+        (event,) = [e for e in bridge.events() if e.get("event") == "config.secret_exposed"]
+        assert event["level"] == "warning" and "sources[0].auth.token" in event["problem"], event
+        assert f"chmod o-r {config}" in event["problem"], event
+        assert_no_secret(bridge, required.secrets)
+
+    # the warning is about the file's mode, not about tokens in files as such
+    config.chmod(0o600)
+    quiet = await anyio.to_thread.run_sync(run_check, config)
+    assert quiet.returncode == 0 and "WARN secrets" not in quiet.stdout + quiet.stderr, quiet.stdout + quiet.stderr
 
 
 # --- least privilege --------------------------------------------------------------------------------------

@@ -5,7 +5,11 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from bridge import logs
+
+from .tty import FakeTerminal
 
 
 def test_throttle_lets_one_event_through_per_interval_and_counts_the_rest() -> None:
@@ -28,3 +32,18 @@ def test_json_lines_when_not_a_terminal() -> None:
     assert line["event"] == "reset.done" and line["source"] == "edge-a" and line["reset_seq"] == 7
     assert line["level"] == "info" and "timestamp" in line
     assert "hidden" not in out.getvalue()
+
+
+def test_readable_lines_not_json_on_a_terminal() -> None:
+    terminal = FakeTerminal()
+    logs.configure("info", "auto", stream=terminal)
+    try:
+        logs.get_logger(source="edge-a").warning("source.stalled", watermark=1200, seconds_without_progress=61.0)
+    finally:
+        logs.configure("info", "console")
+    (line,) = terminal.getvalue().splitlines()
+    with pytest.raises(ValueError):
+        json.loads(line)
+    assert "\x1b[" not in line  # no colour codes: journald and `less` show them as garbage
+    assert "source.stalled" in line and "warning" in line
+    assert "source=edge-a" in line and "watermark=1200" in line and "seconds_without_progress=61.0" in line
