@@ -159,41 +159,39 @@ async def aggregate_full(ctx: FaultContext, rng: random.Random) -> None:
 # -- the bridge's connections, through the proxies -------------------------------------------------------------
 
 
-def link_fault(side: str, mode: str, long: bool | None) -> Fault:
+def link_fault(side: str, mode: str, long: bool) -> Fault:
     """``mode``: ``cut`` (connections aborted, new ones refused for the hold), ``stall`` (bytes held, sockets
-    open) or ``delay`` (every chunk forwarded late)."""
+    open) or ``delay`` (every chunk forwarded late); ``long`` holds it past the bridge's silence timeout, short
+    for under 2 s."""
 
     async def fault(ctx: FaultContext, rng: random.Random) -> None:
         name = link_fault_name(side, mode, long)
         proxy = ctx.topo.proxy(side)
+        hold = _long(rng) if long else _short(rng)
         if mode == "delay":
-            hold = round(rng.uniform(4.0, 8.0), 2)
             delay = round(rng.uniform(0.05, 0.3), 3)
             proxy.set_delay(delay)
             ctx.record(name, "inject", delay_seconds=delay, seconds=hold)
             await asyncio.sleep(hold)
             proxy.set_delay(0.0)
+        elif mode == "cut":
+            proxy.refuse(True)
+            cut = proxy.cut()
+            ctx.record(name, "inject", connections_cut=cut, refused_seconds=hold)
+            await asyncio.sleep(hold)
+            proxy.refuse(False)
         else:
-            hold = _long(rng) if long else _short(rng)
-            if mode == "cut":
-                proxy.refuse(True)
-                cut = proxy.cut()
-                ctx.record(name, "inject", connections_cut=cut, refused_seconds=hold)
-                await asyncio.sleep(hold)
-                proxy.refuse(False)
-            else:
-                proxy.stall(True)
-                ctx.record(name, "inject", seconds=hold)
-                await asyncio.sleep(hold)
-                proxy.stall(False)
+            proxy.stall(True)
+            ctx.record(name, "inject", seconds=hold)
+            await asyncio.sleep(hold)
+            proxy.stall(False)
         ctx.record(name, "heal")
 
     return fault
 
 
-def link_fault_name(side: str, mode: str, long: bool | None) -> str:
-    suffix = "" if long is None else ("-long" if long else "-short")
-    return f"{side}-link-{mode}{suffix}"
+def link_fault_name(side: str, mode: str, long: bool) -> str:
+    return f"{side}-link-{mode}-{'long' if long else 'short'}"
 
 
 # -- an outside operator ----------------------------------------------------------------------------------------
@@ -303,10 +301,9 @@ def _registry() -> dict[str, Fault]:
         "aggregate-full": aggregate_full,
     }
     for side in ("leaf", "hub"):
-        for mode in ("cut", "stall"):
+        for mode in ("cut", "stall", "delay"):
             for long in (False, True):
                 faults[link_fault_name(side, mode, long)] = link_fault(side, mode, long)
-        faults[link_fault_name(side, "delay", None)] = link_fault(side, "delay", None)
     for kind in ("empty", "backward", "forward", "beyond"):
         faults[f"reset-{kind}"] = manual_reset(kind)
     faults["consumer-delete"] = consumer_delete
