@@ -13,6 +13,10 @@ first copy after a forward reset, the range that reset skipped (``Bridge-Skipped
   outside the source's filter) and, when ``p > a``, ``a+1..p`` were accepted but are not here (**lost**), except
   what ``Bridge-Skipped`` names (**skipped** on purpose by a forward reset).
 * **latency**: aggregate store time minus origin store time, per first copy.
+* **inconsistent provenance**: copies whose ``Nats-Msg-Id`` is not the ``<source>:<stream>:<seq>`` their
+  ``Bridge-Source``, ``Bridge-Stream`` and ``Bridge-Seq`` say (the bridge writes both from the same values, so a
+  disagreement means the copy was not written by the bridge as it stands, or was altered). A copy without
+  ``Nats-Msg-Id`` is not judged by this check.
 
 Sequences before a source's first copy are judged as a gap from 0 when its chain starts at 0; otherwise the bridge
 began on a consumer whose ack floor was already higher and they are not judged (``chain_start`` says where).
@@ -29,12 +33,14 @@ from pyspark.sql import functions as F
 from bridge.core import headers as hdr
 
 KEYS = ["source", "origin_stream"]
-PROVENANCE_HEADERS = [hdr.SOURCE, hdr.STREAM, hdr.SEQ, hdr.PREV, hdr.TIME, hdr.SKIPPED, hdr.SUBJECT]
+PROVENANCE_HEADERS = [hdr.SOURCE, hdr.STREAM, hdr.SEQ, hdr.PREV, hdr.TIME, hdr.SKIPPED, hdr.SUBJECT, hdr.MSG_ID]
 
 # gap kinds
 LOST = "lost"
 SKIPPED = "skipped"
 NOT_DELIVERED = "not_delivered"
+# a copy's Nats-Msg-Id disagrees with its Bridge-* provenance
+INCONSISTENT = "inconsistent_provenance"
 # origin comparison kinds
 ABSENT = "absent"
 EXTRA = "extra"
@@ -44,15 +50,16 @@ PENDING = "pending"
 
 @dataclass
 class Findings:
-    """The audit's DataFrames: ``copies`` (one row per bridge copy, with ``first`` and ``reordered`` flags),
-    ``gaps`` (ranges of missing origin sequences by kind), ``duplicates`` and ``reordered`` (ranges of origin
-    sequences), ``origin`` (ranges by origin comparison kind; None without ``--origin-too``), and ``foreign``
-    (aggregate messages without provenance)."""
+    """The audit's DataFrames: ``copies`` (one row per bridge copy, with ``first``, ``reordered`` and
+    ``inconsistent`` flags), ``gaps`` (ranges of missing origin sequences by kind), ``duplicates``, ``reordered``
+    and ``inconsistent`` (ranges of origin sequences), ``origin`` (ranges by origin comparison kind; None without
+    ``--origin-too``), and ``foreign`` (aggregate messages without provenance)."""
 
     copies: DataFrame
     gaps: DataFrame
     duplicates: DataFrame
     reordered: DataFrame
+    inconsistent: DataFrame
     origin: DataFrame | None
     foreign: DataFrame
 
@@ -72,6 +79,10 @@ def provenance(aggregate: DataFrame) -> DataFrame:
         F.timestamp_micros(F.floor(h[hdr.TIME].cast("long") / 1000)).alias("origin_time"),
         F.when(h[hdr.SKIPPED].isNotNull(), skipped[0].cast("long")).alias("skip_from"),
         F.when(h[hdr.SKIPPED].isNotNull(), skipped[1].cast("long")).alias("skip_to"),
+        # the Nats-Msg-Id the bridge writes for this provenance, from the same header text (null without it)
+        F.coalesce(h[hdr.MSG_ID] != F.concat_ws(":", h[hdr.SOURCE], h[hdr.STREAM], h[hdr.SEQ]), F.lit(False)).alias(
+            "inconsistent"
+        ),
     )
 
 
@@ -141,8 +152,9 @@ def analyse(
 
     duplicates = _islands(copies.where(~F.col("first")).select(*KEYS, "oseq").distinct(), "oseq")
     reordered = _islands(firsts.where("reordered").select(*KEYS, "oseq"), "oseq")
+    inconsistent = _islands(copies.where("inconsistent").select(*KEYS, "oseq").distinct(), "oseq")
     origin = compare_origin(firsts, gaps, origins, origin_last or {}) if origins is not None else None
-    return Findings(copies, gaps, duplicates, reordered, origin, foreign)
+    return Findings(copies, gaps, duplicates, reordered, inconsistent, origin, foreign)
 
 
 def compare_origin(

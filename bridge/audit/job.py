@@ -2,13 +2,17 @@
 source (:mod:`bridge.audit.analysis`), and write the verdict as a table, JSON, Parquet and a PNG chart.
 
 Spark runs embedded (``local[*]`` on loopback, no UI, workers on this interpreter) unless ``--master`` names a
-cluster, or the job was started by ``spark-submit`` (then its master is used): the package is shipped to the
-executors, which need its dependencies installed (README, *Audit*).
+cluster, or the job was started by ``spark-submit`` (then its master is used). In every mode the ``bridge``
+package is zipped (once per process) and shipped to the executors, so the job is the same embedded and on a
+cluster; a cluster's executors need its dependencies installed (README, *Audit*). A session already running in
+this process (a notebook, a test run) is used as it is and left running.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
 import math
 import os
 import shutil
@@ -30,28 +34,63 @@ from bridge.audit.datasource import JetStreamDataSource, stream_bounds
 from bridge.audit.options import ReadOptions, side_options
 from bridge.audit.report import AuditReport, SourceReport, write_chart, write_json
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig
+from bridge.errors import AuditError
 
 EXAMPLES = 20  # ranges of each kind kept per source in the report (Parquet has them all)
 BUCKETS = 200  # points of the latency-over-time chart
 
 
-def _ship_package(spark: SparkSession) -> None:
-    """Zip the ``bridge`` package and add it to the executors' Python path (a cluster has no editable install)."""
+ARCHIVE = "nats_bridge.zip"  # the name the package has on the executors' Python path
+
+
+@functools.cache
+def package_archive() -> Path:
+    """The ``bridge`` package as a zip, built once per process: every session of the run ships the same file, and
+    it stays until the process exits (a cluster's executors fetch it from the driver while the session lives)."""
     root = Path(__file__).resolve().parents[1]
-    archive = Path(tempfile.mkdtemp(prefix="nats-bridge-audit-")) / "nats_bridge.zip"
+    where = Path(tempfile.mkdtemp(prefix="nats-bridge-audit-"))
+    atexit.register(shutil.rmtree, where, ignore_errors=True)
+    archive = where / ARCHIVE
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in root.rglob("*.py"):
-            zf.write(path, path.relative_to(root.parent))
-    spark.sparkContext.addPyFile(str(archive))
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                zf.write(path, path.relative_to(root.parent))
+    return archive
+
+
+def _ship_package(spark: SparkSession) -> None:
+    """Put the package on the executors' Python path, once per session (a second add of the same file is only a
+    warning, but one worth not printing)."""
+    sc = spark.sparkContext
+    archive = package_archive()
+    if not any(f.endswith(f"/{archive.name}") for f in sc.listFiles):
+        sc.addPyFile(str(archive))
+
+
+def prepare(spark: SparkSession) -> SparkSession:
+    """Make ``spark`` ready for the audit, whoever started it: the ``jetstream`` data source registered, ``seq``
+    bounds pushed down to it, and the package shipped to its executors."""
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")  # seq bounds reach the jetstream source
+    spark.dataSource.register(JetStreamDataSource)
+    _ship_package(spark)
+    return spark
+
+
+def running_session() -> SparkSession | None:
+    """The session of the Spark context already running in this process, if any (never a new JVM)."""
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is None:
+        return None
+    return SparkSession.builder.getOrCreate()
 
 
 def spark_session(master: str | None = None, *, local_cores: int | None = None) -> SparkSession:
     """The audit's Spark session: embedded ``local[*]`` (or ``local[<local_cores>]``) by default, ``master`` when
-    given, spark-submit's when launched by it. The ``jetstream`` data source is registered on it."""
+    given, spark-submit's when launched by it; ready for the audit (:func:`prepare`)."""
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit (or pyspark's shell) already chose a master
     builder = SparkSession.builder.appName("nats-bridge-audit")
-    local = master is None and not submitted
-    if local:
+    if master is None and not submitted:
         # the executors must run this interpreter, with this environment's packages
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -71,14 +110,10 @@ def spark_session(master: str | None = None, *, local_cores: int | None = None) 
         builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.python.filterPushdown.enabled", "true")  # seq bounds reach the jetstream source
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(JetStreamDataSource)
-    if not local:
-        _ship_package(spark)
-    return spark
+    return prepare(spark)
 
 
 def stop_spark(spark: SparkSession, timeout: float = 20.0) -> None:
@@ -103,14 +138,17 @@ def stop_spark(spark: SparkSession, timeout: float = 20.0) -> None:
 
 
 def read_stream(spark: SparkSession, options: dict[str, str]) -> tuple[DataFrame, int]:
-    """A stream as a DataFrame, and its last sequence at planning time. Options are checked and the stream's
-    bounds read here, in the driver, so a bad option or a missing stream is one clear error, not a worker trace."""
+    """A stream as a DataFrame of what it held now, and its last sequence now. Options are checked and the stream's
+    bounds read here, in the driver, so a bad option or a missing stream is one clear error, not a worker trace.
+
+    The rows are bounded at that last sequence (pushed down to the reads): Spark plans the read only when an
+    action runs, and every action (or a cache rebuilt) must see the same snapshot, not what was stored since."""
     opts = ReadOptions.parse(options)
     _, last, messages = asyncio.run(stream_bounds(opts))
     if opts.partitions is None:  # at least one per core, else one per rows_per_partition messages
         wanted = max(spark.sparkContext.defaultParallelism, math.ceil(messages / opts.rows_per_partition), 1)
         options = {**options, "partitions": str(wanted)}
-    return spark.read.format("jetstream").options(**options).load(), last
+    return spark.read.format("jetstream").options(**options).load().where(F.col("seq") <= last), last
 
 
 def _latency_ms() -> Any:
@@ -127,6 +165,7 @@ def _summaries(findings: an.Findings) -> dict[tuple[str, str], dict[str, Any]]:
             F.min("oseq").alias("first_seq"),
             F.max("oseq").alias("last_seq"),
             F.sum(F.col("reordered").cast("long")).alias("reordered"),
+            F.sum(F.col("inconsistent").cast("long")).alias("inconsistent"),
             an.chain_start().alias("chain_start"),
             F.percentile_approx(F.when(first, _latency_ms()), [0.5, 0.9, 0.99], 10_000).alias("latency"),
             F.max(F.when(first, _latency_ms())).alias("latency_max"),
@@ -144,6 +183,7 @@ def _ranges(findings: an.Findings) -> DataFrame:
     out = findings.gaps.select(*cols)
     out = out.unionByName(findings.duplicates.withColumn("kind", F.lit("duplicate")).select(*cols))
     out = out.unionByName(findings.reordered.withColumn("kind", F.lit("reordered")).select(*cols))
+    out = out.unionByName(findings.inconsistent.withColumn("kind", F.lit(an.INCONSISTENT)).select(*cols))
     if findings.origin is not None:
         out = out.unionByName(findings.origin.select(*cols))
     return out
@@ -221,6 +261,7 @@ def _reports(
                 lost=t.get(an.LOST, 0),
                 skipped=t.get(an.SKIPPED, 0),
                 not_delivered=t.get(an.NOT_DELIVERED, 0),
+                inconsistent=int(s.get("inconsistent", 0)),
                 latency_ms={"p50": latency[0], "p90": latency[1], "p99": latency[2], "max": s.get("latency_max")},
                 origin=(
                     {kind: t.get(kind, 0) for kind in (an.ABSENT, an.EXTRA, an.HASH_MISMATCH, an.PENDING)}
@@ -264,15 +305,25 @@ def run_audit(
 ) -> AuditReport:
     """Audit the aggregate of ``config`` (every source found in it; with ``origin_too`` also each configured
     source's origin) and write the report files into ``options.out``. Raises :class:`AuditError` when a stream
-    cannot be read."""
+    cannot be read.
+
+    Runs on ``spark``, else on the session already running in this process, else on one of its own
+    (:func:`spark_session`), which it stops at the end; a session it did not start is left running."""
     started = time.monotonic()
     target = config.target
     # every stream is checked before Spark starts: a wrong name or a missing allow_direct fails in a second
     sides: list[TargetConfig | SourceConfig] = [target, *(config.sources if options.origin_too else [])]
     for side in sides:
         asyncio.run(stream_bounds(ReadOptions.parse(side_options(side))))
+    if spark is None:
+        spark = running_session()
+        if spark is not None and options.master not in (None, spark.sparkContext.master):
+            raise AuditError(
+                f"--master {options.master}: this process already runs Spark on {spark.sparkContext.master}, "
+                "which the audit uses; run it in a process of its own to choose the master"
+            )
     own = spark is None
-    spark = spark or spark_session(options.master)
+    spark = spark_session(options.master) if spark is None else prepare(spark)
     try:
         return _audit(config, options, spark, progress, started)
     finally:
@@ -288,6 +339,11 @@ def _audit(
     started: float,
 ) -> AuditReport:
     target = config.target
+    # The aggregate's snapshot is taken first, each origin's after it. Every copy at or below the aggregate's
+    # last sequence was stored before that snapshot, so the origin message it copies was stored before the
+    # origin's bounds are read: a running bridge cannot make a copy look "extra" (a sequence above the origin's
+    # last). The other order would let copies stored between the two reads name sequences the origin read
+    # does not reach.
     aggregate, agg_last = read_stream(spark, {**side_options(target), "headers": ",".join(an.PROVENANCE_HEADERS)})
     progress(f"reading aggregate {target.stream} (up to sequence {agg_last}) on {', '.join(target.servers)}")
     aggregate = aggregate.cache()

@@ -1,9 +1,10 @@
 """The audit's verdict: per-source results, the terminal table, the JSON report and the PNG chart.
 
 A source is **damaged** when a copy was lost, an origin sequence is stored twice, the aggregate's order disagrees
-with the origin's, or (``--origin-too``) the origin holds a message the chain does not explain (absent), a copy
-names a sequence the origin never had (extra), or a copy's payload differs from the origin's. Skipped (a forward
-reset) and not delivered (gone from the origin before the bridge read it) are reported, never counted as damage.
+with the origin's, a copy's ``Nats-Msg-Id`` disagrees with its provenance headers (inconsistent provenance), or
+(``--origin-too``) the origin holds a message the chain does not explain (absent), a copy names a sequence the
+origin never had (extra), or a copy's payload differs from the origin's. Skipped (a forward reset) and not
+delivered (gone from the origin before the bridge read it) are reported, never counted as damage.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-DAMAGE_KINDS = ("lost", "duplicate", "reordered", "absent", "extra", "hash_mismatch")
+DAMAGE_KINDS = ("lost", "duplicate", "reordered", "inconsistent_provenance", "absent", "extra", "hash_mismatch")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class SourceReport:
     not_delivered: int
     latency_ms: dict[str, float | None]
     origin: dict[str, int] | None = None  # absent, extra, hash_mismatch, pending (with --origin-too)
+    inconsistent: int = 0  # copies whose Nats-Msg-Id disagrees with their Bridge-* provenance
     examples: dict[str, list[list[int]]] = field(default_factory=dict)  # kind -> first ranges [first, last]
 
     @property
@@ -45,6 +47,7 @@ class SourceReport:
             (self.lost, "lost"),
             (self.duplicates, "duplicated"),
             (self.reordered, "out of order"),
+            (self.inconsistent, "with inconsistent provenance"),
         ):
             if count:
                 found.append(f"{count} {what}")
@@ -76,6 +79,7 @@ class SourceReport:
             self.lost,
             self.skipped,
             self.not_delivered,
+            self.inconsistent,
             o.get("absent"),
             o.get("extra"),
             o.get("hash_mismatch"),
@@ -93,8 +97,8 @@ class SourceReport:
         return (
             "source string, origin_stream string, copies long, distinct long, first_seq long, last_seq long, "
             "chain_start long, duplicates long, reordered long, lost long, skipped long, not_delivered long, "
-            "absent long, extra long, hash_mismatch long, pending long, latency_p50_ms double, "
-            "latency_p90_ms double, latency_p99_ms double, latency_max_ms double, ok boolean"
+            "inconsistent_provenance long, absent long, extra long, hash_mismatch long, pending long, "
+            "latency_p50_ms double, latency_p90_ms double, latency_p99_ms double, latency_max_ms double, ok boolean"
         )
 
 

@@ -3,10 +3,13 @@
 One request ``{"seq": a, "batch": n, "max_bytes": m, "next_by_subj": filter}`` to ``<api>.DIRECT.GET.<stream>``
 makes the server send up to ``n`` stored messages at or after ``a`` (fewer once ``m`` bytes are sent), each with
 ``Nats-Sequence``, ``Nats-Subject``, ``Nats-Time-Stamp`` (RFC 3339), ``Nats-Num-Pending`` and
-``Nats-Last-Sequence`` appended to its own headers, then an empty end-of-batch message with status 204. Deleted
-sequences are stepped over. A 404 means nothing at or after ``a``; 408 a request the server could not use; 503 (no
-responders) a stream without ``allow_direct``. A server without batch support answers the first message only,
-without ``Nats-Num-Pending``.
+``Nats-Last-Sequence`` (the message sent before it in the batch, 0 for the first) appended to its own headers,
+then an empty end-of-batch message with status 204 carrying ``Nats-Num-Pending`` (messages still stored after the
+batch) and ``Nats-Last-Sequence`` (the batch's last message). Those chain every reply to the one before it: a reply
+lost on the way is an error, never a silently missing message. Deleted sequences are stepped over, so a batch may
+run past the range asked for. A 404 means nothing at or after ``a``; 408 a request the server could not use; 413
+(Too Many Results) a request over what the server answers at once; 503 (no responders) a stream without
+``allow_direct``. A server without batch support answers the first message only, without ``Nats-Num-Pending``.
 
 Replies are taken over raw from the read loop (:mod:`bridge.io.wire`) when the client allows it, and parsed with
 the bridge's one header codec; the recovery of a source's watermark and the audit's data source both read here.
@@ -49,10 +52,25 @@ class StoredMessage:
     payload: bytes
 
 
+TOO_MANY_RESULTS = (
+    "413 Too Many Results: the request asked for more than the server answers at once (its limit on one Direct Get "
+    "reply, ADR-31); lower the batch or max_bytes option"
+)
+
+
 class _Batch:
     """Collects the replies to one request; ``done`` is set by the end-of-batch (or an error) reply."""
 
-    __slots__ = ("done", "end", "error", "messages", "no_batch_support", "token")
+    __slots__ = (
+        "_last_seen",
+        "done",
+        "end",
+        "error",
+        "messages",
+        "no_batch_support",
+        "num_pending",
+        "token",
+    )
 
     def __init__(self, token: bytes) -> None:
         self.token = token
@@ -61,12 +79,20 @@ class _Batch:
         self.end: str | None = None  # "204" or "404"
         self.error: str | None = None
         self.no_batch_support = False
+        self.num_pending: int | None = None  # from the end of batch: messages still stored after this batch
+        self._last_seen = "0"  # the sequence of the last reply taken, as the server writes Nats-Last-Sequence
 
     def take(self, headers: dict[str, str], payload: bytes) -> None:
         status = headers.get("Status")
         if status is not None:
-            if status in ("204", "404"):
+            if status == "204":
                 self.end = status
+                self.num_pending = _int_or_none(headers.get(NUM_PENDING))
+                self._check_chain(headers.get(LAST_SEQUENCE), "the end of the batch")
+            elif status == "404":
+                self.end = status
+            elif status == "413":
+                self.error = TOO_MANY_RESULTS
             elif status == "503":
                 self.error = "no responders: the stream does not exist here or lacks allow_direct"
             else:
@@ -75,14 +101,47 @@ class _Batch:
             return
         if not self.messages and NUM_PENDING not in headers:
             self.no_batch_support = True
-        seq = int(headers.pop(SEQUENCE, "0"))
+        raw_seq = headers.pop(SEQUENCE, "0")
         subject = headers.pop(SUBJECT, "")
         stamp = headers.pop(TIME_STAMP, "")
-        for name in (STREAM, NUM_PENDING, LAST_SEQUENCE):
-            headers.pop(name, None)
-        self.messages.append(StoredMessage(seq, subject, stamp, headers, payload))
+        headers.pop(STREAM, None)
+        headers.pop(NUM_PENDING, None)
+        self._check_chain(headers.pop(LAST_SEQUENCE, None), f"sequence {raw_seq}")
+        self._last_seen = raw_seq
+        self.messages.append(StoredMessage(int(raw_seq), subject, stamp, headers, payload))
         if self.no_batch_support:
             self.done.set()
+
+    def _check_chain(self, previous: str | None, what: str) -> None:
+        # each reply names the one sent before it: a gap means the client dropped replies (a slow consumer),
+        # which must fail the read rather than leave rows silently missing
+        if previous is not None and previous != self._last_seen and self.error is None:
+            self.error = (
+                f"replies lost: the server sent {what} after sequence {previous}, the last received was "
+                f"{self._last_seen}; lower the batch or max_bytes option"
+            )
+            self.done.set()
+
+    def next_seq(self, last: int) -> int | None:
+        """Where the request after this batch starts, or None when nothing more of ``..last`` is stored.
+
+        A batch that reached ``last`` (or ran past it over deleted sequences) ends the range; so does an end of
+        batch saying no messages are pending after it (the rest of the range was deleted up to the stream's
+        end): neither is worth another request that could only be answered 404.
+        """
+        if self.end != "204" or not self.messages:
+            return None
+        read_to = self.messages[-1].seq  # Nats-Last-Sequence of the end of batch, checked by take
+        if read_to >= last or self.num_pending == 0:
+            return None
+        return read_to + 1
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 async def read_batches(
@@ -139,12 +198,14 @@ async def read_batches(
                     f"direct get on stream {stream!r}: the server does not support batched Direct Get "
                     "(nats-server 2.11 or newer needed)"
                 )
+            # deleted sequences are stepped over, so a batch can run past last: those belong to the next range
             messages = [m for m in current.messages if m.seq <= last]
             if messages:
                 yield messages
-            if current.end == "404" or not current.messages or current.messages[-1].seq >= last:
+            following = current.next_seq(last)
+            if following is None:
                 return
-            seq = current.messages[-1].seq + 1
+            seq = following
     finally:
         current = None
         wire.remove_handler(nc, sub)

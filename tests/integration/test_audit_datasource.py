@@ -7,21 +7,25 @@ One SparkSession for the whole run (the ``spark`` fixture); the streams are on t
 from __future__ import annotations
 
 import itertools
+import json
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import anyio
 import pytest
 from nats.aio.client import Client
 
+from bridge.audit.datasource import read_range
 from bridge.audit.job import read_stream
+from bridge.audit.options import ReadOptions
 from bridge.audit.rows import payload_hash
 from bridge.embedded import Topology
 from bridge.errors import AuditError
 
 from .helpers import Publisher, connect, create_stream, js_request
 
+T = TypeVar("T")
 N = 1500
 DELETED = (1, 2, 500, 501, 502, 1000, 1499)
 
@@ -41,14 +45,20 @@ async def fill(nc: Client, stream: str = "DS", count: int = N, **extra: Any) -> 
     return publisher
 
 
+async def off_loop(fn: Callable[[], T], timeout: float = 120) -> T:
+    """``fn`` (blocking: Spark) in a worker thread; the test fails after ``timeout`` seconds."""
+    with anyio.fail_after(timeout):
+        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+
 async def read(spark: Any, options: dict[str, str]) -> tuple[Any, int]:
     """``read_stream`` off the event loop: it blocks (and runs its own loop to read the stream's bounds)."""
-    return await anyio.to_thread.run_sync(read_stream, spark, options)
+    return await off_loop(lambda: read_stream(spark, options))
 
 
 async def rows(spark: Any, url: str, stream: str = "DS", **options: str) -> list[Any]:
     df, _ = await read(spark, {"servers": url, "stream": stream, **options})
-    collected = await anyio.to_thread.run_sync(df.collect)
+    collected = await off_loop(df.collect)
     return sorted(collected, key=lambda r: r["seq"])
 
 
@@ -64,7 +74,8 @@ async def test_every_stored_message_once_with_its_fields(spark: Any, topology: T
         after = time.time()
         for seq in DELETED:
             await js_request(nc, "STREAM.MSG.DELETE.DS", {"seq": seq})
-    # small batches and 7 partitions: many Direct Get batches, and boundaries falling on deleted messages
+    # small batches and 7 partitions: many Direct Get batches, stepping over deleted messages (partition
+    # boundaries on deleted messages: test_partition_boundaries_on_deleted_messages)
     got = await rows(spark, topology.hub.url, partitions="7", batch="64")
     assert [r["seq"] for r in got] == expected()
     index = {seq: i for i, seq in enumerate(publisher.seqs)}
@@ -100,6 +111,51 @@ async def test_partitions_are_contiguous_ranges_read_in_parallel(spark: Any, top
     assert sum(n for _, _, n in parts) == len(expected())
     for (_, hi, _), (lo, _, _) in itertools.pairwise(parts):
         assert hi < lo, "ranges do not overlap"
+
+
+@pytest.mark.anyio
+async def test_partition_boundaries_on_deleted_messages(spark: Any, topology: Topology) -> None:
+    from pyspark.sql import functions as F
+
+    # 4 partitions of 1..1000 plan 1-250, 251-500, 501-750, 751-1000
+    deleted = {250, 251, *range(480, 500), *range(501, 751), 751}
+    async with connect(topology.hub.url) as nc:
+        await fill(nc, "PB", 1000)
+        for seq in sorted(deleted):
+            await js_request(nc, "STREAM.MSG.DELETE.PB", {"seq": seq})
+    df, last = await read(spark, {"servers": topology.hub.url, "stream": "PB", "partitions": "4", "batch": "64"})
+    assert last == 1000
+    per = df.groupBy(F.spark_partition_id().alias("p")).agg(F.sort_array(F.collect_list("seq")).alias("seqs"))
+    got = {r["p"]: list(r["seqs"]) for r in await off_loop(per.collect)}
+    assert got == {
+        # the last planned sequence (250) and the next partition's first (251) are deleted: each side reads its own
+        0: list(range(1, 250)),
+        # ends on 500 after a deleted run: its last Direct Get batch steps over 480-499 and the deleted 501-751
+        # into the fourth partition's messages, which it must not keep
+        1: [*range(252, 480), 500],
+        # 2: every sequence of 501-750 deleted, so no rows (its one batch lies wholly in the next partition)
+        3: list(range(752, 1001)),
+    }
+    everything = [r["seq"] for r in await off_loop(df.collect)]
+    assert sorted(everything) == [s for s in range(1, 1001) if s not in deleted], "each message exactly once"
+
+
+@pytest.mark.anyio
+async def test_a_range_read_stops_when_the_end_of_batch_says_nothing_follows(topology: Topology) -> None:
+    async with connect(topology.hub.url) as nc, connect(topology.hub.url) as watcher:
+        await fill(nc, "TAIL", 100)
+        for seq in range(91, 101):  # the stream's last sequence stays 100
+            await js_request(nc, "STREAM.MSG.DELETE.TAIL", {"seq": seq})
+        requests = await watcher.subscribe("$JS.API.DIRECT.GET.TAIL")
+        await watcher.flush()
+        opts = ReadOptions.parse({"servers": topology.hub.url, "stream": "TAIL", "batch": "64"})
+        with anyio.fail_after(30):
+            batches = [[m.seq for m in messages] async for messages in read_range(opts, 1, 100)]
+            await watcher.flush()  # the server relays the requests to us before the PONG
+            asked = [json.loads((await requests.next_msg()).data) for _ in range(requests.pending_msgs)]
+        assert batches == [list(range(1, 65)), list(range(65, 91))]
+        # the second batch's end said no messages are pending after 90: no third request to be answered 404
+        assert [(a["seq"], a["batch"]) for a in asked] == [(1, 64), (65, 36)]
 
 
 @pytest.mark.anyio

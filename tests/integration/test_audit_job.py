@@ -1,23 +1,33 @@
 """The audit finds exactly the damage in an aggregate, and nothing in a clean one.
 
 Broken aggregates are built by publishing copies directly, with the headers the bridge itself writes
-(``bridge.core.headers.build_header_block``); a clean one by running the bridge. One SparkSession for the run.
+(``bridge.core.headers.build_header_block``); a clean one by running the bridge. One SparkSession for the run:
+the command line and the demo run in this process too, on it, and must leave it running.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
-import sys
+import operator
+import signal
 import time
+import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, TypeVar
 
 import anyio
+import anyio.from_thread
 import pytest
+import structlog
 from nats.aio.client import Client
 
-from bridge.audit.job import AuditOptions, run_audit
+from bridge import cli
+from bridge.audit.job import ARCHIVE, AuditOptions, package_archive, prepare, run_audit
 from bridge.audit.report import AuditReport, SourceReport
 from bridge.config import load_config
 from bridge.core import headers as hdr
@@ -41,6 +51,32 @@ from .helpers import (
     write_config,
 )
 
+T = TypeVar("T")
+SPARK_TIMEOUT = 240.0
+
+
+async def off_loop(fn: Callable[[], T], timeout: float = SPARK_TIMEOUT) -> T:
+    """``fn`` (blocking: Spark) in a worker thread; the test fails after ``timeout`` seconds."""
+    with anyio.fail_after(timeout):
+        return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+
+
+@contextlib.contextmanager
+def main_thread_deadline(seconds: float) -> Iterator[None]:
+    """Bound blocking code that must run on the main thread (the demo's bridge installs signal handlers, which a
+    worker thread cannot): TimeoutError is raised in it after ``seconds``."""
+
+    def expire(_signum: int, _frame: FrameType | None) -> None:
+        raise TimeoutError(f"not done within {seconds:g}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
 
 @dataclass(frozen=True)
 class Copy:
@@ -49,6 +85,7 @@ class Copy:
     skipped: str | None = None
     payload: bytes | None = None
     dedupe: bool = True  # False: no Nats-Msg-Id, so the aggregate stores a second copy
+    msg_id: str | None = None  # a Nats-Msg-Id other than the one the bridge writes for this provenance
 
 
 async def publish_copies(nc: Client, copies: list[Copy], source: str = "edge1") -> None:
@@ -65,19 +102,24 @@ async def publish_copies(nc: Client, copies: list[Copy], source: str = "edge1") 
             skipped=c.skipped,
         )
         headers = hdr.parse_header_block(block)
+        if c.msg_id is not None:
+            headers[hdr.MSG_ID] = c.msg_id
         if not c.dedupe:
             del headers[hdr.MSG_ID]
         await js.publish(f"edge.{source}.{c.seq}", c.payload or default_payload(c.seq - 1), headers=headers)
 
 
 def damaged_plan() -> list[Copy]:
-    """Origin 1..500 replicated with: 100-109 lost (the chain still names them), 200 stored twice, 300 stored
-    after 301, 400-409 skipped by a forward reset, 450-454 never delivered (the chain goes from 449 to 455)."""
+    """Origin 1..500 replicated with: 100-109 lost (the chain still names them), 200 stored twice, 250 stored
+    with a Nats-Msg-Id naming another source, 300 stored after 301, 400-409 skipped by a forward reset, 450-454
+    never delivered (the chain goes from 449 to 455)."""
     plan: list[Copy] = []
     for s in range(1, 501):
         if 100 <= s <= 109 or 400 <= s <= 409 or 450 <= s <= 454 or s == 300:
             continue
-        if s == 410:
+        if s == 250:
+            plan.append(Copy(250, 249, msg_id="edge2:ORDERS:250"))
+        elif s == 410:
             plan.append(Copy(410, 409, skipped="400-409"))
         elif s == 455:
             plan.append(Copy(455, 449))
@@ -95,9 +137,11 @@ def config_file(tmp_path: Path, topology: Topology, **spec: Any) -> Path:
     return write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[source])
 
 
-async def audit(spark: Any, config: Path, **options: Any) -> AuditReport:
+async def audit(
+    spark: Any, config: Path, *, progress: Callable[[str], None] = lambda _: None, **options: Any
+) -> AuditReport:
     cfg = load_config(config, environ={})
-    return await anyio.to_thread.run_sync(lambda: run_audit(cfg, AuditOptions(**options), spark=spark))
+    return await off_loop(lambda: run_audit(cfg, AuditOptions(**options), spark=spark, progress=progress))
 
 
 def only(report: AuditReport, source: str = "edge1") -> SourceReport:
@@ -117,13 +161,15 @@ async def test_finds_exactly_the_injected_damage(spark: Any, topology: Topology,
     s = only(report)
     assert (s.copies, s.distinct, s.first_seq, s.last_seq, s.chain_start) == (476, 475, 1, 500, 0)
     assert (s.lost, s.duplicates, s.reordered, s.skipped, s.not_delivered) == (10, 1, 1, 10, 5)
+    assert s.inconsistent == 1
     assert s.examples == {
         "lost": [[100, 109]],
         "duplicate": [[200, 200]],
+        "inconsistent_provenance": [[250, 250]],
         "reordered": [[300, 300]],
         "skipped": [[400, 409]],
     }
-    assert s.problems == ["10 lost", "1 duplicated", "1 out of order"]
+    assert s.problems == ["10 lost", "1 duplicated", "1 out of order", "1 with inconsistent provenance"]
     assert not report.ok and report.foreign == 1
     assert s.latency_ms["p50"] is not None and 0 < s.latency_ms["p50"] < 60_000
 
@@ -131,11 +177,14 @@ async def test_finds_exactly_the_injected_damage(spark: Any, topology: Topology,
     assert written["verdict"] == "damaged"
     assert written["sources"][0]["examples"]["lost"] == [[100, 109]]
     sources = spark.read.parquet(str(out / "sources.parquet")).collect()
-    assert [(r["source"], r["lost"], r["ok"]) for r in sources] == [("edge1", 10, False)]
+    assert [(r["source"], r["lost"], r["inconsistent_provenance"], r["ok"]) for r in sources] == [
+        ("edge1", 10, 1, False)
+    ]
     ranges = spark.read.parquet(str(out / "ranges.parquet"))
     got = sorted((r["kind"], r["first"], r["last"]) for r in ranges.collect())
     assert got == [
         ("duplicate", 200, 200),
+        ("inconsistent_provenance", 250, 250),
         ("lost", 100, 109),
         ("not_delivered", 450, 454),
         ("reordered", 300, 300),
@@ -223,23 +272,62 @@ async def test_origin_comparison_finds_changed_payloads_and_copies_of_nothing(
 
 
 @pytest.mark.anyio
-async def test_cli_prints_the_damage_and_exits_non_zero(topology: Topology, tmp_path: Path) -> None:
+async def test_a_bridge_writing_during_the_audit_shows_no_false_extra(
+    spark: Any, topology: Topology, tmp_path: Path
+) -> None:
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], allow_direct=True)
+        await Publisher(leaf_nc, 50, payload=default_payload).run()
+        await create_aggregate(hub_nc)
+        await publish_copies(hub_nc, [Copy(s, s - 1) for s in range(1, 51)])
+
+        async def replicate(seq: int) -> None:
+            """What a running bridge does meanwhile: one more origin message, then its copy."""
+            ack = await leaf_nc.jetstream().publish(f"orders.{seq}", default_payload(seq - 1))
+            assert ack.seq == seq
+            await publish_copies(hub_nc, [Copy(seq, seq - 1)])
+
+        def progress(line: str) -> None:
+            # each line is printed once that stream's snapshot is taken: 51 lands between the aggregate's and the
+            # origin's, 52 after both
+            if line.startswith("reading aggregate"):
+                anyio.from_thread.run(replicate, 51)
+            elif line.startswith("reading origin"):
+                anyio.from_thread.run(replicate, 52)
+
+        report = await audit(spark, config_file(tmp_path, topology), origin_too=True, out=None, progress=progress)
+    s = only(report)
+    assert report.aggregate["last_seq"] == 50, "copies stored after the aggregate's snapshot are not read"
+    assert (s.copies, s.last_seq, s.lost) == (50, 50, 0)
+    # 51 is in the origin's snapshot but its copy is not in the aggregate's: not replicated yet, not damage
+    assert s.origin == {"absent": 0, "extra": 0, "hash_mismatch": 0, "pending": 1}
+    assert s.examples == {"pending": [[51, 51]]}
+    assert report.ok, report.to_json()
+
+
+@pytest.mark.anyio
+async def test_cli_prints_the_damage_and_exits_non_zero(
+    spark: Any, topology: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     async with connect(topology.hub.url) as nc:
         await create_aggregate(nc)
         await publish_copies(nc, damaged_plan())
     config = config_file(tmp_path, topology)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "bridge", "audit", "-c", str(config), "--out", str(out)]
-    with anyio.fail_after(240):
-        done = await anyio.run_process(cmd, check=False)
-    stdout = done.stdout.decode()
-    assert done.returncode == 1, (stdout, done.stderr.decode()[-2000:])
-    assert "edge1: lost: 100-109" in stdout
-    assert "edge1: duplicate: 200" in stdout
-    assert "edge1: reordered: 300" in stdout
-    assert "edge1: skipped: 400-409" in stdout
-    assert "verdict: DAMAGED (edge1: 10 lost, 1 duplicated, 1 out of order)" in stdout
+    # in this process: the audit runs on the test session's Spark, which it did not start and must not stop
+    code = await off_loop(lambda: cli.main(["audit", "-c", str(config), "--out", str(out)]))
+    printed = capsys.readouterr()
+    assert code == 1, (printed.out, printed.err[-2000:])
+    assert "edge1: lost: 100-109" in printed.out
+    assert "edge1: duplicate: 200" in printed.out
+    assert "edge1: inconsistent_provenance: 250" in printed.out
+    assert "edge1: reordered: 300" in printed.out
+    assert "edge1: skipped: 400-409" in printed.out
+    assert (
+        "verdict: DAMAGED (edge1: 10 lost, 1 duplicated, 1 out of order, 1 with inconsistent provenance)" in printed.out
+    )
     assert (out / "report.json").exists()
+    assert await off_loop(spark.range(3).count) == 3, "the audit stopped a Spark session it did not start"
 
     missing = write_config(
         tmp_path / "missing.toml",
@@ -247,23 +335,44 @@ async def test_cli_prints_the_damage_and_exits_non_zero(topology: Topology, tmp_
         target_stream="NOPE",
         sources=[SourceSpec(name="edge1", servers=topology.leaf.url)],
     )
-    with anyio.fail_after(60):
-        done = await anyio.run_process(
-            [sys.executable, "-m", "bridge", "audit", "-c", str(missing), "--out", str(out)], check=False
-        )
-    assert done.returncode == 3
-    assert "stream 'NOPE' not found" in done.stderr.decode()
+    code = await off_loop(lambda: cli.main(["audit", "-c", str(missing), "--out", str(out)]), timeout=60)
+    assert code == 3
+    assert "stream 'NOPE' not found" in capsys.readouterr().err
 
 
 @pytest.mark.anyio
-async def test_the_demo_replicates_and_its_audit_is_clean() -> None:
-    cmd = [sys.executable, "-m", "bridge", "demo", "--messages", "3000", "--size", "128", "--audit"]
-    with anyio.fail_after(300):
-        done = await anyio.run_process(cmd, check=False)
-    stdout = done.stdout.decode()
-    assert done.returncode == 0, (stdout[-3000:], done.stderr.decode()[-3000:])
-    assert "verdict           OK" in stdout
-    (row,) = [line.split() for line in stdout.splitlines() if line.startswith("leaf1 ")]
+async def test_the_package_is_shipped_to_the_executors_in_embedded_mode(spark: Any) -> None:
+    sc = spark.sparkContext
+    shipped = [f for f in sc.listFiles if f.endswith(f"/{ARCHIVE}")]
+    assert len(shipped) == 1, sc.listFiles
+    prepare(spark)
+    assert [f for f in sc.listFiles if f.endswith(f"/{ARCHIVE}")] == shipped, "shipped once per session"
+    assert package_archive() is package_archive(), "zipped once per run"
+
+    def executor_path() -> list[str]:
+        (path,) = sc.parallelize(["sys"], 1).map(importlib.import_module).map(operator.attrgetter("path")).collect()
+        return list(path)
+
+    on_path = [p for p in await off_loop(executor_path) if p.endswith(ARCHIVE)]
+    assert len(on_path) == 1, "the executors' Python path holds the shipped package"
+    with zipfile.ZipFile(on_path[0]) as zf:
+        names = set(zf.namelist())
+    assert {"bridge/__init__.py", "bridge/audit/datasource.py", "bridge/io/directget.py"} <= names
+
+
+def test_the_demo_replicates_and_its_audit_is_clean(spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # in this process, on the main thread (the demo's bridge handles signals), and on the test session's Spark
+    logging = structlog.get_config()
+    try:
+        with main_thread_deadline(300):
+            code = cli.main(["demo", "--messages", "3000", "--size", "128", "--audit"])
+    finally:
+        structlog.configure(**logging)  # the demo configured logging to this test's captured stderr
+    printed = capsys.readouterr()
+    assert code == 0, (printed.out[-3000:], printed.err[-3000:])
+    assert "verdict           OK" in printed.out
+    (row,) = [line.split() for line in printed.out.splitlines() if line.startswith("leaf1 ")]
     # source, origin, copies, origin seqs, lost, dup, order, skipped, gone (then the latencies)
     assert row[:9] == ["leaf1", "ORDERS", "3000", "1..3000", "0", "0", "0", "0", "0"]
-    assert "verdict: CLEAN" in stdout
+    assert "verdict: CLEAN" in printed.out
+    assert spark.range(3).count() == 3, "the demo's audit stopped a Spark session it did not start"

@@ -14,6 +14,7 @@ pytest.importorskip("pyarrow", reason="the audit extra is not installed")
 
 from bridge.audit.datasource import plan_ranges
 from bridge.audit.options import ReadOptions, side_options
+from bridge.audit.report import SourceReport
 from bridge.audit.rows import BatchBuilder, _Seconds, arrow_schema, payload_hash, rfc3339_micros
 from bridge.config import AuthConfig, SourceConfig, TargetConfig, TlsConfig
 from bridge.errors import AuditError
@@ -132,3 +133,27 @@ def test_a_configured_side_reads_with_its_own_credentials_and_tls(tmp_path: Path
     opts = ReadOptions.parse(side_options(source))
     assert opts.filter_subjects == ["a.>", "b.>"]
     assert opts.auth is not None and opts.auth.password is not None and opts.auth.password.get_secret_value() == "p"
+
+
+def test_inconsistent_provenance_is_damage_and_has_its_parquet_column() -> None:
+    report = SourceReport(
+        source="edge1",
+        origin_stream="O",
+        configured=True,
+        copies=3,
+        distinct=3,
+        first_seq=1,
+        last_seq=3,
+        chain_start=0,
+        duplicates=0,
+        reordered=0,
+        lost=0,
+        skipped=0,
+        not_delivered=0,
+        latency_ms={"p50": 1.0},
+        inconsistent=2,
+    )
+    assert report.problems == ["2 with inconsistent provenance"] and not report.ok
+    columns = [c.split()[0] for c in SourceReport.parquet_schema().split(", ")]
+    row = dict(zip(columns, report.parquet_row(), strict=True))
+    assert (row["inconsistent_provenance"], row["ok"]) == (2, False)
