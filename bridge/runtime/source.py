@@ -133,6 +133,7 @@ class SourceRunner:
         self._progress_mark = -1
         self._progress_at = clock()
         self._stalled = False
+        self._consumer_created: str | None = None  # the bound consumer's creation time: a new one is a re-creation
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -205,6 +206,7 @@ class SourceRunner:
             raise OriginUnavailable(f"origin stream {src.stream!r}: {exc}") from exc
         self._workqueue = origin.get("config", {}).get("retention") == "workqueue"
         info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=timeout)
+        self._consumer_created = info.get("created")
         self.log.info(
             "consumer.bound",
             consumer=src.consumer,
@@ -597,6 +599,7 @@ class SourceRunner:
         await self._unsubscribe()
         effects: list[Effect]
         try:
+            await self._bind_again(api)
             reply = await api.reset_consumer(
                 src.stream, src.consumer, timeout=self.engine_cfg.reset_timeout, seq=request.seq
             )
@@ -604,10 +607,8 @@ class SourceRunner:
                 raise ConsumerUnfit(f"consumer {src.stream}/{src.consumer} no longer has ack_policy flow_control")
             effects = self.engine.reset_succeeded(int(reply["reset_seq"]), self.clock())
         except ApiTimeout as exc:
-            reason = f"{exc} (consumer missing, leaderless, or origin unreachable)"
+            reason = f"{exc} (consumer leaderless, or origin unreachable)"
             self.last_error = f"reset: {reason}"
-            if src.manage_consumer:
-                reason += await self._recreate_consumer()
             effects = self.engine.reset_failed(reason, self.clock())
         except (ApiError, ApiUnavailable, ConsumerUnfit, KeyError, ValueError) as exc:
             effects = self.engine.reset_failed(str(exc), self.clock())
@@ -649,14 +650,21 @@ class SourceRunner:
         finally:
             self._checking_stranded = False
 
-    async def _recreate_consumer(self) -> str:
-        assert self._api is not None
-        try:
-            await ensure_consumer(self._api, self.source, manage=True, timeout=self.engine_cfg.reset_timeout)
-        except (BridgeError, OSError) as exc:
-            return f"; re-creating the consumer failed: {exc}"
-        self.log.warning("consumer.recreated", consumer=self.source.consumer)
-        return "; consumer re-created"
+    async def _bind_again(self, api: JsApi) -> None:
+        """Create (managed) or look up (bound) the consumer again before asking it to reset.
+
+        A RESET is answered by the consumer itself (``consumer.go`` subscribes its ``resetSubj``), so one sent to a
+        deleted consumer waits out the whole ``reset_timeout`` unanswered, and an Interest origin meanwhile drops
+        every message published while nobody is interested. The stream's API answers a create or a look-up at
+        once: it is the call start-up makes, with the same permissions, and a managed consumer comes back within a
+        round trip (a bound one that is gone raises ``ConsumerUnfit``, so the source blocks loudly).
+        """
+        src = self.source
+        info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=self.engine_cfg.reset_timeout)
+        created = info.get("created")
+        if created != self._consumer_created:
+            self.log.warning("consumer.recreated", consumer=src.consumer, created=created)
+            self._consumer_created = created
 
     async def _subscribe(self) -> None:
         if self._nc is None or self._sub is not None:

@@ -28,6 +28,7 @@ from .helpers import (
     SourceSpec,
     ack_floor,
     aggregate_count,
+    assert_exact,
     bridge_procs_fixture,  # noqa: F401
     connect,
     consumer_info,
@@ -211,3 +212,39 @@ async def test_backward_reset_far_below_watermark_keeps_flowing(
         assert await bridge.astop(15) == 0
         seqs = (await origin_seqs_by_source(hub_nc)).get("edge1", [])
         assert sc.judge(seqs, bridge) == []
+
+
+@pytest.mark.anyio
+async def test_a_deleted_consumer_is_created_again_before_the_reset(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """An operator deletes the managed consumer mid-stream. The bridge notices the silence and, before its RESET
+    (which nobody would answer: a RESET is the consumer's own subscription), creates the consumer again, so the
+    reset succeeds at the first attempt; a WorkQueue origin keeps every message meanwhile, and all arrive once."""
+    n = 3000
+    sc = Scenario(topology, tmp_path, bridge_procs, n)
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(hub_nc)
+        bridge = bridge_procs(sc.config)
+        await bridge.wait_event("reset.done", timeout=20)
+        publisher = Publisher(leaf_nc, n, rate=500, batch=50)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher.run)
+            await sc.published_at_least(publisher, 800)
+            await js_request(hub_nc, f"CONSUMER.DELETE.{ORIGIN}.{sc.consumer}", domain="leaf")
+            await bridge.wait_event("consumer.recreated", timeout=30)
+        await sc.copies_at_least(hub_nc, n, timeout=30)
+        await wait_for_value(
+            lambda: _origin_messages(leaf_nc), 0, timeout=15, what="the WorkQueue origin emptied by the answers"
+        )
+        assert await bridge.astop(15) == 0
+        seqs = (await origin_seqs_by_source(hub_nc)).get("edge1", [])
+    assert_exact(seqs, publisher.seqs, "copies of a WorkQueue origin whose consumer was deleted")
+    events = bridge.events()
+    assert [e for e in events if e.get("event") == "reset.failed"] == [], "a RESET went to the deleted consumer"
+    assert len([e for e in events if e.get("event") == "consumer.recreated"]) == 1
+
+
+async def _origin_messages(leaf_nc: Client) -> int:
+    return int((await stream_info(leaf_nc, ORIGIN))["state"]["messages"])
