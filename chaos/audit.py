@@ -38,13 +38,21 @@ def agreement(result: ScenarioResult, audited: dict[str, Any]) -> list[str]:
             "lost": (verdict.lost, found["lost"]),
             "duplicated": (verdict.duplicated, found["duplicates"]),
             "reordered": (verdict.reordered, found["reordered"]),
-            # what the nemesis excused (forward resets, a deleted consumer) is what the chain explains
-            "excused": (verdict.excused, found["skipped"] + found["not_delivered"]),
             "chain start": (0, found["chain_start"]),
         }
         for what, (checker, audit) in pairs.items():
             if checker != audit:
                 problems.append(f"audit disagrees on {verdict.source} {what}: checker {checker}, audit {audit}")
+        # What the nemesis excused (forward resets, a deleted consumer) is what the chain explains. The checker
+        # counts the acked attempts in those ranges, the audit every origin sequence in them, which also holds any
+        # attempt the origin stored although its publish ack was lost: up to attempted - acked more, never fewer.
+        checker, audit = verdict.excused, found["skipped"] + found["not_delivered"]
+        unacked = verdict.attempted - verdict.acked
+        if not checker <= audit <= checker + unacked:
+            problems.append(
+                f"audit disagrees on {verdict.source} excused: checker {checker}, audit {audit} "
+                f"(may exceed the checker's by the {unacked} attempts without a publish ack, no more)"
+            )
     return problems
 
 

@@ -519,3 +519,36 @@ def test_report_of_checked_history_is_consistent(h: History) -> None:
     result = ScenarioResult(name="prop", seed=1, command="c", verdicts=verdicts)
     assert format_table([result]).splitlines()[-1].startswith("OVERALL: OK (1 scenarios")
     assert summary([result], command="c", seed=1)["totals"]["acked"] == len(h.log.acked)
+
+
+def _audited(distinct: int, skipped: int, not_delivered: int = 0) -> dict[str, object]:
+    return {
+        "distinct": distinct,
+        "lost": 0,
+        "duplicates": 0,
+        "reordered": 0,
+        "skipped": skipped,
+        "not_delivered": not_delivered,
+        "chain_start": 0,
+    }
+
+
+def test_audit_agreement_allows_unacked_attempts_inside_a_skipped_range_and_nothing_else() -> None:
+    from chaos.audit import agreement
+
+    # 9 attempts lost their publish ack; the origin stored them inside a range a forward reset skipped: the
+    # audit counts their sequences as skipped, the checker (which knows only acked sequences) cannot
+    verdict = SourceVerdict("interest", "interest", attempted=1000, acked=991, stored=600, excused=391)
+    result = ScenarioResult("nemesis", 1, "cmd", verdicts=[verdict])
+    assert agreement(result, {"interest": _audited(600, 391)}) == []
+    assert agreement(result, {"interest": _audited(600, 391 + 9)}) == []
+    assert agreement(result, {"interest": _audited(600, 390, not_delivered=10)}) == []
+    (beyond,) = agreement(result, {"interest": _audited(600, 391 + 10)})
+    assert "excused: checker 391, audit 401" in beyond
+    (fewer,) = agreement(result, {"interest": _audited(600, 390)})
+    assert "excused: checker 391, audit 390" in fewer
+    # with every attempt acked the counts must be equal
+    exact = ScenarioResult("n", 1, "c", verdicts=[SourceVerdict("s", "workqueue", attempted=5, acked=5, excused=2)])
+    assert len(agreement(exact, {"s": _audited(0, 3)})) == 1
+    (stored,) = agreement(result, {"interest": _audited(599, 391)})
+    assert "stored: checker 600, audit 599" in stored
