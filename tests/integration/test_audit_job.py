@@ -109,6 +109,13 @@ async def publish_copies(nc: Client, copies: list[Copy], source: str = "edge1") 
         await js.publish(f"edge.{source}.{c.seq}", c.payload or default_payload(c.seq - 1), headers=headers)
 
 
+async def origin_of_fifty(leaf_nc: Client, hub_nc: Client) -> None:
+    """An origin holding 50 messages (``default_payload``) and an empty aggregate, for the origin comparisons."""
+    await create_stream(leaf_nc, ORIGIN, ["orders.>"], allow_direct=True)
+    await Publisher(leaf_nc, 50, payload=default_payload).run()
+    await create_aggregate(hub_nc)
+
+
 def damaged_plan() -> list[Copy]:
     """Origin 1..500 replicated with: 100-109 lost (the chain still names them), 200 stored twice, 250 stored
     with a Nats-Msg-Id naming another source, 300 stored after 301, 400-409 skipped by a forward reset, 450-454
@@ -256,9 +263,7 @@ async def test_origin_comparison_finds_changed_payloads_and_copies_of_nothing(
     spark: Any, topology: Topology, tmp_path: Path
 ) -> None:
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        await create_stream(leaf_nc, ORIGIN, ["orders.>"], allow_direct=True)
-        await Publisher(leaf_nc, 50, payload=default_payload).run()
-        await create_aggregate(hub_nc)
+        await origin_of_fifty(leaf_nc, hub_nc)
         plan = [Copy(s, s - 1) for s in range(1, 51)]
         plan[19] = Copy(20, 19, payload=b"not what the origin stored")
         plan += [Copy(51, 50), Copy(52, 51)]  # the origin never had 51 or 52
@@ -276,9 +281,7 @@ async def test_a_bridge_writing_during_the_audit_shows_no_false_extra(
     spark: Any, topology: Topology, tmp_path: Path
 ) -> None:
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        await create_stream(leaf_nc, ORIGIN, ["orders.>"], allow_direct=True)
-        await Publisher(leaf_nc, 50, payload=default_payload).run()
-        await create_aggregate(hub_nc)
+        await origin_of_fifty(leaf_nc, hub_nc)
         await publish_copies(hub_nc, [Copy(s, s - 1) for s in range(1, 51)])
 
         async def replicate(seq: int) -> None:

@@ -39,6 +39,7 @@ from .helpers import (
     js_request,
     origin_seqs_by_source,
     stream_info,
+    stream_messages,
     wait_for_value,
     wait_until,
     write_config,
@@ -86,6 +87,14 @@ class Scenario:
         self.config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[self.spec])
         self.bridge_procs = bridge_procs
         self.record = Record()
+
+    async def start(self, leaf_nc: Client, hub_nc: Client, retention: str) -> BridgeProcess:
+        """The origin (``retention``) and the aggregate, then the bridge, once its first reset is done."""
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention=retention)
+        await create_aggregate(hub_nc)
+        bridge = self.bridge_procs(self.config)
+        await bridge.wait_event("reset.done", timeout=20)
+        return bridge
 
     async def copies_at_least(self, hub_nc: Client, count: int, timeout: float = 20) -> None:
         async def probe() -> bool:
@@ -137,10 +146,7 @@ async def test_forward_resets_skip_backward_reset_does_not_duplicate(
     sc = Scenario(topology, tmp_path, bridge_procs, n)
     record = sc.record
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="limits")
-        await create_aggregate(hub_nc)
-        bridge = bridge_procs(sc.config)
-        await bridge.wait_event("reset.done", timeout=20)
+        bridge = await sc.start(leaf_nc, hub_nc, "limits")
         publisher = Publisher(leaf_nc, n, rate=500, batch=50)
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)
@@ -189,10 +195,7 @@ async def test_backward_reset_far_below_watermark_keeps_flowing(
     n = 2000
     sc = Scenario(topology, tmp_path, bridge_procs, n)
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="limits")
-        await create_aggregate(hub_nc)
-        bridge = bridge_procs(sc.config)
-        await bridge.wait_event("reset.done", timeout=20)
+        bridge = await sc.start(leaf_nc, hub_nc, "limits")
         publisher = Publisher(leaf_nc, n, rate=800, batch=50)
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)
@@ -224,10 +227,7 @@ async def test_a_deleted_consumer_is_created_again_before_the_reset(
     n = 3000
     sc = Scenario(topology, tmp_path, bridge_procs, n)
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
-        await create_aggregate(hub_nc)
-        bridge = bridge_procs(sc.config)
-        await bridge.wait_event("reset.done", timeout=20)
+        bridge = await sc.start(leaf_nc, hub_nc, "workqueue")
         publisher = Publisher(leaf_nc, n, rate=500, batch=50)
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)
@@ -236,7 +236,7 @@ async def test_a_deleted_consumer_is_created_again_before_the_reset(
             await bridge.wait_event("consumer.recreated", timeout=30)
         await sc.copies_at_least(hub_nc, n, timeout=30)
         await wait_for_value(
-            lambda: _origin_messages(leaf_nc), 0, timeout=15, what="the WorkQueue origin emptied by the answers"
+            lambda: stream_messages(leaf_nc, ORIGIN), 0, timeout=15, what="the WorkQueue origin emptied by the answers"
         )
         assert await bridge.astop(15) == 0
         seqs = (await origin_seqs_by_source(hub_nc)).get("edge1", [])
@@ -244,7 +244,3 @@ async def test_a_deleted_consumer_is_created_again_before_the_reset(
     events = bridge.events()
     assert [e for e in events if e.get("event") == "reset.failed"] == [], "a RESET went to the deleted consumer"
     assert len([e for e in events if e.get("event") == "consumer.recreated"]) == 1
-
-
-async def _origin_messages(leaf_nc: Client) -> int:
-    return int((await stream_info(leaf_nc, ORIGIN))["state"]["messages"])
