@@ -134,7 +134,6 @@ class SourceRunner:
         self._progress_at = clock()
         self._stalled = False
         self._consumer_created: str | None = None  # the bound consumer's creation time: a new one is a re-creation
-        self._bound_for_reset = False  # setup has just bound the consumer: the reset after it need not again
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -206,8 +205,8 @@ class SourceRunner:
         except (ApiTimeout, ApiUnavailable) as exc:
             raise OriginUnavailable(f"origin stream {src.stream!r}: {exc}") from exc
         self._workqueue = origin.get("config", {}).get("retention") == "workqueue"
-        info = await self._bind(api)
-        self._bound_for_reset = True
+        info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=timeout)
+        self._consumer_created = info.get("created")
         self.log.info(
             "consumer.bound",
             consumer=src.consumer,
@@ -435,9 +434,9 @@ class SourceRunner:
             fc_answers=engine.stats.fc_answers,
             resets=dict(engine.resets),
             blocked_reason=blocked.reason if blocked is not None else "",
-            # _progress_at moves only on the ticker, so this is what it last logged, and a source that never got
-            # running (still failing to connect or bind) counts as stalled once it has been so for as long
-            stalled=since >= self.stalled_after,
+            # the ticker decides (and logs) while the source runs; a source that never got that far, still
+            # failing to connect or bind, counts as stalled once it has been so for as long
+            stalled=self._stalled or since >= self.stalled_after,
             seconds_since_progress=since,
             last_replicated_origin_time=(
                 self._last_replicated_origin_ns / 1e9 if self._last_replicated_origin_ns is not None else None
@@ -454,7 +453,7 @@ class SourceRunner:
         if idle or self.engine.watermark != self._progress_mark:
             self._progress_mark = self.engine.watermark
             self._progress_at = now
-        # the same rule as snapshot()'s, logged on its transitions only
+        # decided here only, so the metric, /readyz and the log can never disagree; logged on the transitions
         stalled = now - self._progress_at >= self.stalled_after
         if stalled == self._stalled:
             return
@@ -600,10 +599,7 @@ class SourceRunner:
         await self._unsubscribe()
         effects: list[Effect]
         try:
-            if self._bound_for_reset:
-                self._bound_for_reset = False
-            else:
-                await self._bind(api)
+            await self._bind_again(api)
             reply = await api.reset_consumer(
                 src.stream, src.consumer, timeout=self.engine_cfg.reset_timeout, seq=request.seq
             )
@@ -654,22 +650,21 @@ class SourceRunner:
         finally:
             self._checking_stranded = False
 
-    async def _bind(self, api: JsApi) -> dict[str, Any]:
-        """Create (managed) or look up (bound) the consumer; its info. At setup, and again before every reset.
+    async def _bind_again(self, api: JsApi) -> None:
+        """Create (managed) or look up (bound) the consumer again before asking it to reset.
 
         A RESET is answered by the consumer itself (``consumer.go`` subscribes its ``resetSubj``), so one sent to a
         deleted consumer waits out the whole ``reset_timeout`` unanswered, and an Interest origin meanwhile drops
         every message published while nobody is interested. The stream's API answers a create or a look-up at
-        once, so a managed consumer comes back within a round trip (a bound one that is gone raises
-        ``ConsumerUnfit``, so the source blocks loudly).
+        once: it is the call start-up makes, with the same permissions, and a managed consumer comes back within a
+        round trip (a bound one that is gone raises ``ConsumerUnfit``, so the source blocks loudly).
         """
         src = self.source
         info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=self.engine_cfg.reset_timeout)
         created = info.get("created")
-        if self._consumer_created is not None and created != self._consumer_created:
+        if created != self._consumer_created:
             self.log.warning("consumer.recreated", consumer=src.consumer, created=created)
-        self._consumer_created = created
-        return info
+            self._consumer_created = created
 
     async def _subscribe(self) -> None:
         if self._nc is None or self._sub is not None:
