@@ -1,8 +1,9 @@
 """Operator commands: ``nats-bridge status`` and ``nats-bridge reset``.
 
 ``status`` asks the servers themselves (consumer state on each origin, the stored watermark read back from the
-aggregate's provenance headers exactly as restart recovery does) and, when the daemon's HTTP listener is
-reachable, adds what only the running daemon knows (its last error per source). It works with the daemon down.
+aggregate's provenance headers exactly as restart recovery does, and with leases each source's owner from the
+coordination bucket: instance, host, since) and, when the daemon's HTTP listener is reachable, adds what only the
+running daemon knows (its last error per source). It works with the daemon down; it changes nothing.
 
 ``reset`` is an operator's ``CONSUMER.RESET`` of one source's consumer, after a confirmation: a forward reset
 means the skipped messages are never replicated (a WorkQueue origin keeps them orphaned, an Interest origin
@@ -25,6 +26,7 @@ from bridge.errors import BridgeError
 from bridge.io.aggregate import read_source_tail
 from bridge.io.connect import open_connection
 from bridge.io.jsapi import JsApi
+from bridge.io.kv import KvBucket, parse_view
 from bridge.observe.http import parse_listen
 
 TIMEOUT = 5.0
@@ -79,6 +81,40 @@ async def _watermarks(config: Any, floors: dict[str, int]) -> dict[str, int | st
     return out
 
 
+async def _owners(config: Any) -> dict[str, dict[str, Any]] | str:
+    """Each source's lease holder as the coordination bucket has it, or why it could not be read."""
+    coordination = config.coordination
+    side = coordination if coordination.servers is not None else config.target
+    prefix = coordination.api_prefix if coordination.servers is not None else config.target.api_prefix
+    try:
+        nc = await open_connection(side, name="nats-bridge status", error_type=BridgeError)
+    except BridgeError as exc:
+        return str(exc)
+    try:
+        view = parse_view(await KvBucket(nc, JsApi(nc, prefix), coordination.bucket).read_all(TIMEOUT))
+    except BridgeError as exc:
+        return f"coordination bucket {coordination.bucket!r}: {exc}"
+    finally:
+        await nc.close()
+    out: dict[str, dict[str, Any]] = {}
+    for src in config.sources:
+        holder = view.holders.get(src.name)
+        out[src.name] = (
+            {"instance": holder.instance, "host": holder.host, "pid": holder.pid, "since": _iso(holder.since)}
+            if holder is not None
+            else {"instance": None}
+        )
+    return out
+
+
+def _iso(unix: float) -> str | None:
+    import datetime
+
+    if not unix:
+        return None
+    return datetime.datetime.fromtimestamp(unix, datetime.UTC).isoformat(timespec="seconds")
+
+
 def _daemon_view(listen: str) -> tuple[dict[str, Any] | None, str]:
     """The running daemon's /readyz body, or None and why not."""
     if not listen:
@@ -110,6 +146,7 @@ async def collect_status(config: Any) -> dict[str, Any]:
             tg.start_soon(one, src)
     floors = {name: int(s.get("ack_floor", 0)) for name, s in states.items()}
     marks = await _watermarks(config, floors)
+    owners = await _owners(config) if config.coordination.enabled else None
     daemon, daemon_note = await anyio.to_thread.run_sync(_daemon_view, config.http.listen)
     sources = []
     for src in config.sources:
@@ -125,8 +162,13 @@ async def collect_status(config: Any) -> dict[str, Any]:
         state["daemon"] = (
             {k: live.get(k) for k in ("ready", "reasons", "phase", "last_error", "stalled")} if live else None
         )
+        if isinstance(owners, dict):
+            state["owner"] = owners.get(src.name)
         sources.append({"source": src.name, **state})
-    return {"target_stream": config.target.stream, "daemon": daemon_note, "sources": sources}
+    out: dict[str, Any] = {"target_stream": config.target.stream, "daemon": daemon_note, "sources": sources}
+    if isinstance(owners, str):
+        out["coordination_error"] = owners
+    return out
 
 
 def print_status(status: dict[str, Any], as_json: bool) -> bool:
@@ -135,13 +177,18 @@ def print_status(status: dict[str, Any], as_json: bool) -> bool:
     if as_json:
         print(json.dumps(status, indent=2))
         return ok
-    columns = ("source", "delivered", "ack_floor", "num_pending", "stored_watermark", "lag")
-    rows = [[str(s.get(c, "-")) for c in columns] for s in status["sources"]]
+    columns: tuple[str, ...] = ("source", "delivered", "ack_floor", "num_pending", "stored_watermark", "lag")
+    with_owner = any("owner" in s for s in status["sources"])
+    if with_owner:
+        columns += ("owner", "host", "since")
+    rows = [[str(_cell(s, c)) for c in columns] for s in status["sources"]]
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
     print(f"aggregate stream {status['target_stream']}; daemon: {status['daemon']}")
+    if "coordination_error" in status:
+        print(f"owners unknown: {status['coordination_error']}")
     for s in status["sources"]:
         if "error" in s:
             print(f"{s['source']}: error: {s['error']}")
@@ -151,6 +198,17 @@ def print_status(status: dict[str, Any], as_json: bool) -> bool:
         if daemon and daemon.get("reasons"):
             print(f"{s['source']}: not ready: {', '.join(daemon['reasons'])}")
     return ok
+
+
+def _cell(state: dict[str, Any], column: str) -> object:
+    owner = state.get("owner") or {}
+    if column == "owner":
+        return owner.get("instance") or ("none (no process owns it now)" if "owner" in state else "-")
+    if column == "host":
+        return owner.get("host") or "-"
+    if column == "since":
+        return owner.get("since") or "-"
+    return state.get(column, "-")
 
 
 def describe_reset(src: Any, info: dict[str, Any], seq: int | None, retention: str) -> str:

@@ -15,6 +15,7 @@ from bridge.errors import BridgeError
 from bridge.io.connect import open_connection
 from bridge.io.consumer import ensure_consumer
 from bridge.io.jsapi import ApiError, JsApi
+from bridge.io.kv import KvBucket, parse_view
 
 TIMEOUT = 5.0
 
@@ -54,6 +55,39 @@ async def _check_target(config: Any) -> bool:
     )
     _print(ok, f"target stream {target.stream}", detail)
     return ok
+
+
+async def _check_coordination(config: Any) -> bool:
+    """The lease bucket: usable (created when missing, as ``run`` would), its TTL, who is in the fleet now."""
+    coordination = config.coordination
+    what = f"coordination bucket {coordination.bucket}"
+    side = coordination if coordination.servers is not None else config.target
+    prefix = coordination.api_prefix if coordination.servers is not None else config.target.api_prefix
+    try:
+        nc = await open_connection(side, name="nats-bridge check", error_type=BridgeError)
+    except BridgeError as exc:
+        _print(False, what, str(exc))
+        return False
+    try:
+        kv = KvBucket(nc, JsApi(nc, prefix), coordination.bucket)
+        ttl = await kv.ensure(coordination.lease_ttl, coordination.replicas, TIMEOUT)
+        view = parse_view(await kv.read_all(TIMEOUT))
+    except BridgeError as exc:
+        _print(False, what, str(exc))
+        return False
+    finally:
+        await nc.close()
+    owned = sum(1 for src in config.sources if src.name in view.holders)
+    note = (
+        "" if abs(ttl - coordination.lease_ttl) < 1e-3 else f" (the bucket's; configured {coordination.lease_ttl:g}s)"
+    )
+    _print(
+        True,
+        what,
+        f"lease ttl {ttl:g}s{note}, {len(view.members)} live process(es), {owned} of {len(config.sources)} "
+        "source(s) owned now",
+    )
+    return True
 
 
 async def _check_source(src: Any) -> bool:
@@ -96,6 +130,8 @@ async def run_check(config: Any) -> bool:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(one, _check_target(config))
+        if config.coordination.enabled:
+            tg.start_soon(one, _check_coordination(config))
         for src in config.sources:
             tg.start_soon(one, _check_source(src))
     ok = all(results)

@@ -56,6 +56,7 @@ from bridge.errors import ConfigError
 __all__ = [
     "AuthConfig",
     "BridgeConfig",
+    "CoordinationConfig",
     "EngineConfig",
     "HttpConfig",
     "LogConfig",
@@ -494,8 +495,68 @@ class SourceConfig(BaseModel):
         return api_prefix(self.domain)
 
 
+_KV_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9_=-][A-Za-z0-9_=.-]{0,126}[A-Za-z0-9_=-]|[A-Za-z0-9_=-]")
+
+
+def _bucket_name(value: str) -> str:
+    if not _KV_NAME.fullmatch(value):
+        raise _fail(f"must be 1 to 64 letters, digits, '_' or '-' (a KV bucket name) (got {_show(value)})")
+    return value
+
+
+def _instance_id(value: str) -> str:
+    if value and not _INSTANCE_ID.fullmatch(value):
+        raise _fail(
+            "must be letters, digits, '_', '-', '=' or inner '.', at most 128 (it is part of a KV key), or \"\" for "
+            f"the default <host name>-<pid> (got {_show(value)})"
+        )
+    return value
+
+
+def default_instance_id() -> str:
+    """``<host name>-<pid>``, with every character a KV key cannot hold replaced by ``-``."""
+    import socket
+
+    host = re.sub(r"[^A-Za-z0-9_=.-]", "-", socket.gethostname()).strip(".") or "host"
+    return f"{host[:100]}-{os.getpid()}"
+
+
+class CoordinationConfig(BaseModel):
+    """``[coordination]``: one owner per source, through leases in a JetStream KV bucket.
+
+    By default the bucket lives on the target's servers and is reached through the target's connection; give
+    ``servers`` (with ``auth``/``tls``/``domain`` as needed) to keep it elsewhere.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    enabled: bool = True
+    bucket: Annotated[str, AfterValidator(_bucket_name)] = "nats-bridge"
+    replicas: Annotated[int, _int_between(1, 5, " (the bucket's stream replicas)")] = 1
+    lease_ttl: Annotated[
+        float, _seconds_at_least(1.0, ": the lease is renewed every third of it and a KV write takes a round trip")
+    ] = 10.0
+    instance_id: Annotated[str, AfterValidator(_instance_id)] = ""
+    servers: Servers | None = None
+    domain: JetStreamName | None = None
+    auth: AuthConfig | None = None
+    tls: TlsConfig | None = None
+
+    @property
+    def instance(self) -> str:
+        """The instance id in use: the configured one, or ``<host name>-<pid>``."""
+        return self.instance_id or default_instance_id()
+
+    @property
+    def api_prefix(self) -> str:
+        """The JetStream API subject prefix of the bucket's servers (used only with ``servers``)."""
+        return api_prefix(self.domain)
+
+
 class BridgeConfig(BaseSettings):
-    """The whole configuration: ``[log]``, ``[engine]``, ``[http]``, ``[target]`` and one or more ``[[sources]]``.
+    """The whole configuration: ``[log]``, ``[engine]``, ``[http]``, ``[coordination]``, ``[target]`` and one or more
+    ``[[sources]]``.
 
     Build it with :func:`load_config`. Constructed directly, it reads ``os.environ`` only.
     """
@@ -512,6 +573,7 @@ class BridgeConfig(BaseSettings):
     log: LogConfig = Field(default_factory=LogConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    coordination: CoordinationConfig = Field(default_factory=CoordinationConfig)
     target: TargetConfig
     sources: list[SourceConfig]
 

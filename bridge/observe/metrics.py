@@ -71,12 +71,41 @@ class SourceSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseSnapshot:
+    """One source's ownership as metrics, ``/readyz`` and ``status`` show it."""
+
+    source: str
+    owned: bool
+    state: str
+    owner: str  # the holder's instance id as last read ("" when free or unknown)
+    owner_host: str
+    owner_since: float | None  # unix seconds
+    renewals: int
+    renew_failures: int
+    ownership_changes: int
+    seconds_since_renew: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """This process in the fleet."""
+
+    instance: str
+    bucket: str
+    ttl: float
+    ready: bool  # the bucket was read recently: this process knows who owns what
+    members: tuple[str, ...]
+    leases: tuple[LeaseSnapshot, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class BridgeSnapshot:
-    """The daemon's state: the target connection and every source."""
+    """The daemon's state: the target connection, every running source, and (with leases) the fleet."""
 
     target_connected: bool
     sources: tuple[SourceSnapshot, ...]
     now: float  # unix seconds when taken
+    fleet: FleetSnapshot | None = None
 
 
 def publish_error_reason(error: str) -> str:
@@ -220,6 +249,8 @@ class _SnapshotCollector(Collector):
         target.add_metric([], 1.0 if snap.target_connected else 0.0)
         yield target
         yield from _source_families(snap)
+        if snap.fleet is not None:
+            yield from _fleet_families(snap.fleet)
 
 
 def _gauge(name: str, doc: str, rows: list[tuple[str, float]]) -> GaugeMetricFamily:
@@ -317,3 +348,45 @@ def _source_families(snap: BridgeSnapshot) -> Iterator[Metric]:
         "1 while the origin consumer is bound and replicating (after the first reset).",
         rows(lambda s: s.consumer_bound),
     )
+
+
+def _fleet_families(fleet: FleetSnapshot) -> Iterator[Metric]:
+    leases = fleet.leases
+
+    def rows(get: Callable[[LeaseSnapshot], float]) -> list[tuple[str, float]]:
+        return [(lease.source, float(get(lease))) for lease in leases]
+
+    yield _gauge(
+        "nats_bridge_source_owned",
+        "1 while this process owns the source's lease (replicates it), 0 while it is a standby for it.",
+        rows(lambda lease: lease.owned),
+    )
+    yield _counter(
+        "nats_bridge_lease_renewals", "Successful renewals of the source's lease.", rows(lambda lease: lease.renewals)
+    )
+    yield _counter(
+        "nats_bridge_lease_renew_failures",
+        "Failed renewals of the source's lease (it is lost once none succeeds for 4/5 of the TTL).",
+        rows(lambda lease: lease.renew_failures),
+    )
+    yield _counter(
+        "nats_bridge_lease_ownership_changes",
+        "Times this process took or gave up the source's lease.",
+        rows(lambda lease: lease.ownership_changes),
+    )
+    yield _gauge(
+        "nats_bridge_lease_seconds_since_renew",
+        "Seconds since the owned lease was last written (sent); absent while standby.",
+        [(lease.source, lease.seconds_since_renew) for lease in leases if lease.seconds_since_renew is not None],
+    )
+    owned = GaugeMetricFamily("nats_bridge_sources_owned", "Sources whose lease this process owns.")
+    owned.add_metric([], float(sum(1 for lease in leases if lease.owned)))
+    yield owned
+    members = GaugeMetricFamily("nats_bridge_fleet_members", "Live processes in the fleet, as last read.")
+    members.add_metric([], float(len(fleet.members)))
+    yield members
+    ready = GaugeMetricFamily(
+        "nats_bridge_fleet_ready", "1 while the coordination bucket was read within the lease TTL."
+    )
+    ready.add_metric([], 1.0 if fleet.ready else 0.0)
+    yield ready

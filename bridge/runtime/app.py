@@ -26,10 +26,12 @@ from bridge.core.backoff import Backoff
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
 from bridge.io.connect import describe, drop_unsent_publishes, error_fields, open_connection
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
+from bridge.io.kv import KvBucket
 from bridge.logs import Throttle, get_logger
 from bridge.observe.http import HttpServer, Response, json_response, metrics_handler, parse_listen
-from bridge.observe.metrics import BridgeSnapshot, Metrics
+from bridge.observe.metrics import BridgeSnapshot, FleetSnapshot, Metrics
 from bridge.observe.systemd import Notifier, watchdog_loop
+from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
 from bridge.runtime.source import SourceRunner, TargetSide
 
 CONNECT_BACKOFF = Backoff(0.5, 15.0)
@@ -74,6 +76,8 @@ class Bridge:
         self._sources_tg: TaskGroup | None = None
         self._error_throttle = Throttle()
         self._loop_beat = time.monotonic()
+        self.fleet: FleetRunner | None = None  # with coordination enabled: who owns which source
+        self._kv_nc: NATS | None = None  # the coordination bucket's own connection, when it has one
 
     @property
     def runners(self) -> list[SourceRunner]:
@@ -108,13 +112,22 @@ class Bridge:
             await self._check_target_stream(side)
             async with anyio.create_task_group() as sources:
                 self._sources_tg = sources
-                for source in self.config.sources:
-                    self._start_source(source)
-                sources.start_soon(self._stop_sources_on_stop)
+                if self.config.coordination.enabled:
+                    sources.start_soon(self._run_fleet, side)
+                else:
+                    for source in self.config.sources:
+                        self._start_source(source)
+                    sources.start_soon(self._stop_sources_on_stop)
                 if on_started is not None:
                     sources.start_soon(on_started, self)
             self._sources_tg = None
             tg.cancel_scope.cancel()
+        if self._kv_nc is not None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._kv_nc.close()
+                except Exception as exc:  # closing a dead connection
+                    self.log.debug("coordination.close_failed", error=describe(exc))
         if self._target_nc is not None:
             with anyio.CancelScope(shield=True):
                 try:
@@ -139,7 +152,7 @@ class Bridge:
 
     # -- sources ------------------------------------------------------------------------------------------
 
-    def _start_source(self, source: Any) -> None:
+    def _start_source(self, source: Any, fence: Fence | None = None) -> None:
         assert self._sources_tg is not None and self._side is not None
         runner = SourceRunner(
             source,
@@ -147,6 +160,7 @@ class Bridge:
             self._side,
             observers=self.metrics.observers(source.name),
             stalled_after=self.config.http.stalled_after,
+            fence=fence,
         )
         task = _SourceTask(runner)
         self._tasks[source.name] = task
@@ -158,6 +172,67 @@ class Bridge:
         finally:
             task.done.set()
 
+    # -- ownership (coordination enabled) ---------------------------------------------------------------------
+
+    async def _run_fleet(self, side: TargetSide) -> None:
+        coordination = self.config.coordination
+        if coordination.servers is None:
+            kv = KvBucket(side.nc, side.api, coordination.bucket)
+        else:
+            nc = await self._connect_coordination()
+            if nc is None:
+                return
+            kv = KvBucket(nc, JsApi(nc, coordination.api_prefix), coordination.bucket)
+        self.fleet = FleetRunner(
+            kv,
+            instance=coordination.instance,
+            sources=[s.name for s in self.config.sources],
+            ttl=coordination.lease_ttl,
+            replicas=coordination.replicas,
+            control=SourceControl(self._start_owned, self._stop_owned, self._abandon_owned),
+            shutdown_grace=self.config.engine.shutdown_grace,
+        )
+        try:
+            await self.fleet.run(self.stop)
+        finally:
+            for task in list(self._tasks.values()):  # only if leaving was cut short: drain what still runs
+                task.stop.set()
+
+    async def _connect_coordination(self) -> NATS | None:
+        coordination = self.config.coordination
+        attempt = 0
+        while not self.stop.is_set():
+            attempt += 1
+            try:
+                self._kv_nc = await open_connection(
+                    coordination, name="nats-bridge coordination", error_type=TargetUnavailable
+                )
+                self.log.info("coordination.connected", servers=list(coordination.servers or ()))
+                return self._kv_nc
+            except BridgeError as exc:
+                delay = CONNECT_BACKOFF.delay(attempt)
+                self.log.warning("coordination.connect_failed", error=str(exc), retry_in=delay)
+                with anyio.move_on_after(delay):
+                    await self.stop.wait()
+        return None
+
+    def _start_owned(self, name: str, fence: Fence) -> None:
+        source = next((s for s in self.config.sources if s.name == name), None)
+        if source is None or self._sources_tg is None:
+            return
+        self._start_source(source, fence)
+
+    async def _stop_owned(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.stop.set()
+            await task.done.wait()
+
+    def _abandon_owned(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.runner.abandon("lease lost")
+
     async def _stop_sources_on_stop(self) -> None:
         await self.stop.wait()
         for task in list(self._tasks.values()):
@@ -168,7 +243,13 @@ class Bridge:
         self.notifier.stopping("draining: answering flow control with what is stored")
 
     def _waiting_sources(self) -> list[str]:
-        return [name for name, task in self._tasks.items() if not task.runner.ready.is_set()]
+        waiting = [name for name, task in self._tasks.items() if not task.runner.ready.is_set()]
+        if self.config.coordination.enabled:
+            if self.fleet is None or not self.fleet.snapshot().ready:
+                waiting.append("the coordination bucket")
+            elif not self.fleet.fleet.settled():
+                waiting.append("sources without an owner yet")
+        return waiting
 
     async def _report_ready(self) -> None:
         deadline = anyio.current_time() + READY_WAIT
@@ -177,7 +258,7 @@ class Bridge:
                 break  # both sides connected: the target, and every source's consumer bound
             await anyio.sleep(0.1)
         waiting = self._waiting_sources() if self._sources_tg is not None else ["the target"]
-        status = f"replicating {len(self._tasks) - len(self._waiting_sources())} of {len(self._tasks)} source(s)"
+        status = self._status_line()
         if waiting:
             status += f"; waiting for {', '.join(waiting)} (see /readyz)"
         self.notifier.ready(status)
@@ -191,7 +272,8 @@ class Bridge:
         Unchanged sources keep running untouched. A removed source drains and stops (flow control is answered with
         what is stored, so nothing is lost or duplicated; its consumer stays on the origin). A changed source stops
         the same way and starts again with its new settings; an added one starts. ``[target]``, ``[engine]``,
-        ``[http]`` and ``[log]`` changes need a restart: they are reported, not applied.
+        ``[http]``, ``[log]`` and ``[coordination]`` changes need a restart: they are reported, not applied. With
+        coordination, a removed source that this process owns is handed over (drained, its lease released).
         """
         from bridge.config import load_config
 
@@ -210,17 +292,30 @@ class Bridge:
         removed = [n for n in old_sources if n not in new_sources]
         added = [n for n in new_sources if n not in old_sources]
         changed = [n for n in old_sources if n in new_sources and old_sources[n] != new_sources[n]]
-        fixed = [k for k in ("target", "engine", "http", "log") if getattr(new, k) != getattr(self.config, k)]
+        fixed = [
+            k for k in ("target", "engine", "http", "log", "coordination") if getattr(new, k) != getattr(self.config, k)
+        ]
         if fixed:
             self.log.warning("reload.restart_required", sections=fixed, hint="these sections apply on restart only")
-        for name in removed + changed:
-            task = self._tasks.pop(name)
-            task.stop.set()
-            await task.done.wait()
         self.config = self.config.model_copy(update={"sources": new.sources})
-        for source in new.sources:
-            if source.name in added or source.name in changed:
-                self._start_source(source)
+        fleet = self.fleet
+        if fleet is not None:
+            # ownership decides what runs: a changed source that is ours restarts under the same lease; removed
+            # and added ones are handed over or taken up by the fleet
+            for name in changed:
+                if name in self._tasks:
+                    await self._stop_owned(name)
+                    if fleet.fleet.holds(name, fleet.clock()):
+                        self._start_owned(name, fleet.fence(name))
+            fleet.set_sources([s.name for s in new.sources])
+        else:
+            for name in removed + changed:
+                task = self._tasks.pop(name)
+                task.stop.set()
+                await task.done.wait()
+            for source in new.sources:
+                if source.name in added or source.name in changed:
+                    self._start_source(source)
         self.log.info(
             "reload.applied",
             added=added,
@@ -228,10 +323,17 @@ class Bridge:
             changed=changed,
             unchanged=[n for n in new_sources if n not in added and n not in changed],
         )
-        self.notifier.ready(
-            f"replicating {len(self._tasks) - len(self._waiting_sources())} of {len(self._tasks)} source(s)"
-        )
+        self.notifier.ready(self._status_line())
         return True
+
+    def _status_line(self) -> str:
+        running = [name for name, task in self._tasks.items() if task.runner.ready.is_set()]
+        if self.config.coordination.enabled:
+            return (
+                f"replicating {len(running)} of {len(self.config.sources)} source(s), standby for the others"
+                f" (instance {self.config.coordination.instance})"
+            )
+        return f"replicating {len(running)} of {len(self._tasks)} source(s)"
 
     # -- health -------------------------------------------------------------------------------------------
 
@@ -242,6 +344,7 @@ class Bridge:
             target_connected=nc is not None and bool(nc.is_connected),
             sources=tuple(task.runner.snapshot() for task in self._tasks.values()),
             now=time.time(),
+            fleet=self.fleet.snapshot() if self.fleet is not None else None,
         )
 
     async def _beat(self) -> None:
@@ -261,7 +364,23 @@ class Bridge:
     def _readyz(self) -> Response:
         snap = self.snapshot()
         sources: dict[str, Any] = {}
-        ready = snap.target_connected and bool(snap.sources)
+        body: dict[str, Any] = {}
+        if self.config.coordination.enabled:
+            # a healthy standby is ready: an orchestrator waiting for it before stopping the owner must not deadlock
+            fleet = snap.fleet
+            ready = snap.target_connected and fleet is not None and fleet.ready
+            body["fleet"] = _fleet_json(fleet)
+            for lease in fleet.leases if fleet is not None else ():
+                if not lease.owned:
+                    sources[lease.source] = {
+                        "ready": True,
+                        "reasons": [],
+                        "role": "standby",
+                        "owner": lease.owner or None,
+                        "owner_host": lease.owner_host or None,
+                    }
+        else:
+            ready = snap.target_connected and bool(snap.sources)
         for src in snap.sources:
             reasons = []
             if not src.origin_connected:
@@ -271,10 +390,11 @@ class Bridge:
             if src.stalled:
                 reasons.append(f"stalled: no progress for {src.seconds_since_progress:.0f}s with messages waiting")
             ready = ready and not reasons
-            sources[src.source] = {"ready": not reasons, "reasons": reasons, **src.to_json()}
+            sources[src.source] = {"ready": not reasons, "reasons": reasons, "role": "owner", **src.to_json()}
         body = {
             "ready": ready,
             "target": {"connected": snap.target_connected, "stream": self.config.target.stream},
+            **body,
             "sources": sources,
         }
         return json_response(200 if ready else 503, body)
@@ -361,3 +481,16 @@ class Bridge:
         suppressed = self._error_throttle.allow(time.monotonic())
         if suppressed is not None:
             self.log.warning("target.error", **error_fields(exc), similar_suppressed=suppressed)
+
+
+def _fleet_json(fleet: FleetSnapshot | None) -> dict[str, Any]:
+    if fleet is None:
+        return {"ready": False, "reason": "the coordination bucket is not usable yet"}
+    return {
+        "ready": fleet.ready,
+        "instance": fleet.instance,
+        "bucket": fleet.bucket,
+        "lease_ttl": fleet.ttl,
+        "members": list(fleet.members),
+        "owned": [lease.source for lease in fleet.leases if lease.owned],
+    }

@@ -14,6 +14,12 @@ Task ownership (all inside the runner's task group, cancelled together when the 
 
 Shutdown (``stop`` set): deliveries stop (unsubscribe), nothing new is published, in-flight acks are awaited up to
 ``shutdown_grace``, a held flow-control request is answered with what is stored, then the connection closes.
+
+The fence (with leases, ``bridge.core.fleet``): every action on the source, a publish batch, a flow-control answer,
+a RESET and a consumer create or look-up, is preceded by ``fence()``, checked at the moment of the I/O from the
+monotonic clock. Once it says no, the runner abandons the source at once: it unsubscribes, drops every queued
+effect and ends without the drain's final answer. A process frozen past its lease wakes into that check before it
+can act on anything it had buffered.
 """
 
 from __future__ import annotations
@@ -96,6 +102,7 @@ class SourceRunner:
         *,
         observers: SourceObservers | None = None,
         stalled_after: float = 60.0,
+        fence: Callable[[], bool] | None = None,
     ):
         self.source = source
         self.engine_cfg = engine
@@ -103,6 +110,8 @@ class SourceRunner:
         self.clock = clock
         self.observers = observers
         self.stalled_after = stalled_after
+        self._fence = fence
+        self.fenced = False  # the fence closed: nothing more is done for this source
         self.log = get_logger(source=source.name)
         self.engine = SourceEngine(engine_settings(source, engine, target), clock())
         self.ready = anyio.Event()  # connected, consumer bound, first reset done
@@ -147,13 +156,36 @@ class SourceRunner:
             except anyio.get_cancelled_exc_class():
                 await self._close()
                 raise
-            if stop.is_set():
+            if stop.is_set() or self.fenced:
                 tg.cancel_scope.cancel()
                 await self._close()
                 return
             tg.start_soon(self._executor)
             tg.start_soon(self._ticker)
         await self._close()
+
+    def may_act(self) -> bool:
+        """The fence, checked right before every action on the source; abandons the source once it is closed."""
+        if self.fenced:
+            return False
+        if self._fence is None or self._fence():
+            return True
+        self.abandon("lease fence closed")
+        return False
+
+    def abandon(self, reason: str) -> None:
+        """Stop at once, doing nothing more for the source: no publish, no answer, no reset (the lease is gone)."""
+        if self.fenced:
+            return
+        self.fenced = True
+        self._stopping = True
+        dropped = sum(1 for effect in self._effects if isinstance(effect, Publish | AnswerFlowControl))
+        self._effects.clear()
+        self.log.warning("source.fenced", reason=reason, dropped_actions=dropped, watermark=self.engine.watermark)
+        if self._sub is not None:
+            wire.remove_handler(self._nc, self._sub)  # nothing more is taken from the deliver subject
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
 
     async def _watch_stop(self, stop: anyio.Event, tg: TaskGroup) -> None:
         await stop.wait()
@@ -205,6 +237,8 @@ class SourceRunner:
         except (ApiTimeout, ApiUnavailable) as exc:
             raise OriginUnavailable(f"origin stream {src.stream!r}: {exc}") from exc
         self._workqueue = origin.get("config", {}).get("retention") == "workqueue"
+        if not self.may_act():
+            return  # abandoned: the task group is cancelled, nothing more starts
         info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=timeout)
         self._consumer_created = info.get("created")
         self.log.info(
@@ -335,9 +369,9 @@ class SourceRunner:
         write per burst, an event-loop pass before the executor would make it)."""
         if self._performing or self._publisher is None:
             return
-        batch = self._take_publishes()
-        if not batch:
+        if not (self._effects and isinstance(self._effects[0], Publish)) or not self.may_act():
             return
+        batch = self._take_publishes()
         failures = self._publisher.write_now(_sends(batch))
         if failures is None:  # nats-py has unwritten data: these go behind it, through the executor
             self._effects.extendleft(reversed(batch))
@@ -371,6 +405,8 @@ class SourceRunner:
         self._receive(inbound.classify(subject.decode(), reply.decode(), headers, payload))
 
     def _receive(self, message: inbound.Inbound) -> None:
+        if self.fenced:
+            return
         now = self.clock()
         if isinstance(message, inbound.Data):
             self._last_delivered = message.ack.stream_seq
@@ -523,6 +559,8 @@ class SourceRunner:
             while effects:
                 self._performing = True
                 try:
+                    if not self.may_act():
+                        return
                     batch = self._take_publishes()
                     if batch:
                         assert self._publisher is not None
@@ -568,7 +606,7 @@ class SourceRunner:
         getattr(self.log, notice.level)(notice.event, **fields)
 
     async def _answer(self, effect: AnswerFlowControl) -> None:
-        if self._nc is None:
+        if self._nc is None or not self.may_act():
             return
         headers = (
             {"Nats-Last-Consumer": str(effect.last_consumer), "Nats-Last-Stream": str(effect.last_stream)}
@@ -599,7 +637,11 @@ class SourceRunner:
         await self._unsubscribe()
         effects: list[Effect]
         try:
+            if not self.may_act():
+                return
             await self._bind_again(api)
+            if not self.may_act():
+                return
             reply = await api.reset_consumer(
                 src.stream, src.consumer, timeout=self.engine_cfg.reset_timeout, seq=request.seq
             )
@@ -615,6 +657,8 @@ class SourceRunner:
         finally:
             if not self._stopping:
                 await self._subscribe()
+        if self.fenced:
+            return
         self._emit(effects)
         if self.engine.phase is Phase.RUNNING:
             self.ready.set()

@@ -58,6 +58,9 @@ TEST_ENGINE: dict[str, Any] = {
     "shutdown_grace": 5.0,
 }
 
+# Leases for tests: a short TTL, so a process that takes over after a SIGKILL waits seconds, not ten.
+TEST_COORDINATION: dict[str, Any] = {"lease_ttl": 3.0}
+
 # --- polling ----------------------------------------------------------------------------------------------
 
 
@@ -211,6 +214,7 @@ def config_text(
     engine: Mapping[str, Any] | None = None,
     target_extra: Mapping[str, Any] | None = None,
     http_extra: Mapping[str, Any] | None = None,
+    coordination: Mapping[str, Any] | None = None,
     log_level: str = "info",
 ) -> str:
     """The TOML text of a bridge configuration (JSON logs, test engine timings unless overridden)."""
@@ -219,6 +223,7 @@ def config_text(
     lines += ["", *_table("[engine]", {**TEST_ENGINE, **(engine or {})})]
     # tests run side by side: any free port
     lines += ["", *_table("[http]", {"listen": "127.0.0.1:0", **(http_extra or {})})]
+    lines += ["", *_table("[coordination]", {**TEST_COORDINATION, **(coordination or {})})]
     target: dict[str, Any] = {"servers": [target_url], "stream": target_stream, **(target_extra or {})}
     lines += ["", *_table("[target]", target)]
     for spec in sources:

@@ -45,6 +45,7 @@ from .helpers import (
     assert_exact,
     assert_holds,
     bridge_procs_fixture,  # noqa: F401
+    consumer_exists,
     consumer_info,
     create_aggregate,
     create_stream,
@@ -429,11 +430,17 @@ def origin_permissions(
 
 
 def target_permissions(
-    stream: str, subjects: Sequence[str], *, direct: bool = True, api: str = "$JS.API"
+    stream: str, subjects: Sequence[str], *, direct: bool = True, api: str = "$JS.API", bucket: str = "nats-bridge"
 ) -> Permissions:
-    """What the bridge's user needs on the aggregate's server."""
+    """What the bridge's user needs on the aggregate's server, the coordination bucket (leases) included."""
     read = f"{api}.DIRECT.GET.{stream}" if direct else f"{api}.STREAM.MSG.GET.{stream}"
-    return Permissions(publish=(f"{api}.STREAM.INFO.{stream}", read, *subjects), subscribe=("_INBOX.>",))
+    leases = (
+        f"{api}.STREAM.INFO.KV_{bucket}",
+        f"{api}.STREAM.CREATE.KV_{bucket}",
+        f"{api}.DIRECT.GET.KV_{bucket}",
+        f"$KV.{bucket}.>",
+    )
+    return Permissions(publish=(f"{api}.STREAM.INFO.{stream}", read, *subjects, *leases), subscribe=("_INBOX.>",))
 
 
 def leaf_link_permissions(stream: str, consumer: str, deliver_subject: str, *, leaf_domain: str) -> Permissions:
@@ -605,6 +612,8 @@ MISSING = {
         'publish to "$js.api.consumer.reset.orders.nats-bridge-edge1"',
     ),
     "aggregate-publish": Missing("target", "edge.one.>", "target.error", 'publish to "edge.one.orders.'),
+    # without its lease a process is a standby: it never binds the consumer, so it cannot ack anything either
+    "lease-write": Missing("target", "$KV.nats-bridge.>", "target.error", 'publish to "$kv.nats-bridge.'),
 }
 
 
@@ -644,14 +653,22 @@ async def test_least_privilege_missing_permission_is_named(
         errors = [e.get("error", "") for e in bridge.events() if e.get("event") == missing.event]
         assert any("permissions violation" in e and missing.named in e for e in errors), errors
 
+        standby = case == "lease-write"
+
         async def nothing_acked() -> None:
-            assert ack_floor(await consumer_info(origin_nc, ORIGIN, spec.consumer_name)) == 0
+            if standby:
+                assert not await consumer_exists(origin_nc, ORIGIN, spec.consumer_name)
+            else:
+                assert ack_floor(await consumer_info(origin_nc, ORIGIN, spec.consumer_name)) == 0
             assert await stream_messages(origin_nc, ORIGIN) == n
 
         if case == "fc-answer-publish":
             # the copies are stored, up to max_ack_pending, but the acks never reach the origin
             await wait_for_value(lambda: aggregate_count(target_nc, "edge.one.>"), 50, timeout=10, what="copies")
-        await wait_until(lambda: consumer_info(origin_nc, ORIGIN, spec.consumer_name), timeout=10, what="the consumer")
+        if not standby:
+            await wait_until(
+                lambda: consumer_info(origin_nc, ORIGIN, spec.consumer_name), timeout=10, what="the consumer"
+            )
         await assert_holds(nothing_acked, duration=2.0, what="nothing acked")
         assert bridge.is_running
         assert await bridge.astop(STOP_GRACE) == 0

@@ -176,11 +176,12 @@ def test_dockerignore_lets_in_what_the_build_copies_and_nothing_else(instruction
     assert ignored("bridge/__pycache__/config.cpython-311.pyc", patterns)
 
 
-def test_the_kubernetes_example_bridge_config_loads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("example", ["kubernetes-sidecar.yaml", "kubernetes-deployment.yaml"])
+def test_the_kubernetes_example_bridge_config_loads(tmp_path: Path, example: str) -> None:
     """The ConfigMap's bridge.toml (the indented block after ``bridge.toml: |``) is a valid configuration."""
     from bridge.config import load_config
 
-    text = (Path(__file__).resolve().parents[2] / "config" / "kubernetes-sidecar.yaml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "config" / example).read_text()
     lines = text.split("  bridge.toml: |\n", 1)[1].splitlines()
     block = []
     for line in lines:
@@ -192,3 +193,4 @@ def test_the_kubernetes_example_bridge_config_loads(tmp_path: Path) -> None:
     config = load_config(path, environ={})
     assert config.http.listen == "0.0.0.0:9464"
     assert [s.name for s in config.sources] == ["leaf-a"]
+    assert config.coordination.enabled

@@ -1,0 +1,550 @@
+"""Who replicates which source: leases in a KV bucket, decided here, performed by ``bridge.runtime.fleet``.
+
+Every source is owned through the key ``lease.<source>`` of one JetStream KV bucket whose ``max_age`` is the lease
+TTL: the server drops a key ``ttl`` after the write that last stored it, unless the owner wrote it again (a renew,
+an update on the revision it last wrote). Acquiring is a create (refused while the key exists); a graceful release
+is a delete on the owner's revision; every write is compare-and-set on the key's revision, so two processes can
+never both believe a write of theirs made them the owner.
+
+**The fence.** A write *sent* at ``t`` (this process's monotonic clock) is stored after ``t``, so the key lives at
+least until ``t + ttl`` and nobody else can create it before then. The owner acts on the source (publish, answer
+flow control, reset or create the consumer) only while ``now < t + ttl - guard`` for the last successful write:
+:meth:`Fleet.holds`, consulted by the runtime right before each of those actions. A process frozen past that
+point (SIGSTOP, a VM pause, a long GC) finds the fence closed when it wakes, before it can act on anything it had
+buffered, whatever its tasks happen to run first. ``guard`` absorbs clock-rate differences and request latency.
+
+**Assignment.** Each process writes ``presence.<instance>`` (value: its incarnation and the sources it serves)
+every ``renew_every``; the bucket's ``max_age`` removes the presence of a process that died. A source's preferred
+owner is the live member serving it with the highest rendezvous hash of (source, instance), so each of N members
+prefers about M/N sources and a member joining or leaving changes the preference of its share only. A free source
+is acquired by its preferred member at once, and by anyone once it has been free for ``ttl`` (its preferred member
+is not taking it). Ownership is sticky: a process hands a source over only while it owns more than its fair share
+(its sources over the live members, rounded up), and only a source whose preferred member is live and another
+process; the source drains (everything stored is answered), the key is deleted, and the preferred member creates
+it at its next view. So a standby that comes back takes nothing from a process at its fair share, and a newcomer
+takes from each process only what that process holds above its share.
+
+States of one lease (``LeaseState``), and the only transitions:
+
+    STANDBY   --acquire sent-->              ACQUIRING
+    ACQUIRING --acquired-->                  OWNED        (StartSource)
+    ACQUIRING --refused / failed-->          STANDBY
+    OWNED     --renewed-->                   OWNED        (the fence moves)
+    OWNED     --renew refused, key ours-->   OWNED        (a write whose reply was lost: adopt its revision)
+    OWNED     --handover or shutdown-->      RELEASING    (StopSource graceful)
+    RELEASING --source stopped-->            RELEASING    (Release: delete on the revision)
+    RELEASING --released / release failed--> STANDBY
+    OWNED, RELEASING --fence passed, or a renew refused--> STANDBY (StopSource not graceful: nothing more is done)
+
+An input that does not fit the lease's state (a late reply for a lease given up meanwhile) is ignored: every reply
+is matched against the request it answers, and a stale one changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from bridge.core.effects import Notice
+
+LEASE_PREFIX = "lease."
+PRESENCE_PREFIX = "presence."
+
+
+class LeaseState(Enum):
+    """Where one source's lease is, as this process sees it."""
+
+    STANDBY = "standby"  # not ours
+    ACQUIRING = "acquiring"  # a create (or a take-back of our own key) is in flight
+    OWNED = "owned"  # ours: the source runs, fenced by ``valid_until``
+    RELEASING = "releasing"  # ours, the source draining or the delete in flight
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTiming:
+    """The lease's clock: every figure derives from the TTL (the bucket's ``max_age``)."""
+
+    ttl: float
+
+    @property
+    def renew_every(self) -> float:
+        """A lease (and the presence key) is written again this often: two renews may fail before the fence."""
+        return self.ttl / 3
+
+    @property
+    def guard(self) -> float:
+        """How long before the key's earliest expiry the owner stops acting."""
+        return self.ttl / 5
+
+    @property
+    def request_timeout(self) -> float:
+        """The longest a KV write may take before it counts as failed (and is tried again)."""
+        return max(0.2, min(self.ttl / 5, 5.0))
+
+    @property
+    def view_every(self) -> float:
+        """How often the bucket is read whole (members and holders)."""
+        return max(0.1, min(1.0, self.ttl / 10))
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The value of a ``lease.<source>`` key: who owns the source since when, at which revision."""
+
+    instance: str
+    incarnation: str
+    host: str = ""
+    pid: int = 0
+    since: float = 0.0  # unix seconds the holder acquired it
+    revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """The value of a ``presence.<instance>`` key: a live process and the sources its configuration has."""
+
+    instance: str
+    incarnation: str
+    sources: frozenset[str] = frozenset()
+    host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The bucket as one read saw it. ``free`` holds the delete markers' revisions (a create must name them)."""
+
+    members: Mapping[str, Member] = field(default_factory=dict)
+    holders: Mapping[str, Holder] = field(default_factory=dict)
+    free: Mapping[str, int] = field(default_factory=dict)
+
+
+# -- effects ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReadView:
+    """Read the whole bucket; report :meth:`Fleet.viewed` or :meth:`Fleet.view_failed`."""
+
+
+@dataclass(frozen=True, slots=True)
+class WritePresence:
+    """Write this process's presence key (an overwrite: presence is information, not ownership)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    """Create ``lease.<source>``; with ``revision`` > 0, write it on that revision instead (a delete marker, or a
+    key of our own incarnation). Report :meth:`Fleet.acquired` with the time the write was sent, or
+    :meth:`Fleet.acquire_failed`."""
+
+    source: str
+    revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Renew:
+    """Write ``lease.<source>`` again on ``revision``. Report :meth:`Fleet.renewed` (with the send time) or
+    :meth:`Fleet.renew_failed` (``definitive`` when the server refused the revision: the key is someone else's)."""
+
+    source: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Delete ``lease.<source>`` on ``revision``; report :meth:`Fleet.released` whatever the outcome."""
+
+    source: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartSource:
+    """Start replicating ``source`` as a fresh start does (watermark from the aggregate, RESET to the ack floor)."""
+
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopSource:
+    """Stop replicating ``source``. ``graceful``: drain and answer what is stored, then report
+    :meth:`Fleet.source_stopped`. Not graceful: the fence is closed, stop at once and do nothing more."""
+
+    source: str
+    graceful: bool
+
+
+FleetEffect = ReadView | WritePresence | Acquire | Renew | Release | StartSource | StopSource | Notice
+
+
+def rendezvous(source: str, instance: str) -> int:
+    """The weight of ``instance`` for ``source``: the live member with the highest weight is the preferred owner."""
+    digest = hashlib.blake2b(f"{source}\n{instance}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def preferred_owner(source: str, candidates: Iterable[str]) -> str | None:
+    """The candidate instance that should own ``source`` (highest rendezvous weight; ties by name)."""
+    best: tuple[int, str] | None = None
+    for instance in candidates:
+        key = (rendezvous(source, instance), instance)
+        if best is None or key > best:
+            best = key
+    return None if best is None else best[1]
+
+
+@dataclass(slots=True)
+class Lease:
+    """One source's lease. Counters are for metrics only."""
+
+    source: str
+    state: LeaseState = LeaseState.STANDBY
+    revision: int = 0
+    valid_until: float = -math.inf  # the fence: act only while now < valid_until
+    renewed_at: float = -math.inf  # when the last successful write was sent
+    renewing: bool = False
+    next_renew: float = math.inf
+    free_since: float | None = None  # first view that showed the key free (None: held, or not seen free)
+    since_wall: float = 0.0
+    renewals: int = 0
+    renew_failures: int = 0
+    changes: int = 0  # times it became ours or stopped being ours
+    term: int = 0  # counts the times it became ours: a fence is bound to one term
+    stopping: bool = False  # a graceful StopSource is under way
+
+    def holds(self, now: float) -> bool:
+        """Whether this process may act on the source now."""
+        return self.state in (LeaseState.OWNED, LeaseState.RELEASING) and now < self.valid_until
+
+
+class Fleet:
+    """This process's leases: fed views of the bucket, write outcomes and the clock; returns effects in order."""
+
+    def __init__(
+        self,
+        instance: str,
+        incarnation: str,
+        sources: Iterable[str],
+        timing: LeaseTiming,
+        now: float,
+    ) -> None:
+        self.instance = instance
+        self.incarnation = incarnation
+        self.timing = timing
+        self.configured: list[str] = list(sources)
+        self.leases: dict[str, Lease] = {name: Lease(name) for name in self.configured}
+        self.members: dict[str, Member] = {}
+        self.holders: dict[str, Holder] = {}
+        self.stopping = False
+        self._view_at = -math.inf  # when the last view was read (sent)
+        self._viewing = False
+        self._next_view = now
+        self._presence_ok = False
+        self._next_presence = now
+        self._collision_noted = False
+
+    # -- views ------------------------------------------------------------------------------------------------
+
+    def holds(self, source: str, now: float) -> bool:
+        """The fence: True while this process may act on ``source`` (publish, answer, reset, create its consumer)."""
+        lease = self.leases.get(source)
+        return lease is not None and lease.holds(now)
+
+    def owned(self) -> list[str]:
+        """Sources whose lease is this process's now."""
+        return [name for name, lease in self.leases.items() if lease.state in (LeaseState.OWNED, LeaseState.RELEASING)]
+
+    @property
+    def done(self) -> bool:
+        """Stopping, and no lease is ours or on its way to being ours."""
+        return self.stopping and all(lease.state is LeaseState.STANDBY for lease in self.leases.values())
+
+    @property
+    def view_age_origin(self) -> float:
+        """When the newest view of the bucket was read (monotonic; -inf before the first)."""
+        return self._view_at
+
+    # -- configuration ----------------------------------------------------------------------------------------
+
+    def set_sources(self, sources: Iterable[str], now: float) -> list[FleetEffect]:
+        """The configuration changed: a removed source that is ours drains and is released; an added one waits."""
+        self.configured = list(sources)
+        effects: list[FleetEffect] = []
+        for name in list(self.leases):
+            if name not in self.configured:
+                lease = self.leases[name]
+                if lease.state is LeaseState.STANDBY:
+                    del self.leases[name]
+                else:  # an acquisition in flight is handed over when it lands (see acquired)
+                    effects += self._hand_over(lease, "removed from the configuration")
+        for name in self.configured:
+            self.leases.setdefault(name, Lease(name))
+        self._next_presence = now  # tell the fleet which sources this process serves now
+        return effects
+
+    # -- inputs: the bucket -----------------------------------------------------------------------------------
+
+    def viewed(self, view: View, sent_at: float, now: float) -> list[FleetEffect]:
+        """A whole read of the bucket, sent at ``sent_at``."""
+        self._viewing = False
+        self._view_at = sent_at
+        self.members = dict(view.members)
+        self.holders = dict(view.holders)
+        effects: list[FleetEffect] = []
+        mine = self.members.get(self.instance)
+        collision = mine is not None and mine.incarnation != self.incarnation and self._presence_ok
+        if collision and not self._collision_noted:
+            self._collision_noted = True
+            hint = "two live processes use this instance id: give each its own coordination.instance_id"
+            effects.append(Notice("fleet.instance_collision", "error", {"instance": self.instance, "hint": hint}))
+        for name, lease in self.leases.items():
+            holder = self.holders.get(name)
+            if holder is None:
+                if lease.free_since is None:
+                    lease.free_since = sent_at
+            else:
+                lease.free_since = None
+            if lease.state is LeaseState.STANDBY:
+                lease.revision = view.free.get(name, 0) if holder is None else holder.revision
+        effects += self._decide(now)
+        return effects
+
+    def view_failed(self, reason: str, now: float) -> list[FleetEffect]:
+        """The bucket could not be read; the leases held keep being renewed (renewals do not need a view)."""
+        self._viewing = False
+        return [Notice("fleet.view_failed", "warning", {"reason": reason})]
+
+    def presence_written(self, now: float) -> list[FleetEffect]:
+        """The presence key was written."""
+        if not self._presence_ok:
+            self._presence_ok = True
+            self._next_view = now  # the first view that can include us: decide at once rather than a view later
+        return []
+
+    def settled(self) -> bool:
+        """Every configured source is ours or held by another live process: nothing waits for an owner."""
+        for name in self.configured:
+            lease = self.leases[name]
+            if lease.state is LeaseState.OWNED:
+                continue
+            holder = self.holders.get(name)
+            if holder is None or holder.incarnation == self.incarnation:
+                return False
+        return self._presence_ok
+
+    def presence_failed(self, reason: str, now: float) -> list[FleetEffect]:
+        """The presence key could not be written: try again soon."""
+        self._next_presence = now + min(1.0, self.timing.renew_every / 3)
+        return [Notice("fleet.presence_failed", "warning", {"reason": reason})]
+
+    def acquired(self, source: str, revision: int, sent_at: float, wall: float, now: float) -> list[FleetEffect]:
+        """``lease.<source>`` is ours at ``revision``; the write was sent at ``sent_at``."""
+        lease = self.leases.get(source)
+        if lease is None or lease.state is not LeaseState.ACQUIRING:
+            return []
+        lease.state = LeaseState.OWNED
+        lease.changes += 1
+        lease.term += 1
+        lease.since_wall = wall
+        self._written(lease, revision, sent_at)
+        if not lease.holds(now):  # the reply came too late to act on: let it expire rather than act unfenced
+            return self._lost(lease, "acquired too late to act on", now)
+        effects: list[FleetEffect] = [
+            Notice("lease.acquired", fields={"source": source, "revision": revision, "instance": self.instance})
+        ]
+        if self.stopping or source not in self.configured:
+            return effects + self._hand_over(lease, "stopping" if self.stopping else "removed from the configuration")
+        return [*effects, StartSource(source)]
+
+    def acquire_failed(self, source: str, reason: str, now: float) -> list[FleetEffect]:
+        """The create (or take-back) was refused or got no answer: someone else has it, or the next view decides."""
+        lease = self.leases.get(source)
+        if lease is None or lease.state is not LeaseState.ACQUIRING:
+            return []
+        lease.state = LeaseState.STANDBY
+        return [Notice("lease.acquire_failed", "debug", {"source": source, "reason": reason})]
+
+    def renewed(self, source: str, revision: int, sent_at: float, now: float) -> list[FleetEffect]:
+        """A renew succeeded: the fence moves to ``sent_at + ttl - guard``."""
+        lease = self.leases.get(source)
+        if lease is None or not lease.renewing:
+            return []
+        lease.renewing = False
+        if lease.state not in (LeaseState.OWNED, LeaseState.RELEASING):
+            return []
+        lease.renewals += 1
+        self._written(lease, revision, sent_at)
+        return []
+
+    def renew_failed(self, source: str, reason: str, definitive: bool, now: float) -> list[FleetEffect]:
+        """A renew failed. ``definitive``: the key is no longer on our revision (someone else's, or expired)."""
+        lease = self.leases.get(source)
+        if lease is None or not lease.renewing:
+            return []
+        lease.renewing = False
+        if lease.state not in (LeaseState.OWNED, LeaseState.RELEASING):
+            return []
+        lease.renew_failures += 1
+        if definitive:
+            return self._lost(lease, f"renew refused: {reason}", now)
+        # try again soon: the fence still has time (a renew is due every ttl/3, the fence closes at 4/5 ttl)
+        lease.next_renew = now + min(1.0, self.timing.renew_every / 3)
+        return [
+            Notice(
+                "lease.renew_failed",
+                "warning",
+                {"source": source, "reason": reason, "fence_in": round(max(0.0, lease.valid_until - now), 3)},
+            )
+        ]
+
+    def renew_adopted(self, source: str, revision: int, now: float) -> list[FleetEffect]:
+        """A renew was refused, but the key holds our own incarnation at ``revision``: an earlier write of ours
+        whose reply never came was stored after all. Nobody else wrote since, so the lease is still ours; the fence
+        stays where the last *confirmed* write put it (this write's send time is unknown), and a renew goes out now.
+        """
+        lease = self.leases.get(source)
+        if lease is None or not lease.renewing:
+            return []
+        lease.renewing = False
+        if lease.state not in (LeaseState.OWNED, LeaseState.RELEASING):
+            return []
+        lease.revision = revision
+        lease.next_renew = now
+        return []
+
+    def source_stopped(self, source: str, now: float) -> list[FleetEffect]:
+        """A graceful StopSource finished: the source drained. Delete the key (on our revision) if still ours."""
+        lease = self.leases.get(source)
+        if lease is None or not lease.stopping:
+            return []
+        lease.stopping = False
+        if lease.state is not LeaseState.RELEASING:
+            return []
+        if not lease.holds(now):
+            return self._lost(lease, "fence passed while draining", now)
+        lease.valid_until = -math.inf  # the source has stopped: nothing may act on it once the delete can land
+        return [Release(source, lease.revision)]
+
+    def released(self, source: str, ok: bool, reason: str, now: float) -> list[FleetEffect]:
+        """The delete was made (or could not be: then the key expires by itself). The source is free either way."""
+        lease = self.leases.get(source)
+        if lease is None or lease.state is not LeaseState.RELEASING or lease.stopping:
+            return []
+        lease.state = LeaseState.STANDBY
+        lease.valid_until = lease.renewed_at = -math.inf
+        lease.changes += 1
+        lease.free_since = now if ok else None
+        fields: dict[str, object] = {"source": source, "instance": self.instance}
+        if not ok:
+            fields["reason"] = reason
+        effects: list[FleetEffect] = [Notice("lease.released" if ok else "lease.release_failed", fields=fields)]
+        if source not in self.configured:
+            del self.leases[source]
+        return effects
+
+    # -- inputs: time and shutdown ----------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[FleetEffect]:
+        """Renewals due, fences passed, the bucket read and presence written when due."""
+        effects: list[FleetEffect] = []
+        for lease in list(self.leases.values()):
+            if lease.state is LeaseState.OWNED or (lease.state is LeaseState.RELEASING and lease.stopping):
+                if now >= lease.valid_until:
+                    effects += self._lost(lease, "no renew succeeded in time", now)
+                elif not lease.renewing and now >= lease.next_renew:
+                    lease.renewing = True
+                    effects.append(Renew(lease.source, lease.revision))
+        if not self.stopping and now >= self._next_presence:
+            self._next_presence = now + self.timing.renew_every
+            effects.append(WritePresence())
+        if not self._viewing and now >= self._next_view:
+            self._viewing = True
+            self._next_view = now + self.timing.view_every
+            effects.append(ReadView())
+        return effects
+
+    def shutdown(self, now: float) -> list[FleetEffect]:
+        """Stop taking sources; drain and release every source that is ours."""
+        self.stopping = True
+        effects: list[FleetEffect] = []
+        for lease in self.leases.values():
+            if lease.state is LeaseState.OWNED:
+                effects += self._hand_over(lease, "shutting down")
+        return effects
+
+    # -- decisions --------------------------------------------------------------------------------------------
+
+    def preferred(self, source: str) -> str | None:
+        """The instance that should own ``source`` among the live members serving it (this process included)."""
+        candidates = {name for name, member in self.members.items() if source in member.sources}
+        candidates.discard(self.instance)  # our own presence as last written may be stale: decide from now
+        if source in self.configured and not self.stopping:
+            candidates.add(self.instance)
+        return preferred_owner(source, candidates)
+
+    def fair_share(self) -> int:
+        """The most sources this process should own: its configured sources over the live members serving any."""
+        mine = set(self.configured)
+        live = {name for name, member in self.members.items() if member.sources & mine} | {self.instance}
+        return math.ceil(len(self.configured) / len(live))
+
+    def _decide(self, now: float) -> list[FleetEffect]:
+        if self.stopping or not self._presence_ok:
+            return []  # acquire only once the fleet can see us: otherwise every start would move sources twice
+        effects: list[FleetEffect] = []
+        excess = sum(1 for lease in self.leases.values() if lease.state is LeaseState.OWNED) - self.fair_share()
+        for name in self.configured:
+            lease = self.leases[name]
+            holder = self.holders.get(name)
+            preferred = self.preferred(name)
+            if lease.state is LeaseState.OWNED:
+                # sticky: a source moves only off a process above its fair share, and only to its preferred member
+                if excess > 0 and preferred is not None and preferred != self.instance and preferred in self.members:
+                    excess -= 1
+                    effects += self._hand_over(lease, f"rebalancing: preferred owner {preferred} is live")
+            elif lease.state is LeaseState.STANDBY:
+                if holder is not None:
+                    if holder.incarnation == self.incarnation:
+                        # our own key, which we stopped tracking (the fence closed during a bucket outage): nobody
+                        # else wrote it since, so a write on its revision takes it back safely
+                        effects += self._acquire(lease, holder.revision)
+                    continue
+                orphaned = lease.free_since is not None and self._view_at - lease.free_since >= self.timing.ttl
+                if preferred == self.instance or orphaned:
+                    effects += self._acquire(lease, lease.revision)
+        return effects
+
+    def _acquire(self, lease: Lease, revision: int) -> list[FleetEffect]:
+        lease.state = LeaseState.ACQUIRING
+        return [Acquire(lease.source, revision)]
+
+    def _hand_over(self, lease: Lease, why: str) -> list[FleetEffect]:
+        if lease.state is not LeaseState.OWNED:
+            return []
+        lease.state = LeaseState.RELEASING
+        lease.stopping = True
+        return [
+            Notice("lease.handing_over", fields={"source": lease.source, "reason": why}),
+            StopSource(lease.source, graceful=True),
+        ]
+
+    def _lost(self, lease: Lease, why: str, now: float) -> list[FleetEffect]:
+        lease.state = LeaseState.STANDBY
+        lease.valid_until = lease.renewed_at = -math.inf
+        lease.renewing = False
+        lease.stopping = False
+        lease.changes += 1
+        lease.free_since = None
+        return [
+            Notice("lease.lost", "error", {"source": lease.source, "reason": why, "instance": self.instance}),
+            StopSource(lease.source, graceful=False),
+        ]
+
+    def _written(self, lease: Lease, revision: int, sent_at: float) -> None:
+        lease.revision = revision
+        lease.renewed_at = max(lease.renewed_at, sent_at)
+        lease.valid_until = lease.renewed_at + self.timing.ttl - self.timing.guard
+        lease.next_renew = sent_at + self.timing.renew_every

@@ -1,0 +1,258 @@
+"""The coordination bucket: a JetStream KV bucket used through plain JetStream requests.
+
+A KV bucket is a stream ``KV_<bucket>`` on ``$KV.<bucket>.>`` keeping one message per key. The writes the leases
+need are compare-and-set: a publish to ``$KV.<bucket>.<key>`` with ``Nats-Expected-Last-Subject-Sequence`` (0: the
+key must not exist) is stored only if the key's last revision is the one named, else refused with err_code 10071.
+A delete is such a write with ``KV-Operation: DEL`` and no payload. The bucket's ``max_age`` is the lease TTL:
+the server drops a key that long after its last write. The whole bucket is read with one batched Direct Get
+``{"multi_last": ["$KV.<bucket>.>"]}`` (nats-server 2.11+): the last message of every key still stored.
+
+Plain requests rather than nats-py's KV keep the API prefix (domain) explicit, keep the errors in the bridge's
+family and make every write's revision check visible here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from bridge.core import headers as hdr
+from bridge.core.fleet import LEASE_PREFIX, PRESENCE_PREFIX, Holder, Member, View
+from bridge.errors import ApiError, ApiTimeout, ApiUnavailable, BridgeError
+from bridge.io import wire
+from bridge.io.connect import describe
+from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi
+
+WRONG_LAST_SEQUENCE = 10071
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+OPERATION = "KV-Operation"
+MULTI_LAST_LIMIT = 1024
+_N = TypeVar("_N", int, float)  # keys one multi_last request may match (ADR-31); more is a 413
+
+
+class KvConflict(BridgeError):
+    """A compare-and-set write was refused: the key is not at the revision named (someone else wrote it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KvEntry:
+    """The last message of one key: its value, revision, and whether it is a delete marker."""
+
+    key: str
+    revision: int
+    value: bytes
+    deleted: bool
+
+
+class KvBucket:
+    """One KV bucket reached through ``api`` (its prefix names the domain)."""
+
+    def __init__(self, nc: NATS, api: JsApi, bucket: str) -> None:
+        self.nc = nc
+        self.api = api
+        self.bucket = bucket
+        self.stream = f"KV_{bucket}"
+        self.prefix = f"$KV.{bucket}."
+
+    async def ensure(self, ttl: float, replicas: int, timeout: float) -> float:
+        """Create the bucket when missing (``max_age`` = ``ttl``); return the TTL the bucket really has.
+
+        An existing bucket is never changed: its ``max_age`` is what the server enforces, so that is the TTL every
+        lease is timed by, whatever this process was configured with (the caller says so when they differ).
+        """
+        try:
+            info = await self.api.stream_info(self.stream, timeout=timeout)
+        except ApiError as exc:
+            if exc.err_code != STREAM_NOT_FOUND:
+                raise
+            info = await self._create(ttl, replicas, timeout)
+        max_age = int(info.get("config", {}).get("max_age", 0))
+        if max_age <= 0:
+            raise ApiError(
+                f"{self.api.prefix}.STREAM.INFO.{self.stream}",
+                0,
+                0,
+                f"KV bucket {self.bucket!r} has no TTL (max_age): leases in it would never expire; delete it or "
+                "name another coordination.bucket",
+            )
+        return max_age / 1e9
+
+    async def _create(self, ttl: float, replicas: int, timeout: float) -> dict[str, Any]:
+        ttl_ns = int(ttl * 1e9)
+        config = {
+            "name": self.stream,
+            "description": "nats-bridge leases and presence",
+            "subjects": [f"{self.prefix}>"],
+            "retention": "limits",
+            "max_msgs_per_subject": 1,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_msg_size": -1,
+            "max_age": ttl_ns,
+            "duplicate_window": min(ttl_ns, 120_000_000_000),
+            "discard": "new",
+            "storage": "file",
+            "num_replicas": replicas,
+            "allow_rollup_hdrs": True,
+            "deny_delete": True,
+            "allow_direct": True,
+        }
+        try:
+            reply = await self.api.request(f"STREAM.CREATE.{self.stream}", config, timeout)
+        except ApiError as exc:
+            if exc.err_code == 10058:  # created by a twin in the meantime
+                return await self.api.stream_info(self.stream, timeout=timeout)
+            raise
+        return reply
+
+    async def write(self, key: str, value: bytes, revision: int | None, timeout: float, *, delete: bool = False) -> int:
+        """Store ``value`` under ``key``; with ``revision`` (0: absent) only if the key is at that revision.
+
+        Returns the new revision; raises :class:`KvConflict` when the revision check fails.
+        """
+        headers: dict[str, str] = {}
+        if revision is not None:
+            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(revision)
+        if delete:
+            headers[OPERATION] = "DEL"
+        subject = self.prefix + key
+        try:
+            msg = await self.nc.request(subject, value, timeout=timeout, headers=headers or None)
+        except NatsTimeoutError as exc:
+            raise ApiTimeout(f"no reply to a write of {subject} within {timeout:g}s") from exc
+        except NoRespondersError as exc:
+            raise ApiUnavailable(f"no KV bucket answers {subject} (is the bucket there?)") from exc
+        except Exception as exc:
+            raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+        try:
+            reply: dict[str, Any] = json.loads(msg.data) if msg.data else {}
+        except ValueError as exc:
+            raise ApiUnavailable(f"{subject}: undecodable publish ack {msg.data[:100]!r}") from exc
+        err = reply.get("error")
+        if err:
+            if int(err.get("err_code", 0)) == WRONG_LAST_SEQUENCE:
+                raise KvConflict(f"{key}: {err.get('description')}")
+            raise ApiError(subject, int(err.get("code", 0)), int(err.get("err_code", 0)), str(err.get("description")))
+        seq = reply.get("seq")
+        if seq is None:
+            raise ApiUnavailable(f"{subject}: publish ack without seq: {reply!r}"[:200])
+        return int(seq)
+
+    async def get(self, key: str, timeout: float) -> KvEntry | None:
+        """The last message of ``key`` (a delete marker included), or None when the key has none."""
+        subject = f"{self.api.prefix}.DIRECT.GET.{self.stream}"
+        body = json.dumps({"last_by_subj": self.prefix + key}).encode()
+        try:
+            msg = await self.nc.request(subject, body, timeout=timeout)
+        except NatsTimeoutError as exc:
+            raise ApiTimeout(f"no reply to {subject} within {timeout:g}s") from exc
+        except Exception as exc:
+            raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+        headers = dict(msg.headers or {})
+        status = headers.get("Status")
+        if status == "404":
+            return None
+        if status is not None:
+            raise ApiUnavailable(f"{subject}: status {status} {headers.get('Description', '')}".rstrip())
+        operation = headers.get(OPERATION, "")
+        return KvEntry(key, int(headers.get("Nats-Sequence", "0")), msg.data, operation in ("DEL", "PURGE"))
+
+    async def read_all(self, timeout: float) -> list[KvEntry]:
+        """The last message of every key in the bucket (delete markers included)."""
+        subject = f"{self.api.prefix}.DIRECT.GET.{self.stream}"
+        inbox = self.nc.new_inbox()
+        entries: list[KvEntry] = []
+        done = asyncio.Event()
+        error: list[str] = []
+
+        def take(headers: dict[str, str], payload: bytes) -> None:
+            status = headers.get("Status")
+            if status is not None:
+                if status not in ("204", "404"):
+                    error.append(f"status {status} {headers.get('Description', '')}".rstrip())
+                done.set()
+                return
+            key = headers.get("Nats-Subject", "")[len(self.prefix) :]
+            operation = headers.get(OPERATION, "")
+            entries.append(KvEntry(key, int(headers.get("Nats-Sequence", "0")), payload, operation in ("DEL", "PURGE")))
+
+        def on_wire(_subject: bytes, _reply: bytes, header_block: bytes | None, payload: bytes) -> None:
+            take(hdr.parse_header_block(header_block) if header_block else {}, payload)
+
+        async def on_msg(msg: Any) -> None:  # only when nats-py lacks the internals wire.py needs
+            take(dict(msg.headers or {}), msg.data)
+
+        try:
+            sub = await self.nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=4 * MULTI_LAST_LIMIT)
+        except Exception as exc:
+            raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+        wire.add_handler(self.nc, sub, on_wire)
+        try:
+            body = {"multi_last": [f"{self.prefix}>"], "batch": MULTI_LAST_LIMIT}
+            try:
+                await self.nc.publish(subject, json.dumps(body).encode(), reply=inbox)
+                await asyncio.wait_for(done.wait(), timeout)
+            except TimeoutError as exc:
+                raise ApiTimeout(f"no end of batch to {subject} within {timeout:g}s") from exc
+            except Exception as exc:
+                raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+            if error:
+                raise ApiUnavailable(f"reading KV bucket {self.bucket!r}: {error[0]}")
+            return entries
+        finally:
+            wire.remove_handler(self.nc, sub)
+            with contextlib.suppress(Exception):  # the connection is gone; so is the subscription
+                await sub.unsubscribe()
+
+
+def parse_view(entries: list[KvEntry]) -> View:
+    """The bucket's keys as the core sees them; an unreadable value counts as held by nobody we know."""
+    members: dict[str, Member] = {}
+    holders: dict[str, Holder] = {}
+    free: dict[str, int] = {}
+    for entry in entries:
+        if entry.key.startswith(LEASE_PREFIX):
+            source = entry.key[len(LEASE_PREFIX) :]
+            if entry.deleted:
+                free[source] = entry.revision
+                continue
+            data = json_object(entry.value)
+            holders[source] = Holder(
+                instance=str(data.get("instance", "?")),
+                incarnation=str(data.get("incarnation", "?")),
+                host=str(data.get("host", "")),
+                pid=_number(data.get("pid"), int),
+                since=_number(data.get("since"), float),
+                revision=entry.revision,
+            )
+        elif entry.key.startswith(PRESENCE_PREFIX) and not entry.deleted:
+            data = json_object(entry.value)
+            instance = entry.key[len(PRESENCE_PREFIX) :]
+            sources = data.get("sources", [])
+            members[instance] = Member(
+                instance=instance,
+                incarnation=str(data.get("incarnation", "?")),
+                sources=frozenset(str(s) for s in sources) if isinstance(sources, list) else frozenset(),
+                host=str(data.get("host", "")),
+            )
+    return View(members=members, holders=holders, free=free)
+
+
+def _number(value: object, kind: type[_N]) -> _N:
+    return kind(value) if isinstance(value, int | float) else kind(0)
+
+
+def json_object(value: bytes) -> dict[str, object]:
+    """A KV value as a JSON object; {} when it is not one."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}

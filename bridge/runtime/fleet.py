@@ -1,0 +1,325 @@
+"""Performs what :class:`bridge.core.fleet.Fleet` decides: KV reads and writes, sources started and stopped.
+
+Tasks (all in :meth:`FleetRunner.run`'s task group): the ticker, which feeds the clock to the core every ``TICK``
+and performs the effects it returns; one short task per KV request (a slow write never delays a renew of another
+lease); one task per graceful source stop (it drains, then the core releases the key). A source that loses its
+lease is stopped at once, without draining: the fence is closed, so it may not answer or publish anything more.
+
+Shutdown (``stop`` set): every source this process owns drains and is released, each key deleted on the revision
+this process wrote, so a twin takes it over at its next view instead of after the TTL; then the presence key is
+deleted. Bounded: a lease whose source does not drain in time expires by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+
+from bridge.core.backoff import Backoff
+from bridge.core.effects import Notice
+from bridge.core.fleet import (
+    LEASE_PREFIX,
+    PRESENCE_PREFIX,
+    Acquire,
+    Fleet,
+    FleetEffect,
+    LeaseState,
+    LeaseTiming,
+    ReadView,
+    Release,
+    Renew,
+    StartSource,
+    StopSource,
+    WritePresence,
+)
+from bridge.errors import BridgeError
+from bridge.io.kv import KvBucket, KvConflict, json_object, parse_view
+from bridge.logs import get_logger
+from bridge.observe.metrics import FleetSnapshot, LeaseSnapshot
+
+TICK = 0.05
+SETUP_BACKOFF = Backoff(1.0, 15.0)
+
+Fence = Callable[[], bool]
+_T = TypeVar("_T")
+
+
+class SourceControl:
+    """What the fleet asks of the bridge: start a source under a fence, stop it gracefully, or drop it at once."""
+
+    def __init__(
+        self,
+        start: Callable[[str, Fence], None],
+        stop: Callable[[str], Awaitable[None]],
+        abandon: Callable[[str], None],
+    ) -> None:
+        self.start = start
+        self.stop = stop
+        self.abandon = abandon
+
+
+class FleetRunner:
+    """Runs this process's side of the fleet until ``stop`` is set and every lease it held is released."""
+
+    def __init__(
+        self,
+        kv: KvBucket,
+        *,
+        instance: str,
+        sources: list[str],
+        ttl: float,
+        replicas: int,
+        control: SourceControl,
+        shutdown_grace: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kv = kv
+        self.instance = instance
+        self.incarnation = os.urandom(6).hex()
+        self.host = socket.gethostname()
+        self.configured_ttl = ttl
+        self.replicas = replicas
+        self.control = control
+        self.shutdown_grace = shutdown_grace
+        self.clock = clock
+        self.log = get_logger(component="fleet", instance=instance)
+        self.fleet = Fleet(instance, self.incarnation, sources, LeaseTiming(ttl), clock())
+        self.bucket_ready = anyio.Event()
+        self._tg: TaskGroup | None = None
+        self._since: dict[str, float] = {}  # wall time each lease of ours was acquired
+        self._changed = anyio.Event()  # set after every input the core was fed
+
+    # -- views for the bridge --------------------------------------------------------------------------------
+
+    def fence(self, source: str) -> Fence:
+        """A check bound to the current term of ``source``: False once that term's lease may have passed."""
+        lease = self.fleet.leases[source]
+        term = lease.term
+
+        def holds() -> bool:
+            current = self.fleet.leases.get(source)
+            return current is not None and current.term == term and current.holds(self.clock())
+
+        return holds
+
+    def snapshot(self) -> FleetSnapshot:
+        """The fleet as this process sees it now."""
+        now = self.clock()
+        fleet = self.fleet
+        leases = []
+        for name in fleet.configured:
+            lease = fleet.leases[name]
+            holder = fleet.holders.get(name)
+            owned = lease.state in (LeaseState.OWNED, LeaseState.RELEASING)
+            leases.append(
+                LeaseSnapshot(
+                    source=name,
+                    owned=owned,
+                    state=lease.state.value,
+                    owner=self.instance if owned else (holder.instance if holder else ""),
+                    owner_host=self.host if owned else (holder.host if holder else ""),
+                    owner_since=self._since.get(name) if owned else (holder.since if holder else None),
+                    renewals=lease.renewals,
+                    renew_failures=lease.renew_failures,
+                    ownership_changes=lease.changes,
+                    seconds_since_renew=(now - lease.renewed_at) if owned else None,
+                )
+            )
+        return FleetSnapshot(
+            instance=self.instance,
+            bucket=self.kv.bucket,
+            ttl=fleet.timing.ttl,
+            ready=now - fleet.view_age_origin < fleet.timing.ttl,
+            members=tuple(sorted(fleet.members)),
+            leases=tuple(leases),
+        )
+
+    def set_sources(self, sources: list[str]) -> None:
+        """A reload changed the configured sources."""
+        self._perform(self.fleet.set_sources(sources, self.clock()))
+
+    # -- life cycle ---------------------------------------------------------------------------------------------
+
+    async def run(self, stop: anyio.Event) -> None:
+        """Join the fleet, own what falls to this process, and leave it cleanly once ``stop`` is set."""
+        if not await self._ensure_bucket(stop):
+            return
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._ticker)
+            await stop.wait()
+            self.log.info("fleet.leaving", owned=self.fleet.owned())
+            self._perform(self.fleet.shutdown(self.clock()))
+            with anyio.move_on_after(self.shutdown_grace + 5.0):
+                while not self.fleet.done:  # the core says when every lease is given back
+                    self._changed = anyio.Event()
+                    await self._changed.wait()
+            if not self.fleet.done:
+                self.log.warning("fleet.leave_incomplete", owned=self.fleet.owned(), hint="those leases expire by TTL")
+            with anyio.move_on_after(self.fleet.timing.request_timeout + 0.5):
+                try:
+                    await self.kv.write(
+                        PRESENCE_PREFIX + self.instance, b"", None, self.fleet.timing.request_timeout, delete=True
+                    )
+                except BridgeError as exc:
+                    self.log.debug("fleet.presence_delete_failed", error=str(exc))
+            tg.cancel_scope.cancel()
+        self.log.info("fleet.left")
+
+    async def _ensure_bucket(self, stop: anyio.Event) -> bool:
+        attempt = 0
+        timeout = 5.0
+        while not stop.is_set():
+            attempt += 1
+            try:
+                ttl = await self.kv.ensure(self.configured_ttl, self.replicas, timeout)
+            except BridgeError as exc:
+                delay = SETUP_BACKOFF.delay(attempt)
+                self.log.error(
+                    "fleet.bucket_unavailable",
+                    bucket=self.kv.bucket,
+                    error=str(exc),
+                    retry_in=delay,
+                    hint="no source is replicated until the coordination bucket can be used (see README, Deployment)",
+                )
+                with anyio.move_on_after(delay):
+                    await stop.wait()
+                continue
+            if abs(ttl - self.configured_ttl) > 1e-3:
+                self.log.warning(
+                    "fleet.ttl_from_bucket",
+                    bucket=self.kv.bucket,
+                    bucket_ttl=ttl,
+                    configured=self.configured_ttl,
+                    hint="the bucket's max_age is what the server enforces; leases are timed by it",
+                )
+                self.fleet.timing = LeaseTiming(ttl)
+            self.log.info(
+                "fleet.joined",
+                bucket=self.kv.bucket,
+                ttl=ttl,
+                incarnation=self.incarnation,
+                sources=self.fleet.configured,
+            )
+            self.bucket_ready.set()
+            return True
+        return False
+
+    async def _ticker(self) -> None:
+        while True:
+            self._perform(self.fleet.tick(self.clock()))
+            await anyio.sleep(TICK)
+
+    # -- effects ------------------------------------------------------------------------------------------------
+
+    def _perform(self, effects: list[FleetEffect]) -> None:
+        self._changed.set()
+        for effect in effects:
+            if isinstance(effect, Notice):
+                getattr(self.log, effect.level)(effect.event, **effect.fields)
+            elif isinstance(effect, StartSource):
+                self._since[effect.source] = time.time()
+                self.control.start(effect.source, self.fence(effect.source))
+            elif isinstance(effect, StopSource):
+                if effect.graceful:
+                    self._spawn(self._stop_gracefully, effect.source)
+                else:
+                    self.control.abandon(effect.source)
+            else:
+                self._spawn(self._request, effect)
+
+    def _spawn(self, func: Callable[[_T], Coroutine[Any, Any, None]], arg: _T) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(func, arg)
+
+    async def _stop_gracefully(self, source: str) -> None:
+        await self.control.stop(source)
+        self._perform(self.fleet.source_stopped(source, self.clock()))
+
+    async def _request(self, effect: ReadView | WritePresence | Acquire | Renew | Release) -> None:
+        fleet, timeout = self.fleet, self.fleet.timing.request_timeout
+        sent_at = self.clock()
+        if isinstance(effect, ReadView):
+            try:
+                view = parse_view(await self.kv.read_all(timeout))
+            except BridgeError as exc:
+                self._perform(fleet.view_failed(str(exc), self.clock()))
+                return
+            self._perform(fleet.viewed(view, sent_at, self.clock()))
+        elif isinstance(effect, WritePresence):
+            presence = {
+                "instance": self.instance,
+                "incarnation": self.incarnation,
+                "host": self.host,
+                "pid": os.getpid(),
+                "sources": fleet.configured,
+            }
+            try:
+                await self.kv.write(PRESENCE_PREFIX + self.instance, _encode(presence), None, timeout)
+            except BridgeError as exc:
+                self._perform(fleet.presence_failed(str(exc), self.clock()))
+                return
+            self._perform(fleet.presence_written(self.clock()))
+        elif isinstance(effect, Acquire):
+            since = time.time()
+            try:
+                revision = await self.kv.write(
+                    LEASE_PREFIX + effect.source, self._holder_value(since), effect.revision, timeout
+                )
+            except BridgeError as exc:
+                self._perform(fleet.acquire_failed(effect.source, str(exc), self.clock()))
+                return
+            self._perform(fleet.acquired(effect.source, revision, sent_at, since, self.clock()))
+        elif isinstance(effect, Renew):
+            value = self._holder_value(self._since.get(effect.source, time.time()))
+            try:
+                revision = await self.kv.write(LEASE_PREFIX + effect.source, value, effect.revision, timeout)
+            except KvConflict as exc:
+                await self._renew_refused(effect.source, str(exc))
+                return
+            except BridgeError as exc:
+                self._perform(fleet.renew_failed(effect.source, str(exc), False, self.clock()))
+                return
+            self._perform(fleet.renewed(effect.source, revision, sent_at, self.clock()))
+        else:
+            try:
+                await self.kv.write(LEASE_PREFIX + effect.source, b"", effect.revision, timeout, delete=True)
+            except BridgeError as exc:
+                self._perform(fleet.released(effect.source, False, str(exc), self.clock()))
+                return
+            self._perform(fleet.released(effect.source, True, "", self.clock()))
+
+    async def _renew_refused(self, source: str, reason: str) -> None:
+        # the key moved past the revision we named: someone else's write, or an earlier one of ours whose reply
+        # was lost (a timeout that was stored after all). Only the key itself tells which.
+        try:
+            entry = await self.kv.get(LEASE_PREFIX + source, self.fleet.timing.request_timeout)
+        except BridgeError as exc:
+            self._perform(self.fleet.renew_failed(source, f"{reason}; then {exc}", False, self.clock()))
+            return
+        if entry is not None and not entry.deleted and json_object(entry.value).get("incarnation") == self.incarnation:
+            self._perform(self.fleet.renew_adopted(source, entry.revision, self.clock()))
+        else:
+            self._perform(self.fleet.renew_failed(source, reason, True, self.clock()))
+
+    def _holder_value(self, since: float) -> bytes:
+        return _encode(
+            {
+                "instance": self.instance,
+                "incarnation": self.incarnation,
+                "host": self.host,
+                "pid": os.getpid(),
+                "since": since,
+            }
+        )
+
+
+def _encode(value: dict[str, object]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()

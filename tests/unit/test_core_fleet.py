@@ -1,0 +1,309 @@
+"""The fleet core (bridge/core/fleet.py): one lease's transitions, the fence, assignment, and a simulated fleet.
+
+The simulation (tests/unit/fleet_sim.py) runs several cores against a model KV bucket with request delays and
+losses, frozen processes, processes cut off from the bucket, kills and restarts, chosen by hypothesis, and checks
+after every event that a process whose fence is open is the one the bucket names; then it heals everything and
+checks that every source ends owned by exactly one live process, its preferred one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridge.core.effects import Notice
+from bridge.core.fleet import (
+    Acquire,
+    Fleet,
+    FleetEffect,
+    Holder,
+    LeaseState,
+    LeaseTiming,
+    Member,
+    ReadView,
+    Release,
+    Renew,
+    StartSource,
+    StopSource,
+    View,
+    WritePresence,
+    preferred_owner,
+)
+from tests.unit.fleet_sim import FleetSim
+
+TTL = 3.0
+TIMING = LeaseTiming(TTL)
+
+
+def kinds(effects: list[FleetEffect]) -> list[type]:
+    return [type(e) for e in effects if not isinstance(e, Notice)]
+
+
+def joined(instance: str = "a", sources: tuple[str, ...] = ("s",), now: float = 0.0) -> Fleet:
+    """A fleet core that has written its presence and may decide."""
+    fleet = Fleet(instance, f"{instance}#1", sources, TIMING, now)
+    effects = fleet.tick(now)
+    assert kinds(effects) == [WritePresence, ReadView]
+    fleet.presence_written(now)
+    return fleet
+
+
+def me(fleet: Fleet) -> dict[str, Member]:
+    return {fleet.instance: Member(fleet.instance, fleet.incarnation, frozenset(fleet.configured))}
+
+
+def own(fleet: Fleet, source: str = "s", now: float = 0.0, revision: int = 1) -> None:
+    effects = fleet.viewed(View(members=me(fleet)), now, now)
+    assert Acquire(source, 0) in effects
+    assert StartSource(source) in fleet.acquired(source, revision, now, 0.0, now)
+
+
+def test_a_free_preferred_source_is_acquired_and_started_under_the_fence() -> None:
+    fleet = joined()
+    own(fleet, now=0.0)
+    assert fleet.holds("s", 0.0)
+    assert fleet.holds("s", TTL - TIMING.guard - 0.01)
+    assert not fleet.holds("s", TTL - TIMING.guard)
+
+
+def test_nothing_is_acquired_before_the_presence_is_written() -> None:
+    fleet = Fleet("a", "a#1", ["s"], TIMING, 0.0)
+    fleet.tick(0.0)
+    assert kinds(fleet.viewed(View(), 0.0, 0.0)) == []
+
+
+def test_a_renew_moves_the_fence_from_its_send_time() -> None:
+    fleet = joined()
+    own(fleet)
+    due = TIMING.renew_every
+    assert Renew("s", 1) in fleet.tick(due)
+    assert fleet.tick(due + 0.01) == [] or Renew("s", 1) not in fleet.tick(due + 0.01)  # one at a time
+    fleet.renewed("s", 2, due, due + 0.5)
+    assert fleet.holds("s", due + TTL - TIMING.guard - 0.01)
+    assert fleet.leases["s"].revision == 2
+
+
+def test_the_fence_closes_when_no_renew_succeeds_and_the_source_is_dropped_at_once() -> None:
+    fleet = joined()
+    own(fleet)
+    fleet.tick(TIMING.renew_every)
+    fleet.renew_failed("s", "timeout", False, TIMING.renew_every + 0.2)
+    effects = fleet.tick(TTL - TIMING.guard)
+    assert StopSource("s", graceful=False) in effects
+    assert fleet.leases["s"].state is LeaseState.STANDBY
+    assert not fleet.holds("s", TTL - TIMING.guard)
+
+
+def test_a_refused_renew_loses_the_lease_at_once() -> None:
+    fleet = joined()
+    own(fleet)
+    fleet.tick(TIMING.renew_every)
+    effects = fleet.renew_failed("s", "wrong last sequence", True, TIMING.renew_every)
+    assert StopSource("s", graceful=False) in effects
+    assert not fleet.holds("s", TIMING.renew_every)
+
+
+def test_a_refused_renew_of_our_own_stored_write_keeps_the_lease_and_the_old_fence() -> None:
+    fleet = joined()
+    own(fleet)
+    fleet.tick(TIMING.renew_every)
+    fence = fleet.leases["s"].valid_until
+    assert fleet.renew_adopted("s", 7, TIMING.renew_every + 0.5) == []
+    assert fleet.leases["s"].revision == 7 and fleet.leases["s"].valid_until == fence
+    assert Renew("s", 7) in fleet.tick(TIMING.renew_every + 0.6)
+
+
+def test_a_late_reply_for_a_lease_given_up_changes_nothing() -> None:
+    fleet = joined()
+    own(fleet)
+    fleet.tick(TIMING.renew_every)
+    fleet.renew_failed("s", "x", True, TIMING.renew_every)
+    assert fleet.renewed("s", 9, TIMING.renew_every, TIMING.renew_every + 0.1) == []
+    assert not fleet.holds("s", TIMING.renew_every + 0.1)
+    assert fleet.acquired("s", 9, 0.0, 0.0, 1.0) == []  # not acquiring
+
+
+def test_an_acquisition_whose_reply_comes_after_its_fence_is_not_acted_on() -> None:
+    fleet = joined()
+    fleet.viewed(View(members=me(fleet)), 0.0, 0.0)
+    effects = fleet.acquired("s", 1, 0.0, 0.0, TTL)
+    assert StartSource("s") not in effects and StopSource("s", graceful=False) in effects
+
+
+def test_a_held_source_is_left_alone_and_taken_once_freed() -> None:
+    fleet = joined()
+    other = Holder("b", "b#1", revision=4)
+    assert kinds(fleet.viewed(View(members=me(fleet), holders={"s": other}), 0.0, 0.0)) == []
+    # released by b: a delete marker at revision 5, which the create must name
+    assert Acquire("s", 5) in fleet.viewed(View(members=me(fleet), free={"s": 5}), 1.0, 1.0)
+
+
+def test_our_own_key_is_taken_back_on_its_revision() -> None:
+    fleet = joined()
+    mine = Holder("a", "a#1", revision=12)
+    assert Acquire("s", 12) in fleet.viewed(View(members=me(fleet), holders={"s": mine}), 0.0, 0.0)
+
+
+def test_an_orphan_is_taken_by_a_non_preferred_member_after_a_ttl() -> None:
+    sources = tuple(f"s{i}" for i in range(20))
+    fleet = joined("a", sources)
+    members = {**me(fleet), "b": Member("b", "b#1", frozenset(sources))}
+    theirs = [s for s in sources if preferred_owner(s, ["a", "b"]) == "b"]
+    assert theirs
+    first = fleet.viewed(View(members=members), 0.0, 0.0)
+    assert not any(isinstance(e, Acquire) and e.source in theirs for e in first)
+    later = fleet.viewed(View(members=members), TTL, TTL)
+    assert {e.source for e in later if isinstance(e, Acquire)} == set(theirs)
+
+
+def test_an_owner_at_its_fair_share_keeps_its_source_when_a_preferred_member_joins() -> None:
+    fleet = joined("a", ("s",))
+    own(fleet)
+    other = next(f"b{i}" for i in range(100) if preferred_owner("s", ["a", f"b{i}"]) != "a")
+    members = {**me(fleet), other: Member(other, f"{other}#1", frozenset({"s"}))}
+    assert kinds(fleet.viewed(View(members=members, holders={"s": Holder("a", "a#1", revision=1)}), 0.5, 0.5)) == []
+    assert fleet.holds("s", 0.6)
+
+
+def test_an_owner_above_its_fair_share_hands_a_source_over_to_its_preferred_member_gracefully() -> None:
+    fleet = joined("a", ("s", "t"))
+    fleet.viewed(View(members=me(fleet)), 0.0, 0.0)
+    fleet.acquired("s", 1, 0.0, 0.0, 0.0)
+    fleet.acquired("t", 2, 0.0, 0.0, 0.0)
+    other = next(
+        f"b{i}"
+        for i in range(200)
+        if preferred_owner("s", ["a", f"b{i}"]) != "a" == preferred_owner("t", ["a", f"b{i}"])
+    )
+    members = {**me(fleet), other: Member(other, f"{other}#1", frozenset({"s", "t"}))}
+    holders = {"s": Holder("a", "a#1", revision=1), "t": Holder("a", "a#1", revision=2)}
+    effects = fleet.viewed(View(members=members, holders=holders), 0.5, 0.5)
+    assert StopSource("s", graceful=True) in effects and StopSource("t", graceful=True) not in effects
+    assert fleet.holds("s", 0.6)  # draining: still answering what is stored
+    assert fleet.source_stopped("s", 0.8) == [Release("s", 1)]
+    assert not fleet.holds("s", 0.8)  # the delete may land any moment: the fence closes when it is sent
+    fleet.released("s", True, "", 0.9)
+    assert fleet.leases["s"].state is LeaseState.STANDBY
+    # it does not take it back while the preferred member is live
+    assert kinds(fleet.viewed(View(members=members, holders={"t": holders["t"]}, free={"s": 3}), 1.0, 1.0)) == []
+
+
+def test_a_member_that_does_not_serve_a_source_is_not_its_preferred_owner() -> None:
+    fleet = joined("a", ("s",))
+    members = {name: Member(name, f"{name}#1", frozenset({"other"})) for name in ("b", "c", "d")}
+    assert fleet.preferred("s") == "a" or fleet.viewed(View(members={**members, **me(fleet)}), 0.0, 0.0)
+    fleet.viewed(View(members={**members, **me(fleet)}), 0.0, 0.0)
+    assert fleet.preferred("s") == "a"
+
+
+def test_shutdown_drains_then_releases_and_takes_nothing_more() -> None:
+    fleet = joined("a", ("s", "t"))
+    own(fleet, "s")
+    effects = fleet.shutdown(0.1)
+    assert StopSource("s", graceful=True) in effects
+    assert not fleet.done
+    assert fleet.source_stopped("s", 0.2) == [Release("s", 1)]
+    fleet.released("s", True, "", 0.3)
+    assert not fleet.done  # "t" was being acquired when the shutdown came: it lands, and is given back unstarted
+    landed = fleet.acquired("t", 3, 0.0, 0.0, 0.35)
+    assert StartSource("t") not in landed and StopSource("t", graceful=True) in landed
+    fleet.source_stopped("t", 0.36)
+    fleet.released("t", True, "", 0.37)
+    assert fleet.done
+    assert kinds(fleet.viewed(View(members=me(fleet)), 0.4, 0.4)) == []
+
+
+def test_a_removed_source_is_handed_over_and_forgotten() -> None:
+    fleet = joined("a", ("s", "t"))
+    own(fleet, "s")
+    effects = fleet.set_sources(["t"], 0.1)
+    assert StopSource("s", graceful=True) in effects
+    fleet.source_stopped("s", 0.2)
+    fleet.released("s", True, "", 0.3)
+    assert "s" not in fleet.leases and fleet.configured == ["t"]
+
+
+def test_rendezvous_spreads_sources_and_moves_only_the_joiners_share() -> None:
+    sources = [f"src-{i}" for i in range(600)]
+    three = {s: preferred_owner(s, ["p1", "p2", "p3"]) for s in sources}
+    counts = Counter(three.values())
+    assert all(150 <= n <= 250 for n in counts.values()), counts
+    four = {s: preferred_owner(s, ["p1", "p2", "p3", "p4"]) for s in sources}
+    moved = [s for s in sources if three[s] != four[s]]
+    assert all(four[s] == "p4" for s in moved)  # sticky: only what the newcomer wins moves
+    assert 100 <= len(moved) <= 200
+
+
+# -- the simulated fleet ------------------------------------------------------------------------------------------
+
+ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["run", "run", "run", "freeze", "cut", "kill", "lossy", "calm", "shutdown"]),
+        st.integers(0, 2),
+        st.floats(0.1, 3.0),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(actions=ACTIONS, seed=st.integers(0, 2**16))
+def test_the_fence_never_lets_two_processes_act_and_the_fleet_settles(
+    actions: list[tuple[str, int, float]], seed: int
+) -> None:
+    instances = ["p0", "p1", "p2"]
+    sim = FleetSim([f"s{i}" for i in range(5)], instances, TTL, random.Random(seed))
+    sim.run_for(1.0)
+    for action, which, amount in actions:
+        instance = instances[which]
+        proc = sim.procs[instance]
+        if action == "freeze" and proc.alive:
+            sim.freeze(instance, amount * TTL)  # up to three TTLs: a VM pause
+        elif action == "cut" and proc.alive:
+            sim.cut(instance, amount * TTL)
+        elif action == "kill" and proc.alive:
+            sim.kill(instance)
+        elif action == "shutdown" and proc.alive:
+            sim.shutdown(instance)
+        elif action == "lossy":
+            sim.lossy = min(0.5, amount / 6)
+        elif action == "calm":
+            sim.lossy = 0.0
+        if not proc.alive or proc.fleet.done:
+            sim.run_for(0.3)
+            sim.restart(instance)
+        sim.run_for(amount)  # check() runs after every event
+    # heal: nothing lost on the way, every frozen process awake, every process that left started again
+    sim.lossy = 0.0
+    sim.run_for(3 * TTL)
+    for instance in instances:
+        proc = sim.procs[instance]
+        if not proc.alive or proc.fleet.stopping:
+            sim.restart(instance)
+    sim.run_for(5 * TTL)
+    owners = sim.owners()
+    assert all(len(v) == 1 for v in owners.values()), (owners, sim.trace[-40:])
+    # balanced: nobody owns more than its fair share, or than the sources that prefer it
+    fair = -(-len(sim.sources) // len(instances))
+    owned = Counter(owner for (owner,) in owners.values())
+    for instance in instances:
+        preferring = sum(1 for s in sim.sources if preferred_owner(s, instances) == instance)
+        assert owned[instance] <= max(fair, preferring), (owned, sim.trace[-40:])
+
+
+def test_a_frozen_owner_wakes_fenced_while_its_successor_owns() -> None:
+    sim = FleetSim(["s"], ["p0", "p1"], TTL, random.Random(1))
+    sim.run_for(2.0)
+    (owner,) = sim.owners()["s"]
+    other = "p1" if owner == "p0" else "p0"
+    sim.freeze(owner, 2 * TTL)
+    sim.run_for(2 * TTL - 0.1)
+    assert sim.owners()["s"] == [owner, other] or sim.owners()["s"] == [other, owner]  # the frozen one never noticed
+    assert sim.procs[other].fleet.holds("s", sim.now)
+    assert not sim.procs[owner].fleet.holds("s", sim.now)  # what it would check before acting on waking
+    sim.run_for(3 * TTL)
+    assert sim.owners()["s"] == [other]  # sticky: the woken process rejoins as a standby
