@@ -153,6 +153,8 @@ async def test_sighup_adds_removes_and_rejects_without_touching_unchanged_source
             write_config(path, target_url=topology.hub.url, sources=[a, b])
             bridge.signal(signal.SIGHUP)
             await bridge.wait_event("reload.applied", timeout=30)
+            # the added source runs once this process has taken its lease (the only process: within a view)
+            await bridge.wait_event("reset.done", timeout=30, source="b")
             await pub_b.run()
             path.write_text(path.read_text() + "\n[[sources]]\nname = 'bad name!'\n")
             bridge.signal(signal.SIGHUP)
