@@ -367,13 +367,18 @@ class Fleet:
         lease.state = LeaseState.STANDBY
         return [Notice("lease.acquire_failed", "debug", {"source": source, "reason": reason})]
 
-    def renewed(self, source: str, revision: int, sent_at: float, now: float) -> list[FleetEffect]:
-        """A renew succeeded: the fence moves to ``sent_at + ttl - guard``."""
+    def _renew_answered(self, source: str) -> Lease | None:
+        """The lease a renew reply is for, if it is still ours and the renew still awaited."""
         lease = self.leases.get(source)
         if lease is None or not lease.renewing:
-            return []
+            return None
         lease.renewing = False
-        if lease.state not in (LeaseState.OWNED, LeaseState.RELEASING):
+        return lease if lease.state in (LeaseState.OWNED, LeaseState.RELEASING) else None
+
+    def renewed(self, source: str, revision: int, sent_at: float, now: float) -> list[FleetEffect]:
+        """A renew succeeded: the fence moves to ``sent_at + ttl - guard``."""
+        lease = self._renew_answered(source)
+        if lease is None:
             return []
         lease.renewals += 1
         self._written(lease, revision, sent_at)
@@ -381,11 +386,8 @@ class Fleet:
 
     def renew_failed(self, source: str, reason: str, definitive: bool, now: float) -> list[FleetEffect]:
         """A renew failed. ``definitive``: the key is no longer on our revision (someone else's, or expired)."""
-        lease = self.leases.get(source)
-        if lease is None or not lease.renewing:
-            return []
-        lease.renewing = False
-        if lease.state not in (LeaseState.OWNED, LeaseState.RELEASING):
+        lease = self._renew_answered(source)
+        if lease is None:
             return []
         lease.renew_failures += 1
         if definitive:
@@ -405,11 +407,8 @@ class Fleet:
         whose reply never came was stored after all. Nobody else wrote since, so the lease is still ours; the fence
         stays where the last *confirmed* write put it (this write's send time is unknown), and a renew goes out now.
         """
-        lease = self.leases.get(source)
-        if lease is None or not lease.renewing:
-            return []
-        lease.renewing = False
-        if lease.state not in (LeaseState.OWNED, LeaseState.RELEASING):
+        lease = self._renew_answered(source)
+        if lease is None:
             return []
         lease.revision = revision
         lease.next_renew = now

@@ -34,24 +34,8 @@ class JsApi:
 
     async def request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> dict[str, Any]:
         """Send ``<prefix>.<path>`` with a JSON body (empty payload when None); return the decoded reply."""
-        subject = f"{self.prefix}.{path}"
         payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
-        try:
-            msg = await self.nc.request(subject, payload, timeout=timeout)
-        except NatsTimeoutError as exc:
-            raise ApiTimeout(f"no reply to {subject} within {timeout:g}s") from exc
-        except NoRespondersError as exc:
-            raise ApiUnavailable(f"no JetStream responder for {subject} (is JetStream enabled, domain right?)") from exc
-        except Exception as exc:  # connection closed/reconnecting and friends
-            raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
-        try:
-            reply: dict[str, Any] = json.loads(msg.data) if msg.data else {}
-        except ValueError as exc:
-            raise ApiUnavailable(f"{subject}: undecodable reply {msg.data[:100]!r}") from exc
-        err = reply.get("error")
-        if err:
-            raise ApiError(subject, int(err.get("code", 0)), int(err.get("err_code", 0)), str(err.get("description")))
-        return reply
+        return await request_json(self.nc, f"{self.prefix}.{path}", payload, timeout)
 
     async def stream_info(self, stream: str, timeout: float = 5.0) -> dict[str, Any]:
         return await self.request(f"STREAM.INFO.{stream}", None, timeout)
@@ -86,3 +70,27 @@ class JsApi:
                 return 0
             raise
         return int(reply.get("message", {}).get("seq", 0))
+
+
+async def request_json(
+    nc: NATS, subject: str, payload: bytes, timeout: float, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One request whose reply is a JetStream JSON document (an API reply or a publish ack), errors mapped once:
+    no reply is :class:`ApiTimeout`, no responder or a broken connection :class:`ApiUnavailable`, an ``error``
+    in the reply :class:`ApiError` with the server's codes."""
+    try:
+        msg = await nc.request(subject, payload, timeout=timeout, headers=headers)
+    except NatsTimeoutError as exc:
+        raise ApiTimeout(f"no reply to {subject} within {timeout:g}s") from exc
+    except NoRespondersError as exc:
+        raise ApiUnavailable(f"no JetStream responder for {subject} (is JetStream enabled, domain right?)") from exc
+    except Exception as exc:  # connection closed/reconnecting and friends
+        raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+    try:
+        reply: dict[str, Any] = json.loads(msg.data) if msg.data else {}
+    except ValueError as exc:
+        raise ApiUnavailable(f"{subject}: undecodable reply {msg.data[:100]!r}") from exc
+    err = reply.get("error")
+    if err:
+        raise ApiError(subject, int(err.get("code", 0)), int(err.get("err_code", 0)), str(err.get("description")))
+    return reply

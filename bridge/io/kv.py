@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NATS
-from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from bridge.core import headers as hdr
@@ -28,7 +27,7 @@ from bridge.core.fleet import LEASE_PREFIX, PRESENCE_PREFIX, Holder, Member, Vie
 from bridge.errors import ApiError, ApiTimeout, ApiUnavailable, BridgeError
 from bridge.io import wire
 from bridge.io.connect import describe
-from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi
+from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi, request_json
 
 WRONG_LAST_SEQUENCE = 10071
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -124,22 +123,11 @@ class KvBucket:
             headers[OPERATION] = "DEL"
         subject = self.prefix + key
         try:
-            msg = await self.nc.request(subject, value, timeout=timeout, headers=headers or None)
-        except NatsTimeoutError as exc:
-            raise ApiTimeout(f"no reply to a write of {subject} within {timeout:g}s") from exc
-        except NoRespondersError as exc:
-            raise ApiUnavailable(f"no KV bucket answers {subject} (is the bucket there?)") from exc
-        except Exception as exc:
-            raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
-        try:
-            reply: dict[str, Any] = json.loads(msg.data) if msg.data else {}
-        except ValueError as exc:
-            raise ApiUnavailable(f"{subject}: undecodable publish ack {msg.data[:100]!r}") from exc
-        err = reply.get("error")
-        if err:
-            if int(err.get("err_code", 0)) == WRONG_LAST_SEQUENCE:
-                raise KvConflict(f"{key}: {err.get('description')}")
-            raise ApiError(subject, int(err.get("code", 0)), int(err.get("err_code", 0)), str(err.get("description")))
+            reply = await request_json(self.nc, subject, value, timeout, headers or None)
+        except ApiError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise KvConflict(f"{key}: {exc.description}") from exc
+            raise
         seq = reply.get("seq")
         if seq is None:
             raise ApiUnavailable(f"{subject}: publish ack without seq: {reply!r}"[:200])

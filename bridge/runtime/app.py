@@ -200,21 +200,10 @@ class Bridge:
 
     async def _connect_coordination(self) -> NATS | None:
         coordination = self.config.coordination
-        attempt = 0
-        while not self.stop.is_set():
-            attempt += 1
-            try:
-                self._kv_nc = await open_connection(
-                    coordination, name="nats-bridge coordination", error_type=TargetUnavailable
-                )
-                self.log.info("coordination.connected", servers=list(coordination.servers or ()))
-                return self._kv_nc
-            except BridgeError as exc:
-                delay = CONNECT_BACKOFF.delay(attempt)
-                self.log.warning("coordination.connect_failed", error=str(exc), retry_in=delay)
-                with anyio.move_on_after(delay):
-                    await self.stop.wait()
-        return None
+        self._kv_nc = await self._connect(coordination, "coordination")
+        if self._kv_nc is not None:
+            self.log.info("coordination.connected", servers=list(coordination.servers or ()))
+        return self._kv_nc
 
     def _start_owned(self, name: str, fence: Fence) -> None:
         source = next((s for s in self.config.sources if s.name == name), None)
@@ -420,23 +409,29 @@ class Bridge:
 
     async def _connect_target(self) -> NATS | None:
         target = self.config.target
+        self._target_nc = await self._connect(
+            target,
+            "target",
+            on_disconnected=self._target_disconnected,
+            on_reconnected=self._target_reconnected,
+            on_error=self._target_error,
+        )
+        if self._target_nc is not None:
+            self.log.info("target.connected", servers=list(target.servers), stream=target.stream)
+        return self._target_nc
+
+    async def _connect(self, side: Any, role: str, **callbacks: Any) -> NATS | None:
+        """Connect to ``side``'s servers, retrying with backoff until connected or stopped (then None)."""
         attempt = 0
         while not self.stop.is_set():
             attempt += 1
             try:
-                self._target_nc = await open_connection(
-                    target,
-                    name="nats-bridge target",
-                    error_type=TargetUnavailable,
-                    on_disconnected=self._target_disconnected,
-                    on_reconnected=self._target_reconnected,
-                    on_error=self._target_error,
+                return await open_connection(
+                    side, name=f"nats-bridge {role}", error_type=TargetUnavailable, **callbacks
                 )
-                self.log.info("target.connected", servers=list(target.servers), stream=target.stream)
-                return self._target_nc
             except BridgeError as exc:
                 delay = CONNECT_BACKOFF.delay(attempt)
-                self.log.warning("target.connect_failed", error=str(exc), retry_in=delay)
+                self.log.warning(f"{role}.connect_failed", error=str(exc), retry_in=delay)
                 with anyio.move_on_after(delay):
                     await self.stop.wait()
         return None
