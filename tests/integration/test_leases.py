@@ -1,0 +1,276 @@
+"""One owner per source, on real servers: twins of one configuration share sources through leases in the hub's KV.
+
+Every scenario runs under traffic against a WorkQueue origin (an ack deletes) with the aggregate's duplicate window
+at 1 s, so neither a lost message nor a copy stored twice can hide: at the end each source's copies are exactly
+its origin sequences, once each, in order, and the origin is empty. Processes get readable instance ids
+(``p0``, ``p1``, ...) through ``NATS_BRIDGE_COORDINATION__INSTANCE_ID``; the lease TTL is the tests' 3 s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import pytest
+from nats.aio.client import Client
+
+from bridge.embedded import Topology
+
+from .helpers import (
+    ORIGIN,
+    TEST_COORDINATION,
+    BridgeFactory,
+    BridgeProcess,
+    Publisher,
+    SourceSpec,
+    assert_exact,
+    bridge_procs_fixture,  # noqa: F401
+    connect,
+    create_aggregate,
+    create_stream,
+    http_port,
+    origin_seqs_by_source,
+    readyz,
+    stream_messages,
+    wait_for_value,
+    wait_until,
+    write_config,
+)
+
+TTL = float(TEST_COORDINATION["lease_ttl"])
+RATE = 2000
+DUPLICATE_WINDOW = 1.0
+
+
+def instance(bridge_procs: BridgeFactory, config: Path, name: str) -> BridgeProcess:
+    return bridge_procs(config, {"NATS_BRIDGE_COORDINATION__INSTANCE_ID": name})
+
+
+async def owns(proc: BridgeProcess, source: str) -> bool:
+    """What the process's /readyz says: it owns ``source`` (its runner replicates it)."""
+    _, body = await readyz(await http_port(proc))
+    return source in body.get("fleet", {}).get("owned", [])
+
+
+async def standby_ready(proc: BridgeProcess, source: str) -> bool:
+    status, body = await readyz(await http_port(proc))
+    entry = body.get("sources", {}).get(source, {})
+    return status == 200 and entry.get("role") == "standby"
+
+
+def events(proc: BridgeProcess, event: str, **fields: object) -> list[dict[str, object]]:
+    return [e for e in proc.events() if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())]
+
+
+async def replicate_exactly(
+    leaf_nc: Client, hub_nc: Client, publishers: dict[str, Publisher], streams: list[str] | None = None
+) -> None:
+    """Wait until the origins are empty, then check every source's copies: all, once, in order."""
+    for stream in streams or [ORIGIN]:
+        await wait_for_value(lambda s=stream: stream_messages(leaf_nc, s), 0, timeout=60, what=f"{stream} emptied")
+    by_source = await origin_seqs_by_source(hub_nc)
+    for source, publisher in publishers.items():
+        assert_exact(by_source.get(source, []), publisher.seqs, f"{source} copies")
+
+
+async def one_source(topology: Topology, tmp_path: Path) -> tuple[Path, Callable[[], Awaitable[None]]]:
+    config = write_config(
+        tmp_path / "bridge.toml",
+        target_url=topology.hub.url,
+        sources=[SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")],
+    )
+
+    async def prepare() -> None:
+        async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+            await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+            await create_aggregate(hub_nc, duplicate_window=DUPLICATE_WINDOW)
+
+    return config, prepare
+
+
+@pytest.mark.anyio
+async def test_rolling_update_twice_under_traffic(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """The orchestrator's way: the new process starts, becomes ready (as a standby), then the old one gets SIGTERM
+    and hands over. Twice. The standby never touches the source while the owner has it."""
+    config, prepare = await one_source(topology, tmp_path)
+    await prepare()
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        old = instance(bridge_procs, config, "p0")
+        await old.wait_event("reset.done", timeout=20)
+        publisher = Publisher(leaf_nc, 16_000, rate=RATE)
+        handovers = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher.run)
+            for n in (1, 2):
+                await wait_until(lambda n=n: publisher.published > 2000 * n, timeout=30, what="traffic")
+                new = instance(bridge_procs, config, f"p{n}")
+                await wait_until(lambda p=new: standby_ready(p, "edge1"), timeout=20, what=f"p{n} ready as standby")
+                assert events(new, "reset.done") == [], "a standby bound the consumer"
+                stopped_at = time.monotonic()
+                assert await old.astop(20) == 0
+                await new.wait_event("reset.done", timeout=20)
+                handovers.append(time.monotonic() - stopped_at)
+                assert events(old, "lease.released", source="edge1"), "the old owner did not release its lease"
+                old = new
+        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        assert await old.astop(20) == 0
+    print(f"handover (SIGTERM to the successor's first reset): {[round(h, 2) for h in handovers]} s")
+
+
+@pytest.mark.anyio
+async def test_owner_killed_the_standby_takes_over_within_the_ttl(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    config, prepare = await one_source(topology, tmp_path)
+    await prepare()
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        first = instance(bridge_procs, config, "p0")
+        await first.wait_event("reset.done", timeout=20)
+        second = instance(bridge_procs, config, "p1")
+        await wait_until(lambda: standby_ready(second, "edge1"), timeout=20, what="p1 ready as standby")
+        publisher = Publisher(leaf_nc, 12_000, rate=RATE)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher.run)
+            await wait_until(lambda: publisher.published > 4000, timeout=30, what="traffic")
+            killed_at = time.monotonic()
+            assert await first.akill() == -9
+            await second.wait_event("reset.done", timeout=TTL + 10)
+            took = time.monotonic() - killed_at
+        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        assert await second.astop(20) == 0
+    assert took < TTL + 5, f"fail-over took {took:.1f}s with a {TTL:g}s lease"
+    print(f"fail-over after SIGKILL: {took:.2f} s (lease ttl {TTL:g} s)")
+
+
+@pytest.mark.anyio
+async def test_owner_paused_past_its_lease_acts_on_nothing_when_it_wakes(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """SIGSTOP for twice the TTL while deliveries and flow-control requests pile up in its socket: the standby takes
+    over; the woken process finds its fence closed before publishing or answering anything it had buffered
+    (any stale publish would be a duplicate the 1 s window cannot hide), and stays on as a ready standby."""
+    config, prepare = await one_source(topology, tmp_path)
+    await prepare()
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        first = instance(bridge_procs, config, "p0")
+        await first.wait_event("reset.done", timeout=20)
+        port = await http_port(first)
+        second = instance(bridge_procs, config, "p1")
+        await wait_until(lambda: standby_ready(second, "edge1"), timeout=20, what="p1 ready as standby")
+        publisher = Publisher(leaf_nc, 12_000, rate=RATE)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher.run)
+            await wait_until(lambda: publisher.published > 3000, timeout=30, what="traffic")
+            first.pause()
+            await second.wait_event("reset.done", timeout=TTL + 10)
+            await anyio.sleep(2 * TTL)  # time is the condition: frozen for twice the lease
+            first.resume()
+            await first.wait_event("lease.lost", timeout=10, source="edge1")
+            await first.wait_event("source.fenced", timeout=10, source="edge1")
+            await wait_until(lambda: standby_ready(first, "edge1"), timeout=20, what="p0 back as a ready standby")
+        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        assert first.is_running
+        _, body = await readyz(port)
+        assert body["sources"]["edge1"]["owner"] == "p1", body
+        for proc in (first, second):
+            assert await proc.astop(20) == 0
+
+
+@pytest.mark.anyio
+async def test_the_bucket_server_restarted(topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory) -> None:
+    """The hub (the KV bucket's server, and the target) restarts under traffic with an owner and a standby: the
+    leases survive on its store or lapse and are taken again; exactly one process replicates, exactly once."""
+    config, prepare = await one_source(topology, tmp_path)
+    await prepare()
+    async with connect(topology.leaf.url) as leaf_nc:
+        p0 = instance(bridge_procs, config, "p0")
+        await p0.wait_event("reset.done", timeout=20)
+        p1 = instance(bridge_procs, config, "p1")
+        await wait_until(lambda: standby_ready(p1, "edge1"), timeout=20, what="p1 ready as standby")
+        publisher = Publisher(leaf_nc, 12_000, rate=RATE)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher.run)
+            await wait_until(lambda: publisher.published > 3000, timeout=30, what="traffic")
+            await anyio.to_thread.run_sync(topology.hub.restart)
+            await anyio.to_thread.run_sync(topology.wait_linked)
+
+        async def one_owner() -> bool:
+            return [await owns(p0, "edge1"), await owns(p1, "edge1")].count(True) == 1
+
+        await wait_until(one_owner, timeout=30, what="one owner after the restart")
+        async with connect(topology.hub.url) as hub_nc:
+            await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        for proc in (p0, p1):
+            assert await proc.astop(20) == 0
+
+
+@pytest.mark.anyio
+async def test_three_processes_share_six_sources_and_only_the_killed_ones_sources_move(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    names = [f"s{i}" for i in range(6)]
+    specs = [
+        SourceSpec(name=name, servers=topology.leaf.url, stream=f"{ORIGIN}{i}", subject_prefix=f"edge.{name}")
+        for i, name in enumerate(names)
+    ]
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=specs)
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        for i in range(6):
+            await create_stream(leaf_nc, f"{ORIGIN}{i}", [f"o{i}.>"], retention="workqueue")
+        await create_aggregate(hub_nc, duplicate_window=DUPLICATE_WINDOW)
+        procs: list[BridgeProcess] = []
+
+        async def ownership() -> dict[str, list[str]]:
+            out: dict[str, list[str]] = {}
+            for i, proc in enumerate(procs):
+                if proc.is_running:
+                    _, body = await readyz(await http_port(proc))
+                    out[f"p{i}"] = sorted(body.get("fleet", {}).get("owned", []))
+            return out
+
+        async def settled() -> bool:
+            owned = await ownership()
+            flat = sorted(s for v in owned.values() for s in v)
+            # rendezvous hashing spreads six sources over three processes unevenly (3/2/1 here): every process
+            # owns some, none more than its fair share or than the sources that prefer it
+            return flat == names and all(1 <= len(v) <= 6 - len(procs) + 1 for v in owned.values())
+
+        for i in range(3):  # one after another, as a fleet grows: each newcomer takes its share from the others
+            procs.append(instance(bridge_procs, config, f"p{i}"))
+            await wait_until(settled, timeout=30, what=f"six sources shared by {i + 1} process(es)")
+        before = await ownership()
+        publishers = {
+            name: Publisher(leaf_nc, 3000, rate=300, subject=lambda k, i=i: f"o{i}.{k % 3}")
+            for i, name in enumerate(names)
+        }
+        async with anyio.create_task_group() as tg:
+            for publisher in publishers.values():
+                tg.start_soon(publisher.run)
+            await wait_until(lambda: all(p.published > 1000 for p in publishers.values()), timeout=30, what="traffic")
+            victim = max(before, key=lambda k: len(before[k]))
+            moves_before = {
+                k: len(events(procs[int(k[1])], "lease.lost")) + len(events(procs[int(k[1])], "lease.handing_over"))
+                for k in before
+            }
+            assert await procs[int(victim[1])].akill() == -9
+            survivors = [k for k in before if k != victim]
+
+            async def moved() -> bool:
+                owned = await ownership()
+                return sorted(s for k in survivors for s in owned.get(k, [])) == names
+
+            await wait_until(moved, timeout=TTL + 15, what=f"{victim}'s sources taken over")
+        after = await ownership()
+        for survivor in survivors:
+            assert set(before[survivor]) <= set(after[survivor]), (before, after)
+            proc = procs[int(survivor[1])]
+            moves = len(events(proc, "lease.lost")) + len(events(proc, "lease.handing_over"))
+            assert moves == moves_before[survivor], f"{survivor} gave a source up after the kill"
+        await replicate_exactly(leaf_nc, hub_nc, publishers, [f"{ORIGIN}{i}" for i in range(6)])
+        for survivor in survivors:
+            assert await procs[int(survivor[1])].astop(20) == 0
+    print(f"owners before {before}, after killing {victim}: {after}")
