@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.model import Excuse, FaultEvent
+from chaos.processes import BridgeProcess
 from chaos.reader import stream_state
-from chaos.topology import AGGREGATE, SILENCE_TIMEOUT, ChaosTopology, Source
+from chaos.topology import AGGREGATE, LEASE_TTL, SILENCE_TIMEOUT, ChaosTopology, Source
 
 SERVER_READY_TIMEOUT = 30.0
 RECREATE_TIMEOUT = 90.0
@@ -52,41 +53,123 @@ def _short(rng: random.Random) -> float:
     return round(rng.uniform(0.3, 1.8), 2)
 
 
-# -- the bridge process -----------------------------------------------------------------------------------------
+# -- the bridge processes (a fleet of two: see topology) ----------------------------------------------------------
+
+
+async def _restart(ctx: FaultContext, name: str, slot: int, code: int, down: float) -> None:
+    ctx.record(name, "inject", slot=slot, instance=_instance(ctx, slot), exit_code=code, down_seconds=down)
+    await asyncio.sleep(down)
+    ctx.topo.process(slot).start()
+    ctx.record(name, "heal", restarted=True)
+
+
+def _instance(ctx: FaultContext, slot: int) -> str:
+    return ctx.topo.process(slot).log_path.stem.removeprefix("bridge-")
 
 
 async def bridge_kill(ctx: FaultContext, rng: random.Random) -> None:
-    down = round(rng.uniform(0.2, 1.5), 2)
-    code = await asyncio.to_thread(ctx.topo.process().kill)
-    ctx.record("bridge-kill", "inject", signal="SIGKILL", exit_code=code, down_seconds=down)
-    await asyncio.sleep(down)
-    ctx.topo.process().start()
-    ctx.record("bridge-kill", "heal", restarted=True)
+    """SIGKILL the active process (the one owning the most sources), restart it."""
+    slot = await ctx.topo.active_slot()
+    code = await asyncio.to_thread(ctx.topo.process(slot).kill)
+    await _restart(ctx, "bridge-kill", slot, code, round(rng.uniform(0.2, 1.5), 2))
 
 
 async def bridge_pause(ctx: FaultContext, rng: random.Random) -> None:
-    hold = _long(rng)
-    ctx.topo.process().pause()
-    ctx.record("bridge-pause", "inject", signal="SIGSTOP", seconds=hold)
+    """SIGSTOP the active process past the silence timeout (and so past its leases), then SIGCONT."""
+    await _pause(ctx, "bridge-pause", await ctx.topo.active_slot(), _long(rng))
+
+
+async def _pause(ctx: FaultContext, name: str, slot: int, hold: float) -> None:
+    ctx.topo.process(slot).pause()
+    ctx.record(name, "inject", slot=slot, instance=_instance(ctx, slot), signal="SIGSTOP", seconds=hold)
     await asyncio.sleep(hold)
-    ctx.topo.process().resume()
-    ctx.record("bridge-pause", "heal", signal="SIGCONT")
+    ctx.topo.process(slot).resume()
+    ctx.record(name, "heal", signal="SIGCONT")
+
+
+async def _terminate(ctx: FaultContext, name: str, process: BridgeProcess) -> int:
+    """SIGTERM, which must drain, release and exit 0 (a problem otherwise)."""
+    try:
+        code = await asyncio.to_thread(process.stop, 30.0)
+    except TimeoutError as exc:
+        ctx.problems.append(f"{name} at +{ctx.now():.1f}s: {exc}")
+        return -9
+    if code != 0:
+        ctx.problems.append(f"{name} at +{ctx.now():.1f}s: {process.log_path.name} exited with {code} after SIGTERM")
+    return code
 
 
 async def bridge_term(ctx: FaultContext, rng: random.Random) -> None:
+    slot = await ctx.topo.active_slot()
     down = round(rng.uniform(0.2, 1.5), 2)
-    ctx.record("bridge-term", "inject", signal="SIGTERM", down_seconds=down)
-    try:
-        code = await asyncio.to_thread(ctx.topo.process().stop, 30.0)
-    except TimeoutError as exc:
-        ctx.problems.append(f"bridge-term at +{ctx.now():.1f}s: {exc}")
-        code = -9
-    if code != 0:
-        ctx.problems.append(f"bridge-term at +{ctx.now():.1f}s: the bridge exited with {code} after SIGTERM, not 0")
-    ctx.record("bridge-term", "note", exit_code=code)
-    await asyncio.sleep(down)
-    ctx.topo.process().start()
-    ctx.record("bridge-term", "heal", restarted=True)
+    code = await _terminate(ctx, "bridge-term", ctx.topo.process(slot))
+    await _restart(ctx, "bridge-term", slot, code, down)
+
+
+async def _owner_slot(ctx: FaultContext, rng: random.Random, name: str) -> tuple[str, int] | None:
+    source = rng.choice(ctx.topo.sources).name
+    deadline = time.monotonic() + SERVER_READY_TIMEOUT
+    while time.monotonic() < deadline:  # right after a fail-over the source may be between owners for a moment
+        slot = (await ctx.topo.owners()).get(source)
+        if slot is not None:
+            return source, slot
+        await asyncio.sleep(0.1)
+    ctx.problems.append(f"{name} at +{ctx.now():.1f}s: no process owned {source} for {SERVER_READY_TIMEOUT:g}s")
+    return None
+
+
+async def owner_kill(ctx: FaultContext, rng: random.Random) -> None:
+    """SIGKILL the owner of a source while the other process runs: it takes over after the lease TTL."""
+    found = await _owner_slot(ctx, rng, "owner-kill")
+    if found is None:
+        return
+    source, slot = found
+    code = await asyncio.to_thread(ctx.topo.process(slot).kill)
+    ctx.record("owner-kill", "note", source=source)
+    await _restart(ctx, "owner-kill", slot, code, round(rng.uniform(0.2, 1.5), 2))
+
+
+async def owner_pause(ctx: FaultContext, rng: random.Random) -> None:
+    """SIGSTOP the owner of a source for 1.5-2.5 lease TTLs: the other process takes over; the woken one must act
+    on nothing it had buffered (its fence is closed) and stays on as a standby."""
+    found = await _owner_slot(ctx, rng, "owner-pause")
+    if found is None:
+        return
+    source, slot = found
+    ctx.record("owner-pause", "note", source=source)
+    await _pause(ctx, "owner-pause", slot, round(LEASE_TTL * rng.uniform(1.5, 2.5), 2))
+
+
+async def second_process(ctx: FaultContext, rng: random.Random) -> None:
+    """A rolling update: a new process with the same configuration starts, and once its ``/readyz`` says ready (a
+    standby is), the active process gets SIGTERM and hands its sources over. The new one takes the old one's slot."""
+    slot = await ctx.topo.active_slot()
+    old = ctx.topo.process(slot)
+    new = ctx.topo.spawn(slot)
+    ctx.record("second-process", "inject", slot=slot, new=new.log_path.stem, old=old.log_path.stem)
+    deadline = time.monotonic() + SERVER_READY_TIMEOUT
+    while not ((await asyncio.to_thread(new.readyz)) or {}).get("ready"):
+        if time.monotonic() > deadline:
+            ctx.problems.append(f"second-process: {new.log_path.name} not ready within {SERVER_READY_TIMEOUT:g}s")
+            break
+        await asyncio.sleep(0.1)
+    ctx.topo.bridges[slot] = new
+    code = await _terminate(ctx, "second-process", old)
+    ctx.record("second-process", "heal", old_exit_code=code)
+
+
+async def kv_cut(ctx: FaultContext, rng: random.Random) -> None:
+    """Cut one process off from the lease bucket (its origin and target links stay up) for longer than the TTL: it
+    loses its leases and stops acting; the other process takes over; healed, it rejoins as a standby."""
+    slot = rng.randrange(len(ctx.topo.bridges))
+    proxy = ctx.topo.kv_proxies[slot]
+    hold = round(LEASE_TTL + rng.uniform(1.0, 3.0), 2)
+    proxy.refuse(True)
+    cut = proxy.cut()
+    ctx.record("kv-cut", "inject", slot=slot, instance=_instance(ctx, slot), connections_cut=cut, seconds=hold)
+    await asyncio.sleep(hold)
+    proxy.refuse(False)
+    ctx.record("kv-cut", "heal")
 
 
 # -- the servers -------------------------------------------------------------------------------------------------
@@ -307,6 +390,10 @@ def _registry() -> dict[str, Fault]:
     for kind in ("empty", "backward", "forward", "beyond"):
         faults[f"reset-{kind}"] = manual_reset(kind)
     faults["consumer-delete"] = consumer_delete
+    faults["owner-kill"] = owner_kill
+    faults["owner-pause"] = owner_pause
+    faults["second-process"] = second_process
+    faults["kv-cut"] = kv_cut
     return faults
 
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from bridge.embedded import reap_child, register_child, stop_process
 
@@ -144,3 +148,46 @@ class BridgeProcess:
 
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON log events written so far (non-JSON lines skipped)."""
+        out = []
+        for line in self.log_text().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def http_port(self) -> int | None:
+        """The port the current run's HTTP listener bound (its last ``http.listening``), None before that."""
+        text = self.log_text()
+        start = text.rfind("starting bridge ===")
+        port = None
+        for line in text[start:].splitlines():
+            if '"http.listening"' in line:
+                with contextlib.suppress(ValueError, KeyError):
+                    port = int(json.loads(line)["port"])
+        return port
+
+    def readyz(self) -> dict[str, Any] | None:
+        """The running process's ``/readyz`` body (its status aside), None when it does not answer."""
+        port = self.http_port()
+        if port is None or not self.is_running or self._paused:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
+                body = reply.read()
+        except urllib.error.HTTPError as err:
+            body = err.read()
+        except OSError:
+            return None
+        with contextlib.suppress(ValueError):
+            data = json.loads(body)
+            return data if isinstance(data, dict) else None
+        return None
+
+    def owned(self) -> list[str]:
+        """The sources this process owns, from its ``/readyz`` (empty when it does not answer)."""
+        body = self.readyz() or {}
+        fleet = body.get("fleet") or {}
+        return [str(s) for s in fleet.get("owned", [])]

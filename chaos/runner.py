@@ -85,7 +85,7 @@ class Scenario:
             await self._finish()
         except Exception as exc:
             self.result.problems.append(f"harness error: {exc!r}")
-            self.result.problems.append(f"bridge log tail:\n{self.topo.bridge.tail(30) if self.topo.bridge else ''}")
+            self.result.problems.append(f"bridge log tails:\n{self.topo.logs_tail(30)}")
         finally:
             await self.topo.close()
             self.result.timeline = self.ctx.timeline
@@ -191,16 +191,17 @@ class Scenario:
                 )
                 break
             await asyncio.sleep(0.25)
-        bridge = self.topo.process()
-        if not bridge.is_running:
-            self.result.problems.append(f"the bridge was not running at the end (exit codes {bridge.returncodes})")
-        else:
+        for bridge in self.topo.bridges:
+            name = bridge.log_path.stem
+            if not bridge.is_running:
+                self.result.problems.append(f"{name} was not running at the end (exit codes {bridge.returncodes})")
+                continue
             try:
                 code = await asyncio.to_thread(bridge.stop, STOP_TIMEOUT)
                 if code != 0:
-                    self.result.problems.append(f"the bridge exited with {code} after SIGTERM, not 0")
+                    self.result.problems.append(f"{name} exited with {code} after SIGTERM, not 0")
             except TimeoutError as exc:
-                self.result.problems.append(str(exc))
+                self.result.problems.append(f"{name}: {exc}")
         await reader.poll()
         remaining = {s.name: await remaining_seqs(self.topo.leaf, s.stream) for s in self.topo.sources}
         self.result.verdicts = check_run(

@@ -1,15 +1,17 @@
-"""One scenario's world: a leaf holding the origin streams, a hub holding the aggregate, the leaf linked to the
-hub, fault proxies in front of both, and the bridge as a child process that reaches each server only through its
-proxy.
+"""One scenario's world: a leaf holding the origin streams, a hub holding the aggregate and the lease bucket, the
+leaf linked to the hub, fault proxies in front of both, and a fleet of two bridge processes with one configuration
+(an owner and a standby, or one owner of each source) that reach each server only through the proxies.
 
 ::
 
-    publishers ──► leaf (origin WQ, INT) ◄── leaf proxy ◄──┐
-                    │ leaf link                             bridge process
-    checker ─────► hub  (aggregate AGG)  ◄── hub proxy  ◄──┘
+    publishers ──► leaf (origin WQ, INT) ◄── leaf proxy ◄──┬── bridge b0 ── kv proxy 0 ──┐
+                    │ leaf link                             └── bridge b1 ── kv proxy 1 ──┤
+    checker ─────► hub  (aggregate AGG, KV nats-bridge) ◄── hub proxy ◄── (both) ◄────────┘
 
-The chaos process itself talks to both servers directly (publishing, resetting, reading), never through a proxy,
-so a link fault hits only the bridge.
+Each process reaches the lease bucket through a KV proxy of its own (``coordination.servers``, set per process
+through the environment, as a host would), so one process can be cut off from the bucket while its links to the
+origin and the target stay up. The chaos process itself talks to both servers directly (publishing, resetting,
+reading), never through a proxy, so a link fault hits only the bridges.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from chaos.proxy import FaultProxy
 AGGREGATE = "AGG"
 AGGREGATE_PREFIX = "chaos"
 SILENCE_TIMEOUT = 5.0  # the bridge's default; faults called "long" outlast it
+# Leases: short enough that a fail-over fits a scenario, long enough for renewals through delayed links
+LEASE_TTL = 4.0
+PROCESSES = 2
 # A full run stores millions of messages (up to 64 KiB) per scenario; a full store refuses writes and the bridge
 # (rightly) blocks on them, which would make a scenario fail for want of disk rather than for the bridge.
 MAX_FILE_STORE = "64GB"
@@ -72,6 +77,10 @@ def bridge_config(sources: tuple[Source, ...], leaf_url: str, hub_url: str) -> s
         "",
         "[http]",
         'listen = "127.0.0.1:0"  # scenarios run side by side: any free port',
+        "",
+        "[coordination]",
+        f"lease_ttl = {LEASE_TTL}",
+        "# servers: each process's own KV proxy, from NATS_BRIDGE_COORDINATION__SERVERS",
         "",
         "[target]",
         f'servers = ["{hub_url}"]',
@@ -116,7 +125,10 @@ class ChaosTopology:
         self.servers: Topology | None = None
         self.leaf_proxy: FaultProxy | None = None
         self.hub_proxy: FaultProxy | None = None
-        self.bridge: BridgeProcess | None = None
+        self.kv_proxies: list[FaultProxy] = []
+        self.bridges: list[BridgeProcess] = []  # one per slot; a rolling update replaces a slot's process
+        self.config: Path = workdir / "bridge.toml"
+        self._instances = 0
         self.leaf_nc: Client | None = None
         self.hub_nc: Client | None = None
 
@@ -129,17 +141,30 @@ class ChaosTopology:
         )
         hub, leaf = self.servers.hub, self.servers.leaf
         # ports claimed like the servers': a proxy binding port 0 could take a killed server's port meanwhile
-        leaf_port, hub_port = free_ports(2)
+        leaf_port, hub_port, *kv_ports = free_ports(2 + PROCESSES)
         self.leaf_proxy = FaultProxy("127.0.0.1", leaf.port, name="bridge-leaf", listen_port=leaf_port)
         self.hub_proxy = FaultProxy("127.0.0.1", hub.port, name="bridge-hub", listen_port=hub_port)
-        await self.leaf_proxy.start()
-        await self.hub_proxy.start()
+        self.kv_proxies = [
+            FaultProxy("127.0.0.1", hub.port, name=f"bridge-kv-{i}", listen_port=port)
+            for i, port in enumerate(kv_ports)
+        ]
+        for proxy in (self.leaf_proxy, self.hub_proxy, *self.kv_proxies):
+            await proxy.start()
         self.leaf_nc = await _connect(leaf.url, "chaos leaf")
         self.hub_nc = await _connect(hub.url, "chaos hub")
         await self._create_streams()
-        config = self.workdir / "bridge.toml"
-        config.write_text(bridge_config(self.sources, self.leaf_proxy.url, self.hub_proxy.url))
-        self.bridge = BridgeProcess(config, self.workdir / "bridge.log").start()
+        self.config.write_text(bridge_config(self.sources, self.leaf_proxy.url, self.hub_proxy.url))
+        self.bridges = [self.spawn(slot) for slot in range(PROCESSES)]
+
+    def spawn(self, slot: int) -> BridgeProcess:
+        """A new process (a new instance id) for ``slot``, on the slot's KV proxy; started."""
+        instance = f"b{self._instances}"
+        self._instances += 1
+        env = {
+            "NATS_BRIDGE_COORDINATION__INSTANCE_ID": instance,
+            "NATS_BRIDGE_COORDINATION__SERVERS": self.kv_proxies[slot].url,
+        }
+        return BridgeProcess(self.config, self.workdir / f"bridge-{instance}.log", env).start()
 
     async def _create_streams(self) -> None:
         leaf_js = self.leaf.jetstream()
@@ -165,14 +190,14 @@ class ChaosTopology:
         )
 
     async def close(self) -> None:
-        """Stop the bridge (SIGKILL if still running), the proxies, the connections and the servers."""
-        if self.bridge is not None:
-            await asyncio.to_thread(self.bridge.cleanup)
+        """Stop the bridges (SIGKILL if still running), the proxies, the connections and the servers."""
+        for bridge in self.bridges:
+            await asyncio.to_thread(bridge.cleanup)
         for nc in (self.leaf_nc, self.hub_nc):
             if nc is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(nc.close(), 5)
-        for proxy in (self.leaf_proxy, self.hub_proxy):
+        for proxy in (self.leaf_proxy, self.hub_proxy, *self.kv_proxies):
             if proxy is not None:
                 await proxy.close()
         if self.servers is not None:
@@ -195,9 +220,25 @@ class ChaosTopology:
         assert proxy is not None, "topology not started"
         return proxy
 
-    def process(self) -> BridgeProcess:
-        assert self.bridge is not None, "topology not started"
-        return self.bridge
+    def process(self, slot: int) -> BridgeProcess:
+        assert self.bridges, "topology not started"
+        return self.bridges[slot]
+
+    async def owners(self) -> dict[str, int]:
+        """Which slot's process owns each source now, as each running process's ``/readyz`` says."""
+        out: dict[str, int] = {}
+        for slot, bridge in enumerate(self.bridges):
+            for source in await asyncio.to_thread(bridge.owned):
+                out[source] = slot
+        return out
+
+    async def active_slot(self) -> int:
+        """The slot whose process owns the most sources now (0 when nobody answers): "the bridge" of a fault."""
+        owned = list((await self.owners()).values())
+        return max(range(len(self.bridges)), key=lambda slot: (owned.count(slot), -slot))
+
+    def logs_tail(self, lines: int = 30) -> str:
+        return "\n".join(f"--- {b.log_path.name}\n{b.tail(lines)}" for b in self.bridges)
 
     async def api(self, side: str, subject: str, body: dict[str, Any] | None = None, timeout: float = 2.0) -> Any:
         """A JetStream API request sent directly to one server (``$JS.API.<subject>``); the decoded reply."""
