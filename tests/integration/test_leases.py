@@ -8,6 +8,7 @@ its origin sequences, once each, in order, and the origin is empty. Processes ge
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from .helpers import (
     http_port,
     origin_seqs_by_source,
     readyz,
+    run_cli,
     stream_messages,
     wait_for_value,
     wait_until,
@@ -141,6 +143,10 @@ async def test_owner_killed_the_standby_takes_over_within_the_ttl(
             await second.wait_event("reset.done", timeout=TTL + 10)
             took = time.monotonic() - killed_at
         await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        # the operator's view, read from the bucket: who owns it now, on which host, since when
+        status = await anyio.to_thread.run_sync(run_cli, "status", "-c", str(config), "--json")
+        (row,) = json.loads(status.stdout)["sources"]
+        assert row["owner"]["instance"] == "p1" and row["owner"]["host"] and row["owner"]["since"], row
         assert await second.astop(20) == 0
     assert took < TTL + 5, f"fail-over took {took:.1f}s with a {TTL:g}s lease"
     print(f"fail-over after SIGKILL: {took:.2f} s (lease ttl {TTL:g} s)")
@@ -274,3 +280,30 @@ async def test_three_processes_share_six_sources_and_only_the_killed_ones_source
         for survivor in survivors:
             assert await procs[int(survivor[1])].astop(20) == 0
     print(f"owners before {before}, after killing {victim}: {after}")
+
+
+@pytest.mark.anyio
+async def test_without_coordination_the_bridge_replicates_alone_and_makes_no_bucket(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """``coordination.enabled = false``: the operator guarantees one process; nothing is read or written in KV."""
+    config = write_config(
+        tmp_path / "bridge.toml",
+        target_url=topology.hub.url,
+        sources=[SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")],
+        coordination={"enabled": False},
+    )
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(hub_nc, duplicate_window=DUPLICATE_WINDOW)
+        bridge = instance(bridge_procs, config, "solo")
+        await bridge.wait_event("reset.done", timeout=20)
+        publisher = Publisher(leaf_nc, 2000)
+        await publisher.run()
+        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        _, body = await readyz(await http_port(bridge))
+        assert "fleet" not in body and body["ready"], body
+        assert events(bridge, "fleet.joined") == []
+        streams = await hub_nc.request("$JS.API.STREAM.NAMES", b"{}", timeout=5)
+        assert "KV_nats-bridge" not in streams.data.decode()
+        assert await bridge.astop(20) == 0
