@@ -47,6 +47,12 @@ from bridge.observe.metrics import FleetSnapshot, LeaseSnapshot
 TICK = 0.05
 SETUP_BACKOFF = Backoff(1.0, 15.0)
 
+
+def lease_clock() -> float:
+    """The fence's clock: CLOCK_BOOTTIME where there is one (Linux), which also counts time the machine spent
+    suspended; CLOCK_MONOTONIC stops then, and a resumed process would believe its lease younger than it is."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+
 Fence = Callable[[], bool]
 _T = TypeVar("_T")
 
@@ -78,7 +84,7 @@ class FleetRunner:
         replicas: int,
         control: SourceControl,
         shutdown_grace: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lease_clock,
     ) -> None:
         self.kv = kv
         self.instance = instance
