@@ -53,6 +53,7 @@ def lease_clock() -> float:
     suspended; CLOCK_MONOTONIC stops then, and a resumed process would believe its lease younger than it is."""
     return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
 
+
 Fence = Callable[[], bool]
 _T = TypeVar("_T")
 
