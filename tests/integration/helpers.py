@@ -263,15 +263,6 @@ class BridgeProcess(ProcessBase):
     async def akill(self) -> int:
         return await anyio.to_thread.run_sync(self.kill)
 
-    def events(self) -> list[dict[str, Any]]:
-        """The JSON log events written so far (non-JSON lines skipped)."""
-        out = []
-        for line in self.log_text().splitlines():
-            if line.startswith("{"):
-                with contextlib.suppress(ValueError):
-                    out.append(json.loads(line))
-        return out
-
     def count(self, event: str, **fields: Any) -> int:
         return sum(
             1 for e in self.events() if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())

@@ -77,6 +77,15 @@ async def replicate_exactly(
         assert_exact(by_source.get(source, []), publisher.seqs, f"{source} copies")
 
 
+async def owner_and_standby(bridge_procs: BridgeFactory, config: Path) -> tuple[BridgeProcess, BridgeProcess]:
+    """p0 replicating the one source, then p1 started and ready as its standby."""
+    owner = instance(bridge_procs, config, "p0")
+    await owner.wait_event("reset.done", timeout=20)
+    standby = instance(bridge_procs, config, "p1")
+    await wait_until(lambda: standby_ready(standby, "edge1"), timeout=20, what="p1 ready as standby")
+    return owner, standby
+
+
 async def one_source(topology: Topology, tmp_path: Path) -> tuple[Path, Callable[[], Awaitable[None]]]:
     config = write_config(
         tmp_path / "bridge.toml",
@@ -130,10 +139,7 @@ async def test_owner_killed_the_standby_takes_over_within_the_ttl(
     config, prepare = await one_source(topology, tmp_path)
     await prepare()
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        first = instance(bridge_procs, config, "p0")
-        await first.wait_event("reset.done", timeout=20)
-        second = instance(bridge_procs, config, "p1")
-        await wait_until(lambda: standby_ready(second, "edge1"), timeout=20, what="p1 ready as standby")
+        first, second = await owner_and_standby(bridge_procs, config)
         publisher = Publisher(leaf_nc, 12_000, rate=RATE)
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)
@@ -162,11 +168,8 @@ async def test_owner_paused_past_its_lease_acts_on_nothing_when_it_wakes(
     config, prepare = await one_source(topology, tmp_path)
     await prepare()
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        first = instance(bridge_procs, config, "p0")
-        await first.wait_event("reset.done", timeout=20)
+        first, second = await owner_and_standby(bridge_procs, config)
         port = await http_port(first)
-        second = instance(bridge_procs, config, "p1")
-        await wait_until(lambda: standby_ready(second, "edge1"), timeout=20, what="p1 ready as standby")
         publisher = Publisher(leaf_nc, 12_000, rate=RATE)
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)
@@ -193,10 +196,7 @@ async def test_the_bucket_server_restarted(topology: Topology, tmp_path: Path, b
     config, prepare = await one_source(topology, tmp_path)
     await prepare()
     async with connect(topology.leaf.url) as leaf_nc:
-        p0 = instance(bridge_procs, config, "p0")
-        await p0.wait_event("reset.done", timeout=20)
-        p1 = instance(bridge_procs, config, "p1")
-        await wait_until(lambda: standby_ready(p1, "edge1"), timeout=20, what="p1 ready as standby")
+        p0, p1 = await owner_and_standby(bridge_procs, config)
         publisher = Publisher(leaf_nc, 12_000, rate=RATE)
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)
