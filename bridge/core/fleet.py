@@ -211,6 +211,7 @@ class Lease:
     since_wall: float = 0.0
     renewals: int = 0
     renew_failures: int = 0
+    failing: int = 0  # renew failures since the last success (a notice on the first, then every fifth)
     changes: int = 0  # times it became ours or stopped being ours
     term: int = 0  # counts the times it became ours: a fence is bound to one term
     stopping: bool = False  # a graceful StopSource is under way
@@ -381,6 +382,7 @@ class Fleet:
         if lease is None:
             return []
         lease.renewals += 1
+        lease.failing = 0
         self._written(lease, revision, sent_at)
         return []
 
@@ -390,15 +392,23 @@ class Fleet:
         if lease is None:
             return []
         lease.renew_failures += 1
+        lease.failing += 1
         if definitive:
             return self._lost(lease, f"renew refused: {reason}", now)
         # try again soon: the fence still has time (a renew is due every ttl/3, the fence closes at 4/5 ttl)
         lease.next_renew = now + min(1.0, self.timing.renew_every / 3)
+        if lease.failing % 5 != 1:
+            return []  # retried a few times a second near the fence: the first failure and every fifth are news
         return [
             Notice(
                 "lease.renew_failed",
                 "warning",
-                {"source": source, "reason": reason, "fence_in": round(max(0.0, lease.valid_until - now), 3)},
+                {
+                    "source": source,
+                    "reason": reason,
+                    "failures": lease.failing,
+                    "fence_in": round(max(0.0, lease.valid_until - now), 3),
+                },
             )
         ]
 
@@ -534,6 +544,7 @@ class Fleet:
         lease.state = LeaseState.STANDBY
         lease.valid_until = lease.renewed_at = -math.inf
         lease.renewing = False
+        lease.failing = 0
         lease.stopping = False
         lease.changes += 1
         lease.free_since = None
