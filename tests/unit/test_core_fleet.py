@@ -308,3 +308,19 @@ def test_a_frozen_owner_wakes_fenced_while_its_successor_owns() -> None:
     assert not sim.procs[owner].fleet.holds("s", sim.now)  # what it would check before acting on waking
     sim.run_for(3 * TTL)
     assert sim.owners()["s"] == [other]  # sticky: the woken process rejoins as a standby
+
+
+def test_failing_renews_are_logged_on_the_first_and_every_fifth() -> None:
+    timing = LeaseTiming(30.0)  # a long fence: seven failures fit before it closes
+    fleet = Fleet("a", "a#1", ["s"], timing, 0.0)
+    fleet.tick(0.0)
+    fleet.presence_written(0.0)
+    fleet.viewed(View(members=me(fleet)), 0.0, 0.0)
+    fleet.acquired("s", 1, 0.0, 0.0, 0.0)
+    now, logged = timing.renew_every, []
+    for _ in range(7):
+        assert any(isinstance(e, Renew) for e in fleet.tick(now)), "a failed renew is retried"
+        notices = [e for e in fleet.renew_failed("s", "timeout", False, now) if isinstance(e, Notice)]
+        logged += [n.fields["failures"] for n in notices]
+        now += 1.01
+    assert fleet.holds("s", now) and logged == [1, 6]
