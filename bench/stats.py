@@ -101,7 +101,7 @@ def parse_rfc3339_ns(text: str) -> int:
 
 def ack_info(reply: str) -> tuple[int, int]:
     """``(stream sequence, store time in ns)`` from a JetStream ``$JS.ACK`` reply subject, v1 (9 tokens) or v2
-    (11, or 12 with a trailing random token; protocol.md 2.1).
+    (11, or 12 with a trailing random token; docs/protocol.md 2.1).
 
     Raises:
         ValueError: not an ack subject.

@@ -42,7 +42,7 @@ class ApiError(BridgeError):
 
 class ApiTimeout(BridgeError):
     """A JetStream API request got no answer in time. For a consumer RESET this is how a missing or leaderless
-    consumer shows (protocol.md section 5): the server does not answer at all."""
+    consumer shows (docs/protocol.md section 5): the server does not answer at all."""
 
 
 class ApiUnavailable(BridgeError):

@@ -2,7 +2,7 @@
 
 A workload alternates bursts (as fast as ``concurrency`` outstanding publishes allow) and trickles (a steady few
 dozen messages a second: never a full second without a delivery, so the consumer never goes idle and only the
-``max_ack_pending`` count asks for flow control; protocol.md section 9). Payloads are 256 B to 64 KiB, mostly
+``max_ack_pending`` count asks for flow control; docs/protocol.md section 9). Payloads are 256 B to 64 KiB, mostly
 small. A publish that fails or times out is recorded as an attempt without an ack and is never retried under the
 same id: the origin may or may not hold it, and the checker treats it that way.
 """

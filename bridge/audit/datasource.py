@@ -18,9 +18,9 @@ Direct Get, default 8 MiB), ``timeout`` (seconds per Direct Get, default 10).
 
 Planning reads the stream's info once: the stream must exist and allow direct access. The sequences from its
 first to its last *at planning time* are split into contiguous ranges, one partition each; a partition reads its
-range with batched Direct Get (``../shared/seeds/adr-jetstream-direct-get.txt``) over its own connection, so
-messages stored after planning are not read and every row is read once. A query's comparisons of ``seq`` with a
-constant are pushed down: ``where seq > 5000000`` reads only those sequences.
+range with batched Direct Get (ADR-31, https://github.com/nats-io/nats-architecture-and-design/blob/main/adr/ADR-31.md)
+over its own connection, so messages stored after planning are not read and every row is read once. A query's
+comparisons of ``seq`` with a constant are pushed down: ``where seq > 5000000`` reads only those sequences.
 """
 
 from __future__ import annotations

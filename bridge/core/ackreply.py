@@ -2,7 +2,8 @@
 
 For ``ack_policy: flow_control`` nobody listens on this subject; it is pure metadata telling which stream and
 consumer sent the message, its stream sequence, its delivery sequence within the current consumer epoch, the
-store time and the pending count. Two layouts exist (protocol.md section 2.1, ADR-15):
+store time and the pending count. Two layouts exist (docs/protocol.md section 2.1, ADR-15,
+https://github.com/nats-io/nats-architecture-and-design/blob/main/adr/ADR-15.md):
 
 * v1, 9 tokens: ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts_ns>.<pending>``
 * v2, 11 or 12 tokens: ``$JS.ACK.<domain|_>.<account_hash>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts_ns>

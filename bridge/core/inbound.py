@@ -1,6 +1,6 @@
 """Telling apart what a push consumer sends to its deliver subject: data, flow-control requests, heartbeats.
 
-All three arrive on the one deliver subject in one ordered stream (protocol.md section 2). The server's own test
+All three arrive on the one deliver subject in one ordered stream (docs/protocol.md section 2). The server's own test
 (``stream.go`` ``isControlMsg``): empty payload and a header block starting ``NATS/1.0 100``. A flow-control
 request carries a reply subject (``$JS.FC...``); an idle heartbeat does not, and carries ``Nats-Last-Consumer``,
 ``Nats-Last-Stream`` and, while a flow-control request is unanswered, ``Nats-Consumer-Stalled``.

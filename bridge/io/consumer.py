@@ -1,7 +1,7 @@
 """Creating, repairing and vetting the origin's durable flow-control consumer.
 
 A managed consumer is created (or repaired) with a *pedantic* create, so the server refuses instead of silently
-rewriting what we asked for (protocol.md 1.1). A consumer the operator created is only bound to after it passes
+rewriting what we asked for (docs/protocol.md 1.1). A consumer the operator created is only bound to after it passes
 ``unfit_reasons``: a wrong ack policy would never be acked, ``headers_only`` would replicate empty payloads, and an
 ``inactive_threshold`` lets the server delete the durable while the bridge is away, which on an Interest stream
 drops the messages it was holding. Non-editable differences are never "fixed" by deleting the consumer: on an

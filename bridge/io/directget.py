@@ -1,4 +1,6 @@
-"""Reading a range of a stream with batched Direct Get (ADR-31, ``../shared/seeds/adr-jetstream-direct-get.txt``).
+"""Reading a range of a stream with batched Direct Get (ADR-31).
+
+ADR-31 (Direct Get): https://github.com/nats-io/nats-architecture-and-design/blob/main/adr/ADR-31.md
 
 One request ``{"seq": a, "batch": n, "max_bytes": m, "next_by_subj": filter}`` to ``<api>.DIRECT.GET.<stream>``
 makes the server send up to ``n`` stored messages at or after ``a`` (fewer once ``m`` bytes are sent), each with

@@ -1,7 +1,7 @@
 """The few JetStream API calls the bridge makes, as plain requests on a core connection.
 
 Plain requests (not nats-py's JetStream context) keep the API prefix explicit (``$JS.API`` or
-``$JS.<domain>.API``: across a leaf link only the domain form reaches the leaf, protocol.md section 6), keep
+``$JS.<domain>.API``: across a leaf link only the domain form reaches the leaf, docs/protocol.md section 6), keep
 ``pedantic`` creates possible, and keep every error in the bridge's own types.
 """
 

@@ -1,4 +1,4 @@
-"""``bridge.core.ackreply``: the v1 and v2 ``$JS.ACK`` subjects of pushed data messages (protocol.md 2.1)."""
+"""``bridge.core.ackreply``: the v1 and v2 ``$JS.ACK`` subjects of pushed data messages (docs/protocol.md 2.1)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``bridge.core.inbound.classify``: data, FC requests, heartbeats and everything else on the deliver subject.
 
-Inputs are shaped as nats-py hands them to a plain subscription (protocol.md section 9): the status line becomes the
-pseudo-headers ``Status``/``Description``; a data message's reply is its ``$JS.ACK`` subject.
+Inputs are shaped as nats-py hands them to a plain subscription (docs/protocol.md section 9): the status line
+becomes the pseudo-headers ``Status``/``Description``; a data message's reply is its ``$JS.ACK`` subject.
 """
 
 from __future__ import annotations
