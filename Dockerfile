@@ -26,8 +26,8 @@ RUN python -m venv /opt/nats-bridge
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
-# No extras: [test] and [demo] bring nats-server and test tools, which production does not need. pip and
-# setuptools go afterwards: nothing installs into the venv at run time.
+# No extras and no dependency group: [demo] and the dev group bring nats-server and test tools, which production
+# does not need. pip and setuptools go afterwards: nothing installs into the venv at run time.
 RUN /opt/nats-bridge/bin/pip install . \
     && /opt/nats-bridge/bin/pip uninstall --yes pip setuptools
 

@@ -2,7 +2,7 @@
 
 The package is layered like h11/wsproto: ``bridge.core`` holds pure state machines (no sockets, no clocks of
 their own), ``bridge.io`` the thin nats-py adapters, ``bridge.runtime`` the anyio task structure that drives
-one pipeline per source, and ``bridge.cli`` the commands.
+one pipeline per source, ``bridge.commands`` the commands and ``bridge.cli`` the command line that dispatches to them.
 """
 
 __version__ = "0.1.0"

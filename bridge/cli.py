@@ -7,20 +7,14 @@ configuration or usage (one line per problem, no traceback); 3 the audit could n
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-
-import anyio
 
 from bridge import __version__
-from bridge.errors import ConfigError
+from bridge.commands import audit as audit_command
+from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded
 
-EXIT_OK = 0
-EXIT_PROBLEM = 1
-EXIT_CONFIG = 2
-EXIT_UNAUDITED = 3
+__all__ = ["EXIT_CONFIG", "EXIT_OK", "EXIT_PROBLEM", "EXIT_UNAUDITED", "main"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,16 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--seq", type=int, help="next origin sequence to deliver (default: the ack floor + 1)")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
-    audit = sub.add_parser(
-        "audit", help="prove with Spark that the aggregate holds every origin message once and in order"
-    )
-    audit.add_argument("-c", "--config", required=True, help="TOML configuration file (the bridge's own)")
-    audit.add_argument(
-        "--origin-too", action="store_true", help="also compare with what each origin still holds (Limits/Interest)"
-    )
-    audit.add_argument("--out", default="audit-report", help="directory for report.json, Parquet and audit.png")
-    audit.add_argument("--master", help="Spark master URL (default: embedded local[*], or spark-submit's)")
-    audit.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    audit_command.add_arguments(sub.add_parser("audit", help=audit_command.HELP))
 
     demo = sub.add_parser("demo", help="start a local leaf and hub, replicate a workload, print the counts")
     demo.add_argument("--messages", type=int, default=50_000, help="messages to publish (default 50000)")
@@ -69,117 +54,33 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and ``python -m bridge``."""
     args = _parser().parse_args(argv)
-    try:
-        if args.command == "run":
-            return _run(args.config)
-        if args.command == "check":
-            return _check(args.config)
-        if args.command == "status":
-            return _status(args.config, args.json)
-        if args.command == "reset":
-            return _reset(args.config, args.source, args.seq, args.yes)
-        if args.command == "audit":
-            return _audit(args.config, args.origin_too, args.out, args.master, args.json)
-        if args.command == "demo":
-            from bridge.demo import run_demo
+    return guarded(lambda: _dispatch(args))
 
-            return run_demo(messages=args.messages, size=args.size, keep=args.keep, audit=args.audit)
-    except ConfigError as err:
-        from bridge.config import format_config_error
 
-        print(format_config_error(err), file=sys.stderr)
-        return EXIT_CONFIG
-    except KeyboardInterrupt:
-        return EXIT_OK
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        from bridge.commands.run import run
+
+        return run(args.config)
+    if args.command == "check":
+        from bridge.commands.check import check
+
+        return check(args.config)
+    if args.command == "status":
+        from bridge.commands.status import status
+
+        return status(args.config, args.json)
+    if args.command == "reset":
+        from bridge.commands.reset import reset
+
+        return reset(args.config, args.source, args.seq, args.yes)
+    if args.command == "audit":
+        return audit_command.audit(args.config, args.origin_too, args.out, args.master, args.json)
+    if args.command == "demo":
+        from bridge.commands.demo import run_demo
+
+        return run_demo(messages=args.messages, size=args.size, keep=args.keep, audit=args.audit)
     return EXIT_CONFIG
-
-
-def _run(path: str) -> int:
-    from bridge import logs
-    from bridge.config import exposed_secrets, load_config
-    from bridge.runtime.app import Bridge
-
-    config = load_config(path)
-    logs.configure(config.log.level, config.log.format)
-    for warning in exposed_secrets(path, config):
-        logs.get_logger(component="config").warning("config.secret_exposed", problem=warning)
-    anyio.run(Bridge(config, config_path=Path(path)).run)
-    # drained and answered: a repeated SIGTERM during interpreter exit must not turn exit 0 into "killed"
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return EXIT_OK
-
-
-def _check(path: str) -> int:
-    from bridge.check import run_check
-    from bridge.config import exposed_secrets, load_config
-
-    config = load_config(path)
-    for warning in exposed_secrets(path, config):
-        print(f"WARN secrets: {warning}", flush=True)
-    return EXIT_OK if anyio.run(run_check, config) else EXIT_PROBLEM
-
-
-def _status(path: str, as_json: bool) -> int:
-    from bridge.admin import collect_status, print_status
-    from bridge.config import load_config
-
-    config = load_config(path)
-    return EXIT_OK if print_status(anyio.run(collect_status, config), as_json) else EXIT_PROBLEM
-
-
-def _reset(path: str, source: str, seq: int | None, yes: bool) -> int:
-    from bridge.admin import confirm_on_terminal, reset_source
-    from bridge.config import load_config
-    from bridge.errors import BridgeError
-
-    if seq is not None and seq < 1:
-        print("nats-bridge reset: --seq must be >= 1", file=sys.stderr)
-        return EXIT_CONFIG
-    config = load_config(path)
-
-    def confirm(description: str) -> bool:
-        if yes:
-            print(description)
-            return True
-        return confirm_on_terminal(description)
-
-    try:
-        done, message = anyio.run(reset_source, config, source, seq, confirm)
-    except BridgeError as exc:
-        print(f"nats-bridge reset: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
-    print(message, file=sys.stdout if done else sys.stderr)
-    return EXIT_OK if done else EXIT_PROBLEM
-
-
-def _audit(path: str, origin_too: bool, out: str, master: str | None, as_json: bool) -> int:
-    from bridge.config import load_config
-    from bridge.errors import AuditError
-
-    config = load_config(path)
-    try:
-        from bridge.audit.job import AuditOptions, run_audit
-        from bridge.audit.report import render_table
-    except ImportError as exc:
-        print(
-            f"nats-bridge audit: {exc.name or exc} is not installed: install the audit extra "
-            "(pip install 'nats-bridge[audit]') and Java 17 or newer",
-            file=sys.stderr,
-        )
-        return EXIT_UNAUDITED
-    try:
-        report = run_audit(config, AuditOptions(origin_too=origin_too, out=Path(out), master=master))
-    except AuditError as exc:
-        print(f"nats-bridge audit: {exc}", file=sys.stderr)
-        return EXIT_UNAUDITED
-    if as_json:
-        import json
-
-        print(json.dumps(report.to_json(), indent=2, default=str))
-    else:
-        print(render_table(report))
-        print(f"report: {Path(out) / 'report.json'}, {Path(out) / 'audit.png'}, Parquet in {out}/")
-    return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
 if __name__ == "__main__":

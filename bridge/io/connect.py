@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from nats import errors as nats_errors
@@ -22,16 +22,22 @@ from nats.aio.client import Client as NATS
 from bridge.errors import BridgeError
 from bridge.io import wire
 
+if TYPE_CHECKING:
+    from pydantic import SecretStr
+
+    from bridge.config import AuthConfig, TlsConfig
+
 
 class ConnectionSettings(Protocol):
-    """What a side's configuration offers to open a connection (TargetConfig and SourceConfig both do)."""
-
-    servers: list[str]
+    """What a side's configuration offers to open a connection (TargetConfig, SourceConfig and the audit's
+    ReadOptions all do)."""
 
     @property
-    def auth(self) -> Any: ...
+    def servers(self) -> list[str]: ...
     @property
-    def tls(self) -> Any: ...
+    def auth(self) -> AuthConfig | None: ...
+    @property
+    def tls(self) -> TlsConfig | None: ...
 
 
 # nats-py's first connect makes at most two attempts per server (max_reconnect_attempts = 1); each is bounded by
@@ -43,14 +49,14 @@ Callback = Callable[[], Awaitable[None]]
 ErrorCallback = Callable[[Exception], Awaitable[None]]
 
 
-def _secret(value: Any) -> str | None:
+def _secret(value: SecretStr | None) -> str | None:
     if value is None:
         return None
     getter = getattr(value, "get_secret_value", None)
     return str(getter() if getter else value)
 
 
-def tls_context(tls: Any) -> ssl.SSLContext | None:
+def tls_context(tls: TlsConfig | None) -> ssl.SSLContext | None:
     """An SSL context for the side's ``tls`` settings, or None when TLS is not configured."""
     if tls is None:
         return None

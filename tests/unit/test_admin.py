@@ -1,4 +1,4 @@
-"""``bridge.admin``: the confirmation ``nats-bridge reset`` asks for before touching a consumer."""
+"""``bridge.commands.reset``: the confirmation ``nats-bridge reset`` asks for before touching a consumer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bridge.admin import confirm_on_terminal
+from bridge.commands.reset import confirm_on_terminal
 
 from .tty import FakeTerminal
 

@@ -6,6 +6,7 @@ import fnmatch
 import json
 import re
 import shlex
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,20 @@ def test_builder_installs_the_package_without_extras(instructions: list[Instruct
     for install in installs:
         targets = [word for word in shlex.split(install) if not word.startswith("-")]
         assert targets == ["."], f"install exactly the package, no extras: pip install {install}"
+
+
+def test_the_build_copies_what_pyproject_reads(instructions: list[Instruction]) -> None:
+    """``pip install .`` in the builder reads pyproject.toml, its readme, and the version from the package."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    builder = stages(instructions)[0]
+    copied = {source for i in builder if i.keyword == "COPY" for source in i.args.split()[:-1]}
+    assert {"pyproject.toml", pyproject["project"]["readme"]} <= copied
+    assert "version" in pyproject["project"]["dynamic"]
+    version_attr = pyproject["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert version_attr.split(".")[0] in copied, f"the version comes from {version_attr}"
+    # the image installs the dependencies only: the dev group is not an extra (pip install . cannot pull it in)
+    assert "test" not in pyproject["project"]["optional-dependencies"]
+    assert "dev" in pyproject["dependency-groups"]
 
 
 def test_final_stage_runs_as_a_non_root_user(final: list[Instruction]) -> None:

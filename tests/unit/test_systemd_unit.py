@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import EngineConfig
+
 SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD_DIR / "nats-bridge.service"
 SYSUSERS = SYSTEMD_DIR / "nats-bridge.sysusers"
 INSTALLED_EXEC = "/usr/local/bin/nats-bridge"
-DRAIN_GRACE_SECONDS = 10.0  # engine.shutdown_grace's default (bridge/config.py)
+DRAIN_GRACE_SECONDS = EngineConfig().shutdown_grace  # the default drain, which the stop timeout must exceed
 # `systemd-analyze security` exposure, 0 (locked down) to 10; it scores this unit at about 1.2 (systemd 252).
 MAX_EXPOSURE = 2.5
 HARDENING = {

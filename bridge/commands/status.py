@@ -1,26 +1,22 @@
-"""Operator commands: ``nats-bridge status`` and ``nats-bridge reset``.
+"""``nats-bridge status``: per source, the consumer state, the stored watermark, the lag and the owner.
 
-``status`` asks the servers themselves (consumer state on each origin, the stored watermark read back from the
-aggregate's provenance headers exactly as restart recovery does, and with leases each source's owner from the
-coordination bucket: instance, host, since) and, when the daemon's HTTP listener is reachable, adds what only the
-running daemon knows (its last error per source). It works with the daemon down; it changes nothing.
-
-``reset`` is an operator's ``CONSUMER.RESET`` of one source's consumer, after a confirmation: a forward reset
-means the skipped messages are never replicated (a WorkQueue origin keeps them orphaned, an Interest origin
-deletes them); a running bridge adopts it as a skip, a backward one duplicates nothing.
+It asks the servers themselves (consumer state on each origin, the stored watermark read back from the aggregate's
+provenance headers exactly as restart recovery does, and with leases each source's owner from the coordination
+bucket: instance, host, since) and, when the daemon's HTTP listener is reachable, adds what only the running daemon
+knows (its last error per source). It works with the daemon down; it changes nothing.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 import anyio
 
+from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
+from bridge.config import BridgeConfig, SourceConfig, load_config
 from bridge.core.recovery import recover, recovery_depth
 from bridge.errors import BridgeError
 from bridge.io.aggregate import read_source_tail
@@ -29,10 +25,14 @@ from bridge.io.jsapi import JsApi
 from bridge.io.kv import KvBucket, parse_view
 from bridge.observe.http import parse_listen
 
-TIMEOUT = 5.0
+
+def status(path: str, as_json: bool) -> int:
+    """``nats-bridge status -c PATH [--json]``: collect and print; exit 1 when a source could not be read."""
+    config = load_config(path)
+    return EXIT_OK if print_status(anyio.run(collect_status, config), as_json) else EXIT_PROBLEM
 
 
-async def _source_state(src: Any) -> dict[str, Any]:
+async def _source_state(src: SourceConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"stream": src.stream, "consumer": src.consumer}
     try:
         nc = await open_connection(src, name=f"nats-bridge status {src.name}", error_type=BridgeError)
@@ -57,7 +57,7 @@ async def _source_state(src: Any) -> dict[str, Any]:
     }
 
 
-async def _watermarks(config: Any, floors: dict[str, int]) -> dict[str, int | str]:
+async def _watermarks(config: BridgeConfig, floors: dict[str, int]) -> dict[str, int | str]:
     target = config.target
     out: dict[str, int | str] = {}
     try:
@@ -81,17 +81,16 @@ async def _watermarks(config: Any, floors: dict[str, int]) -> dict[str, int | st
     return out
 
 
-async def _owners(config: Any) -> dict[str, dict[str, Any]] | str:
+async def _owners(config: BridgeConfig) -> dict[str, dict[str, Any]] | str:
     """Each source's lease holder as the coordination bucket has it, or why it could not be read."""
     coordination = config.coordination
-    side = coordination if coordination.servers is not None else config.target
-    prefix = coordination.api_prefix if coordination.servers is not None else config.target.api_prefix
+    side = bucket_side(config)
     try:
         nc = await open_connection(side, name="nats-bridge status", error_type=BridgeError)
     except BridgeError as exc:
         return str(exc)
     try:
-        view = parse_view(await KvBucket(nc, JsApi(nc, prefix), coordination.bucket).read_all(TIMEOUT))
+        view = parse_view(await KvBucket(nc, JsApi(nc, side.api_prefix), coordination.bucket).read_all(TIMEOUT))
     except BridgeError as exc:
         return f"coordination bucket {coordination.bucket!r}: {exc}"
     finally:
@@ -126,19 +125,24 @@ def _daemon_view(listen: str) -> tuple[dict[str, Any] | None, str]:
         return None, "http listener on a random port"
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/readyz"
     try:
-        with urllib.request.urlopen(url, timeout=3) as reply:
-            return json.loads(reply.read()), url
-    except urllib.error.HTTPError as err:  # 503: not ready, still a full answer
-        return json.loads(err.read()), url
-    except (OSError, ValueError) as exc:
+        try:
+            with urllib.request.urlopen(url, timeout=3) as reply:
+                body = reply.read()
+        except urllib.error.HTTPError as err:  # 503: not ready, still a full answer
+            body = err.read()
+        view = json.loads(body)
+    except (OSError, ValueError) as exc:  # unreachable, or an answer that is not the daemon's JSON
         return None, f"daemon not reachable at {url} ({exc})"
+    if not isinstance(view, dict):
+        return None, f"daemon at {url} answered something other than its /readyz view"
+    return view, url
 
 
-async def collect_status(config: Any) -> dict[str, Any]:
+async def collect_status(config: BridgeConfig) -> dict[str, Any]:
     """Every source's consumer state, stored watermark, lag, and the daemon's last error (JSON-ready)."""
     states: dict[str, dict[str, Any]] = {}
 
-    async def one(src: Any) -> None:
+    async def one(src: SourceConfig) -> None:
         states[src.name] = await _source_state(src)
 
     async with anyio.create_task_group() as tg:
@@ -209,57 +213,3 @@ def _cell(state: dict[str, Any], column: str) -> object:
     if column == "since":
         return owner.get("since") or "-"
     return state.get(column, "-")
-
-
-def describe_reset(src: Any, info: dict[str, Any], seq: int | None, retention: str) -> str:
-    """What the reset will do, in words, for the confirmation prompt."""
-    floor = int(info.get("ack_floor", {}).get("stream_seq", 0))
-    delivered = int(info.get("delivered", {}).get("stream_seq", 0))
-    head = f"consumer {src.consumer} on stream {src.stream} ({retention}): ack floor {floor}, delivered {delivered}"
-    if seq is None or seq == floor + 1:
-        return f"{head}\nreset to the ack floor: delivery restarts at {floor + 1}; nothing is skipped or duplicated"
-    if seq <= floor:
-        return (
-            f"{head}\nreset BACKWARD to {seq}: messages {seq}..{floor} still in the origin are delivered again; the "
-            "bridge drops what it already replicated (no duplicates)"
-        )
-    fate = {
-        "workqueue": "stay in the WorkQueue stream, orphaned below the consumer's floor",
-        "interest": "are DELETED from the Interest stream unless another consumer wants them",
-    }.get(retention, "stay in the stream")
-    return f"{head}\nreset FORWARD to {seq}: messages {floor + 1}..{seq - 1} will NEVER be replicated; they {fate}"
-
-
-async def reset_source(config: Any, name: str, seq: int | None, confirm: Callable[[str], bool]) -> tuple[bool, str]:
-    """Reset one source's consumer after ``confirm(description)``; (done, message)."""
-    src = next((s for s in config.sources if s.name == name), None)
-    if src is None:
-        names = ", ".join(s.name for s in config.sources)
-        return False, f"no source named {name!r} in the configuration (sources: {names})"
-    nc = await open_connection(src, name=f"nats-bridge reset {src.name}", error_type=BridgeError)
-    try:
-        api = JsApi(nc, src.api_prefix)
-        stream = await api.stream_info(src.stream, timeout=TIMEOUT)
-        info = await api.consumer_info(src.stream, src.consumer, timeout=TIMEOUT)
-        retention = str(stream.get("config", {}).get("retention", "limits"))
-        if not confirm(describe_reset(src, info, seq, retention)):
-            return False, "not confirmed; nothing changed"
-        body = {"seq": seq} if seq is not None else None
-        reply = await api.request(f"CONSUMER.RESET.{src.stream}.{src.consumer}", body, TIMEOUT)
-    finally:
-        await nc.close()
-    return True, f"reset {src.consumer}: next delivery at {reply.get('reset_seq')}"
-
-
-def confirm_on_terminal(description: str) -> bool:
-    """Print ``description`` and ask; refuses (False) when stdin is not a terminal."""
-    print(description)
-    if not sys.stdin.isatty():
-        print("stdin is not a terminal: pass --yes to confirm", file=sys.stderr)
-        return False
-    try:
-        answer = input("proceed? [y/N] ")
-    except EOFError:  # Ctrl-D at the prompt: no answer is a no, not a traceback
-        print()
-        return False
-    return answer.strip().lower() in ("y", "yes")

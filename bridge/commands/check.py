@@ -6,10 +6,12 @@ A managed consumer is created (or repaired) exactly as ``run`` would, so a passi
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable
 
 import anyio
 
+from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
+from bridge.config import BridgeConfig, SourceConfig, exposed_secrets, load_config
 from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError
 from bridge.io.connect import open_connection
@@ -17,14 +19,20 @@ from bridge.io.consumer import ensure_consumer
 from bridge.io.jsapi import ApiError, JsApi
 from bridge.io.kv import KvBucket, parse_view
 
-TIMEOUT = 5.0
+
+def check(path: str) -> int:
+    """``nats-bridge check -c PATH``: warn about exposed secrets, then check everything."""
+    config = load_config(path)
+    for warning in exposed_secrets(path, config):
+        print(f"WARN secrets: {warning}", flush=True)
+    return EXIT_OK if anyio.run(run_check, config) else EXIT_PROBLEM
 
 
 def _print(ok: bool, what: str, detail: str) -> None:
     print(f"{'OK  ' if ok else 'FAIL'} {what}: {detail}", flush=True)
 
 
-async def _check_target(config: Any) -> bool:
+async def _check_target(config: BridgeConfig) -> bool:
     target = config.target
     try:
         nc = await open_connection(target, name="nats-bridge check", error_type=BridgeError)
@@ -57,19 +65,18 @@ async def _check_target(config: Any) -> bool:
     return ok
 
 
-async def _check_coordination(config: Any) -> bool:
+async def _check_coordination(config: BridgeConfig) -> bool:
     """The lease bucket: usable (created when missing, as ``run`` would), its TTL, who is in the fleet now."""
     coordination = config.coordination
     what = f"coordination bucket {coordination.bucket}"
-    side = coordination if coordination.servers is not None else config.target
-    prefix = coordination.api_prefix if coordination.servers is not None else config.target.api_prefix
+    side = bucket_side(config)
     try:
         nc = await open_connection(side, name="nats-bridge check", error_type=BridgeError)
     except BridgeError as exc:
         _print(False, what, str(exc))
         return False
     try:
-        kv = KvBucket(nc, JsApi(nc, prefix), coordination.bucket)
+        kv = KvBucket(nc, JsApi(nc, side.api_prefix), coordination.bucket)
         ttl = await kv.ensure(coordination.lease_ttl, coordination.replicas, TIMEOUT)
         view = parse_view(await kv.read_all(TIMEOUT))
     except BridgeError as exc:
@@ -90,7 +97,7 @@ async def _check_coordination(config: Any) -> bool:
     return True
 
 
-async def _check_source(src: Any) -> bool:
+async def _check_source(src: SourceConfig) -> bool:
     what = f"source {src.name}"
     try:
         nc = await open_connection(src, name=f"nats-bridge check {src.name}", error_type=BridgeError)
@@ -121,11 +128,11 @@ async def _check_source(src: Any) -> bool:
     return True
 
 
-async def run_check(config: Any) -> bool:
+async def run_check(config: BridgeConfig) -> bool:
     """Check everything; True when the bridge can run."""
     results: list[bool] = []
 
-    async def one(coro: Any) -> None:
+    async def one(coro: Awaitable[bool]) -> None:
         results.append(await coro)
 
     async with anyio.create_task_group() as tg:

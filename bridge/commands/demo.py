@@ -21,14 +21,17 @@ from typing import Any
 
 import anyio
 import nats
+from nats.aio.client import Client as NATS
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from bridge import logs
+from bridge.config import BridgeConfig, load_config
+from bridge.config.defaults import DEFAULT_PUBLISH_WINDOW, default_consumer, default_deliver_subject
 from bridge.core import headers as hdr
-from bridge.embedded import Topology, start_topology
 from bridge.io.aggregate import read_range
 from bridge.io.jsapi import JsApi
 from bridge.runtime.app import Bridge
+from bridge.testing.servers import Topology, start_topology
 
 ORIGIN = "ORDERS"
 AGGREGATE = "AGG"
@@ -49,15 +52,15 @@ listen = "127.0.0.1:0"   # metrics and health on any free port (printed when it 
 [target]
 servers = ["{topology.hub.url}"]
 stream = "{AGGREGATE}"
-publish_window = 1024
+publish_window = {DEFAULT_PUBLISH_WINDOW}
 
 [[sources]]
 name = "{SOURCE}"
 servers = ["{topology.hub.url}"]   # the hub: the leaf's consumer is reached through its JetStream domain
 domain = "leaf"
 stream = "{ORIGIN}"
-consumer = "nats-bridge-{SOURCE}"
-deliver_subject = "nats-bridge.deliver.{SOURCE}"
+consumer = "{default_consumer(SOURCE)}"
+deliver_subject = "{default_deliver_subject(SOURCE)}"
 max_ack_pending = 2000
 subject_prefix = "{PREFIX}"
 """
@@ -66,8 +69,6 @@ subject_prefix = "{PREFIX}"
 def run_demo(messages: int = 50_000, size: int = 512, keep: bool = False, audit: bool = False) -> int:
     """Run the demo; 0 when every acked origin message is in the aggregate exactly once, in order (and, with
     ``audit``, when ``nats-bridge audit`` of the aggregate finds it clean)."""
-    from bridge.config import load_config
-
     if messages < 1 or size < 0:
         print("nats-bridge demo: --messages must be >= 1 and --size >= 0", file=sys.stderr)
         return 2
@@ -99,7 +100,7 @@ def run_demo(messages: int = 50_000, size: int = 512, keep: bool = False, audit:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _audit(config: Any, out: Path, keep: bool) -> int:
+def _audit(config: BridgeConfig, out: Path, keep: bool) -> int:
     """``nats-bridge audit`` of the demo's aggregate, while its servers still run."""
     try:
         from bridge.audit.job import AuditOptions, run_audit
@@ -115,7 +116,7 @@ def _audit(config: Any, out: Path, keep: bool) -> int:
     return 0 if report.ok else 1
 
 
-async def _demo(topology: Topology, config: Any, messages: int, size: int) -> int:
+async def _demo(topology: Topology, config: BridgeConfig, messages: int, size: int) -> int:
     leaf = await nats.connect(topology.leaf.url)
     hub = await nats.connect(topology.hub.url)
     try:
@@ -147,7 +148,7 @@ async def _demo(topology: Topology, config: Any, messages: int, size: int) -> in
         await hub.close()
 
 
-async def _publish(nc: Any, messages: int, size: int, state: dict[str, Any]) -> None:
+async def _publish(nc: NATS, messages: int, size: int, state: dict[str, Any]) -> None:
     js = nc.jetstream()
     payload = os.urandom(size)
     batch = 500
@@ -161,7 +162,7 @@ async def _publish(nc: Any, messages: int, size: int, state: dict[str, Any]) -> 
             state["acked"] += 1
 
 
-async def _progress(leaf: Any, hub: Any, messages: int, state: dict[str, Any], bridge: Bridge) -> None:
+async def _progress(leaf: NATS, hub: NATS, messages: int, state: dict[str, Any], bridge: Bridge) -> None:
     started = time.monotonic()
     ljs, hjs = leaf.jetstream(), hub.jetstream()
     last_stored, last_t = 0, started
@@ -187,7 +188,7 @@ async def _progress(leaf: Any, hub: Any, messages: int, state: dict[str, Any], b
     bridge.stop.set()
 
 
-async def _verify(hub: Any, messages: int, state: dict[str, Any]) -> int:
+async def _verify(hub: NATS, messages: int, state: dict[str, Any]) -> int:
     info = await hub.jetstream().stream_info(AGGREGATE)
     first, last = info.state.first_seq, info.state.last_seq
     seen: dict[int, int] = {}

@@ -1,0 +1,54 @@
+"""What the commands share: their exit codes, the request timeout, configuration errors as the operator reads them,
+and where the coordination bucket is reached."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from bridge.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bridge.config import AuthConfig, BridgeConfig, TlsConfig
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_CONFIG = 2
+EXIT_UNAUDITED = 3
+
+TIMEOUT = 5.0  # seconds, for each request the operator commands make
+
+
+def guarded(command: Callable[[], int]) -> int:
+    """Run ``command``: invalid configuration is printed as one line per problem (exit 2, no traceback), Ctrl-C
+    ends quietly (exit 0)."""
+    try:
+        return command()
+    except ConfigError as err:
+        from bridge.config import format_config_error
+
+        print(format_config_error(err), file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+@dataclass(frozen=True)
+class BucketSide:
+    """Where the coordination bucket is reached: the target's servers, or coordination's own ``servers``."""
+
+    servers: list[str]
+    auth: AuthConfig | None
+    tls: TlsConfig | None
+    api_prefix: str
+
+
+def bucket_side(config: BridgeConfig) -> BucketSide:
+    """The coordination bucket's connection settings and JetStream API prefix."""
+    coordination = config.coordination
+    if coordination.servers is not None:
+        return BucketSide(coordination.servers, coordination.auth, coordination.tls, coordination.api_prefix)
+    target = config.target
+    return BucketSide(target.servers, target.auth, target.tls, target.api_prefix)

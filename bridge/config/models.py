@@ -1,0 +1,371 @@
+"""The configuration models: ``[log]``, ``[engine]``, ``[http]``, ``auth``, ``tls``, ``[target]``, ``[[sources]]``,
+``[coordination]`` and the whole :class:`BridgeConfig`.
+
+Secret values never appear in ``repr`` of the models.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from bridge.config.defaults import (
+    DEFAULT_LISTEN,
+    DEFAULT_PUBLISH_WINDOW,
+    default_consumer,
+    default_deliver_subject,
+    default_instance_id,
+    default_servers,
+)
+from bridge.config.env import ENV_PREFIX, LOADING, EnvSource, FileSource, LoadContext
+from bridge.config.validators import (
+    SOURCE_NAME,
+    BucketName,
+    FilterSubjects,
+    InstanceId,
+    JetStreamName,
+    ListenAddress,
+    LiteralSubject,
+    NonEmptyStr,
+    ReadableFile,
+    Seconds,
+    Servers,
+    SourceName,
+    SubjectPrefix,
+    api_prefix,
+    fail,
+    int_between,
+    lowercase,
+    non_empty_secret,
+    seconds_at_least,
+    show,
+)
+
+# hide_input_in_errors keeps values (maybe secrets) out of a raw ValidationError's text, should one ever be
+# printed by code that bypasses load_config.
+_MODEL_CONFIG = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+# --- models -----------------------------------------------------------------------------------------------
+
+
+class LogConfig(BaseModel):
+    """``[log]``: how much the bridge logs and in which format (``auto`` picks console on a TTY, else JSON)."""
+
+    model_config = _MODEL_CONFIG
+
+    level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(lowercase)] = "info"
+    format: Annotated[Literal["auto", "json", "console"], BeforeValidator(lowercase)] = "auto"
+
+
+class EngineConfig(BaseModel):
+    """``[engine]``: timings of the replication engine, all in seconds."""
+
+    model_config = _MODEL_CONFIG
+
+    silence_timeout: Annotated[
+        float, seconds_at_least(2.0, ": the consumer heartbeat is fixed at 1 s, so less would flap")
+    ] = 5.0
+    reset_timeout: Seconds = 5.0
+    reset_backoff_initial: Seconds = 2.0
+    # validate_default: a raised *_initial must be checked against the default *_max too.
+    reset_backoff_max: Seconds = Field(default=30.0, validate_default=True)
+    publish_retry_initial: Seconds = 0.5
+    publish_retry_max: Seconds = Field(default=15.0, validate_default=True)
+    shutdown_grace: Seconds = 10.0
+
+    @field_validator("reset_backoff_max", "publish_retry_max")
+    @classmethod
+    def _max_not_below_initial(cls, value: float, info: ValidationInfo) -> float:
+        initial_key = (info.field_name or "").removesuffix("_max") + "_initial"
+        initial = info.data.get(initial_key)
+        if isinstance(initial, float) and value < initial:
+            raise fail(f"must be at least {initial_key} ({initial}) (got {show(value)})")
+        return value
+
+
+class HttpConfig(BaseModel):
+    """``[http]``: the listener for ``/metrics``, ``/healthz`` and ``/readyz``, and when a source counts as stalled."""
+
+    model_config = _MODEL_CONFIG
+
+    listen: ListenAddress = DEFAULT_LISTEN
+    stalled_after: Seconds = 60.0
+
+
+class AuthConfig(BaseModel):
+    """``auth``: how to authenticate to a server; at most one method, or none at all.
+
+    ``password`` and ``token`` are :class:`~pydantic.SecretStr`: call ``get_secret_value()`` only where the
+    value is handed to the client library. Files are checked to be readable when the config is loaded.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    user: NonEmptyStr | None = None
+    # validate_default: "user without password" is only detectable when the absent password is validated.
+    password: SecretStr | None = Field(default=None, validate_default=True)
+    token: SecretStr | None = None
+    nkey_seed_file: ReadableFile | None = None
+    creds_file: ReadableFile | None = None
+
+    @field_validator("password")
+    @classmethod
+    def _password_with_user(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        non_empty_secret(value)
+        if "user" not in info.data:  # user itself is invalid and already reported
+            return value
+        if info.data["user"] is not None and value is None:
+            raise fail("required when user is set: give both user and password, or neither")
+        if info.data["user"] is None and value is not None:
+            raise fail("given without user: give both user and password, or neither")
+        return value
+
+    @field_validator("token")
+    @classmethod
+    def _token_not_empty(cls, value: SecretStr | None) -> SecretStr | None:
+        return non_empty_secret(value)
+
+    @model_validator(mode="after")
+    def _one_method(self) -> Self:
+        used = [
+            name
+            for name, present in (
+                ("user/password", self.user is not None),
+                ("token", self.token is not None),
+                ("nkey_seed_file", self.nkey_seed_file is not None),
+                ("creds_file", self.creds_file is not None),
+            )
+            if present
+        ]
+        if len(used) > 1:
+            raise fail(f"more than one authentication method ({', '.join(used)}): keep exactly one")
+        return self
+
+
+class TlsConfig(BaseModel):
+    """``tls``: CA bundle to verify the server, and an optional client certificate with its key."""
+
+    model_config = _MODEL_CONFIG
+
+    ca_file: ReadableFile | None = None
+    cert_file: ReadableFile | None = None
+    # validate_default: "cert_file without key_file" is only detectable when the absent key is validated.
+    key_file: ReadableFile | None = Field(default=None, validate_default=True)
+
+    @field_validator("key_file")
+    @classmethod
+    def _key_with_cert(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if "cert_file" not in info.data:  # cert_file itself is invalid and already reported
+            return value
+        if info.data["cert_file"] is not None and value is None:
+            raise fail("required when cert_file is set: give both cert_file and key_file, or neither")
+        if info.data["cert_file"] is None and value is not None:
+            raise fail("given without cert_file: give both cert_file and key_file, or neither")
+        return value
+
+
+class TargetConfig(BaseModel):
+    """``[target]``: the aggregate server and stream every source is replicated into."""
+
+    model_config = _MODEL_CONFIG
+
+    servers: Servers = Field(default_factory=default_servers)
+    stream: JetStreamName
+    domain: JetStreamName | None = None
+    publish_window: Annotated[int, int_between(1, 65536, " un-acked publishes")] = DEFAULT_PUBLISH_WINDOW
+    ack_timeout: Seconds = 5.0
+    auth: AuthConfig | None = None
+    tls: TlsConfig | None = None
+
+    @property
+    def api_prefix(self) -> str:
+        """The JetStream API subject prefix: ``$JS.API``, or ``$JS.<domain>.API`` with a domain."""
+        return api_prefix(self.domain)
+
+
+class SourceConfig(BaseModel):
+    """``[[sources]]``: one edge server and stream to replicate, read through a durable push consumer."""
+
+    model_config = _MODEL_CONFIG
+
+    name: SourceName
+    servers: Servers = Field(default_factory=default_servers)
+    stream: JetStreamName
+    domain: JetStreamName | None = None
+    # The "" defaults are never seen in a valid model: _derive_defaults fills both from a valid name, and
+    # without a valid name the model is rejected anyway (so the name error is not echoed here a second time).
+    consumer: JetStreamName = ""
+    deliver_subject: LiteralSubject = ""
+    # Declared before filter_subjects so that field's validator can see it.
+    manage_consumer: bool = True
+    max_ack_pending: Annotated[int, int_between(1, 1_000_000)] = 1000
+    filter_subjects: FilterSubjects = Field(default_factory=list)
+    subject_prefix: SubjectPrefix | None = None
+    auth: AuthConfig | None = None
+    tls: TlsConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            name = data.get("name")
+            if isinstance(name, str) and SOURCE_NAME.fullmatch(name):
+                data = dict(data)
+                data.setdefault("consumer", default_consumer(name))
+                data.setdefault("deliver_subject", default_deliver_subject(name))
+        return data
+
+    @field_validator("filter_subjects")
+    @classmethod
+    def _filters_need_managed_consumer(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if value and info.data.get("manage_consumer") is False:
+            raise fail(
+                "only allowed with manage_consumer = true: the filters of a pre-created consumer are the "
+                "operator's, so set them on the consumer itself and remove filter_subjects here"
+            )
+        return value
+
+    @property
+    def api_prefix(self) -> str:
+        """The JetStream API subject prefix: ``$JS.API``, or ``$JS.<domain>.API`` with a domain."""
+        return api_prefix(self.domain)
+
+
+class CoordinationConfig(BaseModel):
+    """``[coordination]``: one owner per source, through leases in a JetStream KV bucket.
+
+    By default the bucket lives on the target's servers and is reached through the target's connection; give
+    ``servers`` (with ``auth``/``tls``/``domain`` as needed) to keep it elsewhere.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    enabled: bool = True
+    bucket: BucketName = "nats-bridge"
+    replicas: Annotated[int, int_between(1, 5, " (the bucket's stream replicas)")] = 1
+    lease_ttl: Annotated[
+        float, seconds_at_least(1.0, ": the lease is renewed every third of it and a KV write takes a round trip")
+    ] = 10.0
+    instance_id: InstanceId = ""
+    servers: Servers | None = None
+    domain: JetStreamName | None = None
+    auth: AuthConfig | None = None
+    tls: TlsConfig | None = None
+
+    @property
+    def instance(self) -> str:
+        """The instance id in use: the configured one, or ``<host name>-<pid>``."""
+        return self.instance_id or default_instance_id()
+
+    @property
+    def api_prefix(self) -> str:
+        """The JetStream API subject prefix of the bucket's servers (used only with ``servers``)."""
+        return api_prefix(self.domain)
+
+
+class BridgeConfig(BaseSettings):
+    """The whole configuration: ``[log]``, ``[engine]``, ``[http]``, ``[coordination]``, ``[target]`` and one or more
+    ``[[sources]]``.
+
+    Build it with :func:`load_config`. Constructed directly, it reads ``os.environ`` only.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+        hide_input_in_errors=True,
+    )
+
+    log: LogConfig = Field(default_factory=LogConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    coordination: CoordinationConfig = Field(default_factory=CoordinationConfig)
+    target: TargetConfig
+    sources: list[SourceConfig]
+
+    @field_validator("sources", mode="wrap")
+    @classmethod
+    def _names_unique(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # A wrap validator, so duplicates are reported next to the other sources' errors instead of only once
+        # every source is otherwise valid.
+        duplicates = _duplicate_name_errors(value)
+        try:
+            result = handler(value)
+        except ValidationError as exc:
+            if not duplicates:
+                raise
+            raise ValidationError.from_exception_data(exc.title, [*_reraisable(exc), *duplicates]) from None
+        if duplicates:
+            raise ValidationError.from_exception_data(cls.__name__, duplicates)
+        if not result:
+            raise fail("at least one [[sources]] table is required")
+        return result
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments first, then the environment, then the TOML file given to :func:`load_config`."""
+        ctx = LOADING.get() or LoadContext(environ=os.environ, file_data={}, collect=False)
+        return init_settings, EnvSource(settings_cls, ctx), FileSource(settings_cls, ctx)
+
+
+def _duplicate_name_errors(value: Any) -> list[InitErrorDetails]:
+    if not isinstance(value, list):
+        return []
+    first_index: dict[str, int] = {}
+    errors: list[InitErrorDetails] = []
+    for index, item in enumerate(value):
+        name = item.get("name") if isinstance(item, dict) else getattr(item, "name", None)
+        if not isinstance(name, str):
+            continue
+        if name in first_index:
+            message = (
+                f"{name!r} is already the name of sources[{first_index[name]}]: names must be unique (they "
+                "identify the source in logs and metrics, and by default name its consumer and deliver subject)"
+            )
+            errors.append(InitErrorDetails(type=fail(message), loc=(index, "name"), input=name))
+        else:
+            first_index[name] = index
+    return errors
+
+
+def _reraisable(exc: ValidationError) -> list[InitErrorDetails]:
+    """The errors of ``exc`` in the form ``ValidationError.from_exception_data`` accepts again.
+
+    Each becomes a custom error keeping its type, message and context: not every built-in type can be
+    rebuilt by name (``path_type`` cannot), and bridge.config.errors only needs those three.
+    """
+    return [
+        InitErrorDetails(
+            type=PydanticCustomError(err["type"], err["msg"], err.get("ctx")),
+            loc=err["loc"],
+            input=err["input"],
+        )
+        for err in exc.errors(include_url=False)
+    ]

@@ -1,0 +1,276 @@
+"""The field validators of the configuration models, the annotated types they make, and ``api_prefix``.
+
+Every validator raises the error :func:`fail` builds, whose message is written for the operator and used verbatim
+by :mod:`bridge.config.errors`; ``(got ...)`` renders the input with :func:`show` (callers keep secrets out).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import stat
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BeforeValidator, SecretStr
+from pydantic_core import PydanticCustomError
+from pydantic_settings import NoDecode
+
+from bridge.config.defaults import DEFAULT_LISTEN, DEFAULT_SERVER
+
+# Our own validators raise this error type; its message is already written for the operator and is used
+# verbatim, while pydantic's built-in error types are translated in bridge.config.errors.
+ERROR_TYPE = "bridge_config"
+_NAME_FORBIDDEN = re.compile(r"[\s.*>/\\]")
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_URL_SCHEMES = ("nats", "tls", "ws", "wss")
+_SHOW_MAX = 60
+
+
+def fail(message: str) -> PydanticCustomError:
+    """The error a validator raises: ``message`` is shown to the operator as it is."""
+    return PydanticCustomError(ERROR_TYPE, message)
+
+
+def show(value: object) -> str:
+    """A short, single-line rendering of an input value for '(got ...)' (callers keep secrets out)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):
+        text = str(value)
+        return repr(text if len(text) <= _SHOW_MAX else text[: _SHOW_MAX - 3] + "...")
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if value is None:
+        return "nothing"
+    return f"a {type(value).__name__}"
+
+
+# --- field validators -------------------------------------------------------------------------------------
+
+
+def _source_name(value: str) -> str:
+    if not SOURCE_NAME.fullmatch(value):
+        raise fail(f"must be 1 to 64 letters, digits, '_' or '-' (got {show(value)})")
+    return value
+
+
+def _jetstream_name(value: str) -> str:
+    if not value:
+        raise fail("must not be empty")
+    if _NAME_FORBIDDEN.search(value):
+        raise fail(f"must not contain whitespace or any of . * > / \\ (got {show(value)})")
+    return value
+
+
+def _subject_problem(value: str, *, wildcards: bool) -> str | None:
+    if not value:
+        return "must not be empty"
+    if any(ch.isspace() for ch in value):
+        return "must not contain whitespace"
+    tokens = value.split(".")
+    if "" in tokens:
+        return "must not have empty tokens (no leading, trailing or doubled '.')"
+    for position, token in enumerate(tokens):
+        if not wildcards and ("*" in token or ">" in token):
+            return "must be a literal subject: no '*' or '>' wildcards"
+        if "*" in token and token != "*":
+            return "'*' must be a whole token, as in 'a.*.c'"
+        if ">" in token and (token != ">" or position != len(tokens) - 1):
+            return "'>' must be the whole last token, as in 'a.>'"
+    return None
+
+
+def _literal_subject(value: str) -> str:
+    problem = _subject_problem(value, wildcards=False)
+    if problem:
+        raise fail(f"{problem} (got {show(value)})")
+    return value
+
+
+def _filter_subject(value: str) -> str:
+    problem = _subject_problem(value, wildcards=True)
+    if problem:
+        raise fail(f"{problem} (got {show(value)})")
+    return value
+
+
+def _subject_prefix(value: str) -> str:
+    problem = _subject_problem(value, wildcards=False)
+    if problem:
+        raise fail(f"{problem}; write a prefix such as 'edge.site1', without a trailing '.' (got {show(value)})")
+    return value
+
+
+def _server_url(value: str) -> str:
+    shown = show(value) if "@" not in value else "a URL with credentials"
+    try:
+        parts = urlsplit(value)
+        # .port parses lazily and raises for a non-numeric or out-of-range port.
+        _ = parts.port
+    except ValueError:
+        raise fail(f"is not a valid URL (got {shown})") from None
+    if parts.scheme.lower() not in _URL_SCHEMES or not parts.hostname:
+        raise fail(f"must be a nats://, tls://, ws:// or wss:// URL with a host, e.g. {DEFAULT_SERVER} (got {shown})")
+    if parts.username is not None or parts.password is not None:
+        # Credentials in a URL would end up in logs and reprs; the auth table keeps them secret.
+        raise fail("must not embed credentials (user:password@); put them in the auth table")
+    return value
+
+
+def _list_from_string(value: Any) -> Any:
+    # Environment variables can only carry strings: accept a JSON array there, and a single plain value as a
+    # one-element list (also handy in the file: servers = "nats://host:4222").
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise fail(f"looks like a JSON array but is not valid JSON ({exc.msg}, column {exc.colno})") from None
+        return [value]
+    return value
+
+
+def _at_least_one_server(value: list[str]) -> list[str]:
+    if not value:
+        raise fail(f'must list at least one server URL, e.g. ["{DEFAULT_SERVER}"]')
+    return value
+
+
+def _no_duplicate_items(value: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for item in value:
+        if item in seen:
+            raise fail(f"{show(item)} is listed twice")
+        seen.add(item)
+    return value
+
+
+def lowercase(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+def seconds_at_least(bound: float, why: str = "") -> AfterValidator:
+    def check(value: float) -> float:
+        if not math.isfinite(value) or value < bound:
+            raise fail(f"must be at least {bound} seconds{why} (got {show(value)})")
+        return value
+
+    return AfterValidator(check)
+
+
+def _positive_seconds(value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise fail(f"must be a number of seconds greater than 0 (got {show(value)})")
+    return value
+
+
+def int_between(low: int, high: int, what: str = "") -> AfterValidator:
+    def check(value: int) -> int:
+        if not low <= value <= high:
+            raise fail(f"must be between {low} and {high}{what} (got {value})")
+        return value
+
+    return AfterValidator(check)
+
+
+def _readable_file(path: Path) -> Path:
+    path = path.expanduser()
+    try:
+        # stat first: opening a FIFO or device to probe it could block or have side effects.
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise fail(f"{str(path)!r} is a directory, not a file")
+        if not stat.S_ISREG(mode):
+            raise fail(f"{str(path)!r} is not a regular file")
+        with path.open("rb"):
+            pass
+    except FileNotFoundError:
+        raise fail(f"file {str(path)!r} does not exist") from None
+    except PermissionError:
+        raise fail(f"file {str(path)!r} is not readable by this process (permission denied)") from None
+    except OSError as exc:
+        raise fail(f"cannot read file {str(path)!r}: {exc.strerror or exc}") from None
+    return path
+
+
+def non_empty_secret(value: SecretStr | None) -> SecretStr | None:
+    if value is not None and not value.get_secret_value():
+        raise fail("must not be empty (remove the key instead)")
+    return value
+
+
+def _non_empty(value: str) -> str:
+    if not value:
+        raise fail("must not be empty (remove the key instead)")
+    return value
+
+
+def api_prefix(domain: str | None) -> str:
+    """The JetStream API subject prefix for a domain: ``$JS.API``, or ``$JS.<domain>.API``."""
+    return "$JS.API" if domain is None else f"$JS.{domain}.API"
+
+
+def _listen(value: str) -> str:
+    from bridge.observe.http import parse_listen  # the listener's own rule, so the two cannot drift apart
+
+    if value == "":
+        return value
+    try:
+        parse_listen(value)
+    except ValueError:
+        raise fail(
+            f'must be "host:port" (e.g. "{DEFAULT_LISTEN}", "[::]:9464"; port 0 picks a free one), or "" to disable '
+            f"(got {show(value)})"
+        ) from None
+    return value
+
+
+_KV_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9_=-][A-Za-z0-9_=.-]{0,126}[A-Za-z0-9_=-]|[A-Za-z0-9_=-]")
+
+
+def _bucket_name(value: str) -> str:
+    if not _KV_NAME.fullmatch(value):
+        raise fail(f"must be 1 to 64 letters, digits, '_' or '-' (a KV bucket name) (got {show(value)})")
+    return value
+
+
+def _instance_id(value: str) -> str:
+    if value and not _INSTANCE_ID.fullmatch(value):
+        raise fail(
+            "must be letters, digits, '_', '-', '=' or inner '.', at most 128 (it is part of a KV key), or \"\" for "
+            f"the default <host name>-<pid> (got {show(value)})"
+        )
+    return value
+
+
+JetStreamName = Annotated[str, AfterValidator(_jetstream_name)]
+Seconds = Annotated[float, AfterValidator(_positive_seconds)]
+ReadableFile = Annotated[Path, AfterValidator(_readable_file)]
+Servers = Annotated[
+    list[Annotated[str, AfterValidator(_server_url)]],
+    NoDecode,
+    BeforeValidator(_list_from_string),
+    AfterValidator(_at_least_one_server),
+]
+FilterSubjects = Annotated[
+    list[Annotated[str, AfterValidator(_filter_subject)]],
+    NoDecode,
+    BeforeValidator(_list_from_string),
+    AfterValidator(_no_duplicate_items),
+]
+SourceName = Annotated[str, AfterValidator(_source_name)]
+LiteralSubject = Annotated[str, AfterValidator(_literal_subject)]
+SubjectPrefix = Annotated[str, AfterValidator(_subject_prefix)]
+NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
+ListenAddress = Annotated[str, AfterValidator(_listen)]
+BucketName = Annotated[str, AfterValidator(_bucket_name)]
+InstanceId = Annotated[str, AfterValidator(_instance_id)]
