@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.natsops import Publisher, api, connect
 from bridge.core import headers as hdr
-from bridge.embedded import NatsServer
+from bridge.testing.servers import NatsServer
 
 STREAM = "AGG"
 SOURCE = "edge1"

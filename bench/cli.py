@@ -22,7 +22,7 @@ from bench.model import BRIDGE, BRIDGE_EDGE, NATIVE, RETENTIONS, BenchResults, L
 from bench.natsops import aggregate_config, native_consumer_config
 from bench.procs import git_revision, machine
 from bench.runner import Options, bridge_config, latency, throughput
-from bridge.embedded import ServerStartError, find_nats_server, server_version
+from bridge.testing.servers import ServerStartError, find_nats_server, server_version
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SIZES = (256, 1024, 16384)

@@ -1,7 +1,7 @@
 """The bench's own NATS client work: streams, the native consumer, preloading, paced publishing, polling, reading.
 
 Everything here talks raw JetStream API JSON (``$JS.API.*``) so the configuration sent to the server is exactly
-the one described in ``protocol.md``, and nothing of ``bridge/`` is used: the bench measures the bridge, it does
+the one described in ``docs/protocol.md``, and nothing of ``bridge/`` is used: the bench measures the bridge, it does
 not share its code. Every wait has a deadline and raises :class:`BenchError` with a reason when it passes.
 """
 
@@ -85,7 +85,7 @@ async def create_origin(leaf: Client, retention: str) -> None:
 def aggregate_config(native: bool) -> dict[str, Any]:
     """The aggregate stream on the hub, the same for both paths except the native source.
 
-    The native source names a user-managed durable ``flow_control`` consumer (protocol.md 4.1/4.3) on the leaf's
+    The native source names a user-managed durable ``flow_control`` consumer (docs/protocol.md 4.1/4.3) on the leaf's
     origin, reached through the leaf's JetStream domain.
     """
     config: dict[str, Any] = {
@@ -161,7 +161,7 @@ async def stream_state(nc: Client, stream: str, timeout: float = 5.0) -> StreamS
 
 class Publisher:
     """Publishes with publish acks pipelined: each message names its own reply (``<inbox>.<n>``) and one wildcard
-    subscription counts the acks, so there is no future per message (protocol.md 9: ~50k msg/s at 256 B).
+    subscription counts the acks, so there is no future per message (docs/protocol.md 9: ~50k msg/s at 256 B).
 
     At most ``window`` publishes are awaiting their ack at any time.
     """

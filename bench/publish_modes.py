@@ -35,7 +35,7 @@ from nats.aio.msg import Msg
 
 from bench.natsops import BenchError, api, connect
 from bench.procs import cpu_seconds
-from bridge.embedded import NatsServer
+from bridge.testing.servers import NatsServer
 
 WINDOW = 1024  # the bridge's default publish_window
 PIPELINED = "pipelined"

@@ -24,8 +24,8 @@ from bench import natsops as ops
 from bench.model import BRIDGE_POSITIONS, MB, NATIVE, LatencyRun, ThroughputRun
 from bench.procs import cpu_seconds, peak_rss_bytes
 from bench.stats import percentile
-from bridge.embedded import Topology, start_topology
-from chaos.processes import BridgeProcess
+from bridge.testing.processes import BridgeProcess
+from bridge.testing.servers import Topology, start_topology
 
 SOURCE = "leaf1"
 WARMUP_MESSAGES = 10

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridge.embedded import NatsServer
+from bridge.testing.servers import NatsServer
 from chaos.model import ScenarioResult
 from chaos.topology import AGGREGATE, SOURCES
 

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.testing.processes import BridgeProcess
 from chaos.model import Excuse, FaultEvent
-from chaos.processes import BridgeProcess
 from chaos.reader import stream_state
 from chaos.topology import AGGREGATE, LEASE_TTL, SILENCE_TIMEOUT, ChaosTopology, Source
 

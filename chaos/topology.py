@@ -27,8 +27,8 @@ import nats
 from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from bridge.embedded import Topology, free_ports, start_topology
-from chaos.processes import BridgeProcess
+from bridge.testing.processes import BridgeProcess
+from bridge.testing.servers import Topology, free_ports, start_topology
 from chaos.proxy import FaultProxy
 
 AGGREGATE = "AGG"

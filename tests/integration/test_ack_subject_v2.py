@@ -17,9 +17,9 @@ from nats.js.api import RetentionPolicy, StreamConfig
 
 from bridge.config import load_config
 from bridge.core.ackreply import parse_ack_subject
-from bridge.embedded import start_topology
+from bridge.io.origin import OriginClient
 from bridge.runtime.app import Bridge
-from bridge.runtime.source import SourceRunner
+from bridge.testing.servers import start_topology
 
 pytestmark = pytest.mark.anyio
 
@@ -30,9 +30,9 @@ async def test_v2_ack_and_flow_control_subjects(
     nats_server_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: dict[str, set[Any]] = {"tokens": set(), "domains": set(), "fc": set()}
-    original = SourceRunner._on_wire_delivery
+    original = OriginClient._on_wire
 
-    def spy(self: SourceRunner, subject: bytes, reply_bytes: bytes, header: bytes | None, payload: bytes) -> None:
+    def spy(self: OriginClient, subject: bytes, reply_bytes: bytes, header: bytes | None, payload: bytes) -> None:
         reply = reply_bytes.decode()
         if reply.startswith("$JS.ACK."):
             seen["tokens"].add(len(reply.split(".")))
@@ -42,7 +42,7 @@ async def test_v2_ack_and_flow_control_subjects(
             seen["fc"].add(len(reply.split(".")))
         original(self, subject, reply_bytes, header, payload)
 
-    monkeypatch.setattr(SourceRunner, "_on_wire_delivery", spy)
+    monkeypatch.setattr(OriginClient, "_on_wire", spy)
     with start_topology(
         tmp_path / "servers", binary=nats_server_bin, leaf_extra="feature_flags { js_ack_fc_v2: true }"
     ) as topology:

@@ -10,29 +10,22 @@ from typing import Any
 import anyio
 import pytest
 
-from bridge.embedded import Topology, free_ports
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
-    BridgeFactory,
+from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
+from bridge.testing.http import readyz
+from bridge.testing.jetstream import (
     Publisher,
-    SourceSpec,
     ack_floor,
     aggregate_count,
     assert_exact,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     consumer_info,
     create_aggregate,
     create_stream,
     origin_seqs_by_source,
-    readyz,
-    run_cli,
-    wait_for_value,
-    wait_until,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory, run_cli
+from bridge.testing.servers import Topology, free_ports
 
 
 @pytest.mark.anyio

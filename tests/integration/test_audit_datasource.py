@@ -20,10 +20,9 @@ from bridge.audit.datasource import read_range
 from bridge.audit.job import read_stream
 from bridge.audit.options import ReadOptions
 from bridge.audit.rows import payload_hash
-from bridge.embedded import Topology
 from bridge.errors import AuditError
-
-from .helpers import Publisher, connect, create_stream, js_request
+from bridge.testing.jetstream import Publisher, connect, create_stream, js_request
+from bridge.testing.servers import Topology
 
 T = TypeVar("T")
 N = 1500

@@ -31,25 +31,20 @@ from bridge.audit.job import ARCHIVE, AuditOptions, package_archive, prepare, ru
 from bridge.audit.report import AuditReport, SourceReport
 from bridge.config import load_config
 from bridge.core import headers as hdr
-from bridge.embedded import Topology
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
-    BridgeFactory,
+from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
+from bridge.testing.jetstream import (
     Publisher,
-    SourceSpec,
     aggregate_count,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     create_aggregate,
     create_stream,
     default_payload,
     js_request,
     read_stream,
-    wait_for_value,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value
+from bridge.testing.processes import BridgeFactory
+from bridge.testing.servers import Topology
 
 T = TypeVar("T")
 SPARK_TIMEOUT = 240.0

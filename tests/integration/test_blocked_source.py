@@ -21,10 +21,10 @@ from nats.js.api import RetentionPolicy, StreamConfig
 from bridge import logs
 from bridge.config import load_config
 from bridge.core import headers as hdr
-from bridge.embedded import Topology
 from bridge.io.aggregate import read_range
 from bridge.io.jsapi import JsApi
 from bridge.runtime.app import Bridge
+from bridge.testing.servers import Topology
 
 pytestmark = pytest.mark.anyio
 

@@ -18,21 +18,11 @@ import anyio.abc
 import pytest
 from anyio.streams.text import TextReceiveStream
 
-from bridge.embedded import Topology
-from chaos.processes import REPO_ROOT, child_env
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
-    SourceSpec,
-    connect,
-    consumer_exists,
-    create_aggregate,
-    create_stream,
-    http_get,
-    run_cli,
-    write_config,
-)
+from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
+from bridge.testing.http import http_get
+from bridge.testing.jetstream import connect, consumer_exists, create_aggregate, create_stream
+from bridge.testing.processes import REPO_ROOT, child_env, run_cli
+from bridge.testing.servers import Topology
 
 GOOD_SOURCE = """
 [[sources]]

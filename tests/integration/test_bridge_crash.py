@@ -14,20 +14,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bridge.embedded import Topology
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
-    TEST_ENGINE,
-    BridgeFactory,
+from bridge.testing.configs import AGGREGATE, ORIGIN, TEST_ENGINE, SourceSpec, write_config
+from bridge.testing.jetstream import (
     FcTap,
     Publisher,
-    SourceSpec,
     ack_floor,
     aggregate_count,
     assert_exact,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     consumer_info,
     create_aggregate,
@@ -35,10 +28,10 @@ from .helpers import (
     js_request,
     origin_seqs_by_source,
     stream_messages,
-    wait_for_value,
-    wait_until,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory
+from bridge.testing.servers import Topology
 
 N = 5000
 DUPLICATE_WINDOW = 1.0

@@ -18,18 +18,12 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from bridge.embedded import Topology
-
-from .helpers import (
-    ORIGIN,
-    BridgeFactory,
-    BridgeProcess,
+from bridge.testing.configs import ORIGIN, SourceSpec, write_config
+from bridge.testing.jetstream import (
     Publisher,
-    SourceSpec,
     ack_floor,
     aggregate_count,
     assert_exact,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     consumer_info,
     create_aggregate,
@@ -40,10 +34,10 @@ from .helpers import (
     origin_seqs_by_source,
     stream_info,
     stream_messages,
-    wait_for_value,
-    wait_until,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory, BridgeProcess
+from bridge.testing.servers import Topology
 
 MAX_ACK_PENDING = 50
 PREFIX = "edge.one"

@@ -14,24 +14,21 @@ from typing import Any
 import pytest
 
 from bridge.core import inbound
-from bridge.embedded import Topology
 from bridge.runtime.source import SourceRunner
-
-from .helpers import (
-    ORIGIN,
+from bridge.testing.configs import ORIGIN, SourceSpec, write_config
+from bridge.testing.inprocess import running_bridge
+from bridge.testing.jetstream import (
     FcTap,
     Publisher,
-    SourceSpec,
     assert_exact,
     connect,
     create_aggregate,
     create_stream,
     origin_seqs_by_source,
-    running_bridge,
     stream_messages,
-    wait_for_value,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value
+from bridge.testing.servers import Topology
 
 N = 2000
 MID_DROPS = {50, 51, 700, 1234}

@@ -12,24 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from bridge.embedded import Topology
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
-    BridgeFactory,
-    SourceSpec,
+from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
+from bridge.testing.jetstream import (
     aggregate_count,
     assert_exact,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     create_aggregate,
     create_stream,
     read_stream,
     seqs_by_source,
-    wait_for_value,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value
+from bridge.testing.processes import BridgeFactory
+from bridge.testing.servers import Topology
 
 N = 300
 ROLLUP_ALL = 0  # index of the message with Nats-Rollup: all (first in the origin: nothing to purge there)

@@ -19,26 +19,21 @@ from typing import Any
 import anyio
 import pytest
 
-from bridge.embedded import Topology
-
-from .helpers import (
-    ORIGIN,
-    BridgeFactory,
+from bridge.testing.configs import ORIGIN, SourceSpec, write_config
+from bridge.testing.jetstream import (
     FcTap,
     Publisher,
-    SourceSpec,
     aggregate_count,
     assert_exact,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     create_aggregate,
     create_stream,
     origin_seqs_by_source,
     stream_messages,
-    wait_for_value,
-    wait_until,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory
+from bridge.testing.servers import Topology
 
 
 @pytest.mark.anyio

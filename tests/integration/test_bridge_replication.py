@@ -15,20 +15,16 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from bridge.embedded import Topology
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
-    BridgeFactory,
+from bench.stats import parse_rfc3339_ns
+from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
+from bridge.testing.inprocess import running_bridge
+from bridge.testing.jetstream import (
     FcTap,
     Publisher,
-    SourceSpec,
     StoredMsg,
     ack_floor,
     aggregate_count,
     assert_exact,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     consumer_info,
     create_aggregate,
@@ -37,14 +33,12 @@ from .helpers import (
     js_request,
     origin_seqs_by_source,
     read_stream,
-    rfc3339_ns,
-    running_bridge,
     seqs_by_source,
     stream_messages,
-    wait_for_value,
-    wait_until,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory
+from bridge.testing.servers import Topology
 
 N = 3000
 STOP_GRACE = 15.0
@@ -153,7 +147,7 @@ async def test_replicates_completely_in_order(
                 seq = copy.origin_seq
                 assert seq is not None
                 original = origin[seq]
-                assert int(copy.headers["Bridge-Time"]) == rfc3339_ns(original.headers["Nats-Time-Stamp"])
+                assert int(copy.headers["Bridge-Time"]) == parse_rfc3339_ns(original.headers["Nats-Time-Stamp"])
                 assert copy.data == original.data
                 assert copy.headers["Test-Index"] == original.headers["Test-Index"]
 

@@ -16,22 +16,15 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from bridge.embedded import Topology
 from bridge.io.target import SourcePublisher
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
-    TEST_ENGINE,
-    BridgeFactory,
+from bridge.testing.configs import AGGREGATE, ORIGIN, TEST_ENGINE, SourceSpec, write_config
+from bridge.testing.inprocess import running_bridge
+from bridge.testing.jetstream import (
     FcTap,
     Publisher,
-    SourceSpec,
     ack_floor,
     aggregate_count,
     assert_exact,
-    assert_holds,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     consumer_exists,
     consumer_info,
@@ -39,13 +32,12 @@ from .helpers import (
     create_stream,
     js_request,
     origin_seqs_by_source,
-    running_bridge,
     stream_info,
     stream_messages,
-    wait_for_value,
-    wait_until,
-    write_config,
 )
+from bridge.testing.polling import assert_holds, wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory
+from bridge.testing.servers import Topology
 
 MAX_ACK_PENDING = 500
 OBSERVE = 4.0  # > 2 idle-heartbeat periods of a stalled consumer: at least two FC requests are issued in it

@@ -17,29 +17,20 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from bridge.embedded import Topology
-
-from .helpers import (
-    ORIGIN,
-    TEST_COORDINATION,
-    BridgeFactory,
-    BridgeProcess,
+from bridge.testing.configs import ORIGIN, TEST_COORDINATION, SourceSpec, write_config
+from bridge.testing.http import http_port, readyz
+from bridge.testing.jetstream import (
     Publisher,
-    SourceSpec,
     assert_exact,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     create_aggregate,
     create_stream,
-    http_port,
     origin_seqs_by_source,
-    readyz,
-    run_cli,
     stream_messages,
-    wait_for_value,
-    wait_until,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory, BridgeProcess, run_cli
+from bridge.testing.servers import Topology
 
 TTL = float(TEST_COORDINATION["lease_ttl"])
 RATE = 2000

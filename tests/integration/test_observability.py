@@ -15,31 +15,21 @@ from typing import Any
 import anyio
 import pytest
 
-from bridge.embedded import Topology
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
-    BridgeFactory,
+from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
+from bridge.testing.http import http_get, http_port, metric, readyz
+from bridge.testing.jetstream import (
     Publisher,
-    SourceSpec,
     assert_exact,
-    assert_holds,
-    bridge_procs_fixture,  # noqa: F401
     connect,
     create_aggregate,
     create_stream,
-    http_get,
-    http_port,
     js_request,
-    metric,
     origin_seqs_by_source,
-    readyz,
     stream_info,
-    wait_for_value,
-    wait_until,
-    write_config,
 )
+from bridge.testing.polling import assert_holds, wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory
+from bridge.testing.servers import Topology
 
 
 @pytest.mark.anyio

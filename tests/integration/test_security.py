@@ -10,7 +10,7 @@ bridge as a user holding exactly the permissions of ``docs/permissions.md`` (edg
 what the log says when one is missing.
 
 Certificates come from the ``openssl`` tool (the TLS cases skip, saying so, without it); keys and JWTs from the
-``nkeys`` package the bridge already depends on (``security_helpers``).
+``nkeys`` package the bridge already depends on (``bridge.testing.security``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import contextlib
 import secrets
 import ssl
 import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,21 +29,12 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from bridge.embedded import NatsServer, Topology
-from chaos.processes import REPO_ROOT, child_env
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
-    BridgeFactory,
-    BridgeProcess,
+from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
+from bridge.testing.jetstream import (
     Publisher,
-    SourceSpec,
     ack_floor,
     aggregate_count,
     assert_exact,
-    assert_holds,
-    bridge_procs_fixture,  # noqa: F401
     consumer_exists,
     consumer_info,
     create_aggregate,
@@ -53,38 +43,14 @@ from .helpers import (
     read_stream,
     seqs_by_source,
     stream_messages,
-    wait_for_value,
-    wait_until,
-    write_config,
 )
-from .security_helpers import Operator, TlsFiles, conf_str, make_tls, new_nkey, permissions_block, write_secret
+from bridge.testing.polling import assert_holds, wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory, BridgeProcess, run_cli
+from bridge.testing.security import Operator, TlsFiles, make_tls, new_nkey, permissions_block, write_secret
+from bridge.testing.servers import NatsServer, ServerFactory, Topology, conf_str
 
 N = 300
 STOP_GRACE = 15.0
-ServerFactory = Callable[..., NatsServer]
-
-
-@pytest.fixture
-def servers(nats_server_bin: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerFactory]:
-    """``start(name, extra_config, **kwargs) -> NatsServer`` (started, healthy); all stopped at teardown."""
-    started: list[NatsServer] = []
-
-    def start(name: str, extra_config: str, **kwargs: Any) -> NatsServer:
-        server = NatsServer(tmp_path / name, name=name, binary=nats_server_bin, extra_config=extra_config, **kwargs)
-        started.append(server)
-        server.start()
-        server.wait_ready()
-        return server
-
-    try:
-        yield start
-    finally:
-        for server in reversed(started):
-            server.stop()
-        call = getattr(request.node, "rep_call", None)
-        if call is not None and call.failed:
-            for server in started:
-                print(f"\n----- {server.name} log ({server.log_path}) -----\n{server.log_tail(30)}")
 
 
 @contextlib.asynccontextmanager
@@ -114,15 +80,7 @@ def assert_no_secret(bridge: BridgeProcess | str, secret_values: Sequence[str]) 
 
 def run_check(config: Path, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m bridge check -c CONFIG`` with extra environment variables, to completion."""
-    return subprocess.run(
-        [sys.executable, "-m", "bridge", "check", "-c", str(config)],
-        cwd=REPO_ROOT,
-        env={**child_env(), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cli("check", "-c", str(config), env=env, timeout=60)
 
 
 # --- one secured side -------------------------------------------------------------------------------------

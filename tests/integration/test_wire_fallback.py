@@ -8,26 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from bridge.embedded import Topology
 from bridge.io import wire
-from bridge.runtime.source import SourceRunner
-
-from .helpers import (
-    AGGREGATE,
-    ORIGIN,
+from bridge.io.origin import OriginClient
+from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
+from bridge.testing.inprocess import running_bridge
+from bridge.testing.jetstream import (
     Publisher,
-    SourceSpec,
     assert_exact,
     connect,
     create_aggregate,
     create_stream,
     read_stream,
-    running_bridge,
     seqs_by_source,
     stream_messages,
-    wait_for_value,
-    write_config,
 )
+from bridge.testing.polling import wait_for_value
+from bridge.testing.servers import Topology
 
 N = 3000
 
@@ -38,14 +34,14 @@ async def test_replicates_through_nats_py_callbacks(
 ) -> None:
     monkeypatch.setattr(wire, "install", lambda nc: None)
     callbacks = 0
-    original = SourceRunner._on_delivery
+    original = OriginClient._on_msg
 
-    async def counted(self: SourceRunner, msg: object) -> None:
+    async def counted(self: OriginClient, msg: object) -> None:
         nonlocal callbacks
         callbacks += 1
         await original(self, msg)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(SourceRunner, "_on_delivery", counted)
+    monkeypatch.setattr(OriginClient, "_on_msg", counted)
     spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=300)
     config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:

@@ -1,4 +1,4 @@
-"""Security material for the tests on servers that require authentication or TLS, made fresh per test.
+"""Security material for servers that require authentication or TLS, made fresh for each use.
 
 * :func:`make_tls` writes a CA, a server certificate (SAN ``IP:127.0.0.1``, ``DNS:localhost``) and a client
   certificate with the ``openssl`` command-line tool (present on any Debian or Ubuntu machine: the
@@ -9,6 +9,8 @@
 * :func:`permissions_block` renders a ``permissions { publish { allow } subscribe { allow } }`` block.
 
 Every secret file is written with mode 0600.
+
+Nothing here needs pytest: a missing ``openssl`` raises :class:`unittest.SkipTest`, which pytest reports as a skip.
 """
 
 from __future__ import annotations
@@ -20,20 +22,30 @@ import os
 import shutil
 import subprocess
 import time
+import unittest
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nkeys
-import pytest
+import nkeys  # type: ignore[import-untyped]
+
+from bridge.testing.servers import conf_str
+
+__all__ = [
+    "NKey",
+    "Operator",
+    "TlsFiles",
+    "conf_str",
+    "creds_text",
+    "make_tls",
+    "new_nkey",
+    "permissions_block",
+    "sign_jwt",
+    "write_secret",
+]
 
 OPENSSL = shutil.which("openssl")
-
-
-def conf_str(value: str) -> str:
-    """A double-quoted nats-server config string (JSON escapes are accepted by its parser)."""
-    return json.dumps(value)
 
 
 def write_secret(path: Path, text: str) -> Path:
@@ -118,10 +130,13 @@ def _new_leaf(directory: Path, name: str, ca: tuple[Path, Path], *, cn: str, ext
 def make_tls(directory: Path) -> TlsFiles:
     """A test CA, a server certificate for 127.0.0.1 and a client certificate, all signed by that CA.
 
-    Skips the calling test when the ``openssl`` tool is not installed.
+    Raises:
+        unittest.SkipTest: the ``openssl`` tool is not installed (pytest skips the calling test).
     """
     if OPENSSL is None:
-        pytest.skip("the openssl command-line tool is not installed (apt-get install openssl): no certificates")
+        raise unittest.SkipTest(
+            "the openssl command-line tool is not installed (apt-get install openssl): no certificates"
+        )
     directory.mkdir(parents=True, exist_ok=True)
     ca = _new_ca(directory, "ca")
     other = _new_ca(directory, "other-ca")

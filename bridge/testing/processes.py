@@ -1,23 +1,118 @@
-"""The bridge as a child OS process, started through its CLI, stopped by its PID."""
+"""Child processes the harness starts: a registry that kills leftovers at exit, and the bridge as a child process.
+
+Every process started here (nats-servers from :mod:`bridge.testing.servers`, bridges) is recorded by PID with
+:func:`register_child` and SIGKILLed by an :mod:`atexit` handler if still running when the interpreter exits, so
+an aborted run leaves no orphans behind. That handler does not run when Python itself dies of a signal it does
+not handle (SIGKILL, or SIGTERM with the default disposition); the children run in their own session, so they
+then outlive it.
+
+:class:`BridgeProcess` is ``python -m bridge run -c CONFIG`` started through the CLI and stopped by its PID, with
+its log queried as JSON events; :func:`run_cli` runs a one-shot ``python -m bridge ...`` command to completion.
+"""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bridge.embedded import reap_child, register_child, stop_process
+import anyio
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bridge.testing.http import LOOPBACK, get
+from bridge.testing.polling import wait_until
+
+__all__ = [
+    "REPO_ROOT",
+    "BridgeFactory",
+    "BridgeProcess",
+    "child_env",
+    "live_pids",
+    "reap_child",
+    "register_child",
+    "run_cli",
+    "stop_process",
+]
+
+# The checkout this package runs from: the bridge child's working directory and first import path.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# --- registry: every child process started here and not reaped yet, by PID --------------------------------------
+
+_live: dict[int, subprocess.Popen[bytes]] = {}
+_live_lock = threading.Lock()
+
+
+def register_child(proc: subprocess.Popen[bytes]) -> None:
+    """Track a child process so that it is SIGKILLed at interpreter exit unless reaped (:func:`reap_child`) first."""
+    with _live_lock:
+        _live[proc.pid] = proc
+
+
+def reap_child(proc: subprocess.Popen[bytes], timeout: float | None) -> None:
+    """Wait for ``proc`` to exit (raising ``subprocess.TimeoutExpired`` after ``timeout``), then forget it."""
+    proc.wait(timeout=timeout)
+    with _live_lock:
+        _live.pop(proc.pid, None)
+
+
+def _kill_all_live() -> None:
+    """At interpreter exit, SIGKILL and reap every child still running, so none outlives the run."""
+    with _live_lock:
+        procs = list(_live.values())
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            reap_child(proc, timeout=5)
+
+
+atexit.register(_kill_all_live)
+
+
+def live_pids() -> list[int]:
+    """PIDs of the child processes registered here (servers, and bridges) not yet reaped."""
+    with _live_lock:
+        return sorted(_live)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    """SIGSTOP ``proc`` and return once every thread of it is stopped (Linux), or after ``timeout``.
+
+    The signal is asynchronous: a thread running on another CPU goes on until it next enters the kernel, so a
+    test that sends a request right after ``kill()`` returns can still see it answered. Where ``/proc`` is
+    absent this only sends the signal.
+    """
+    proc.send_signal(signal.SIGSTOP)
+    tasks = Path(f"/proc/{proc.pid}/task")
+    if not tasks.is_dir():
+        return
+    deadline = time.monotonic() + timeout
+    while not _all_threads_stopped(tasks) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _all_threads_stopped(tasks: Path) -> bool:
+    try:
+        for task in tasks.iterdir():
+            # Field 3 of stat follows the parenthesised command name, which may itself hold spaces.
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state not in ("T", "t"):
+                return False
+    except (OSError, IndexError):
+        return True  # the process or a thread is gone: nothing left to wait for
+    return True
+
+
+# --- the bridge CLI as a child ---------------------------------------------------------------------------------
 
 
 def child_env() -> dict[str, str]:
@@ -26,6 +121,21 @@ def child_env() -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def run_cli(
+    *args: str, timeout: float = 30.0, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m bridge ARGS`` to completion (bounded), capturing its output; ``env`` adds variables."""
+    return subprocess.run(
+        [sys.executable, "-m", "bridge", *args],
+        cwd=REPO_ROOT,
+        env={**child_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 class BridgeProcess:
@@ -52,6 +162,8 @@ class BridgeProcess:
     @property
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    # -- life cycle ---------------------------------------------------------------------------------------------
 
     def start(self) -> BridgeProcess:
         """Spawn the bridge; returns at once."""
@@ -116,6 +228,14 @@ class BridgeProcess:
                 proc.send_signal(signal.SIGKILL)
         return self._finish(proc, proc.wait())
 
+    async def astop(self, timeout: float) -> int:
+        """:meth:`stop` in a worker thread, so the caller's event loop keeps running."""
+        return await anyio.to_thread.run_sync(self.stop, timeout)
+
+    async def akill(self) -> int:
+        """:meth:`kill` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.kill)
+
     def pause(self) -> None:
         """SIGSTOP: the process keeps its sockets but runs nothing until :meth:`resume`."""
         if self._proc is None or self._proc.poll() is not None:
@@ -140,6 +260,8 @@ class BridgeProcess:
         if self._proc is not None:
             self.kill()
 
+    # -- the log ------------------------------------------------------------------------------------------------
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(encoding="utf-8", errors="replace")
@@ -158,6 +280,24 @@ class BridgeProcess:
                     out.append(json.loads(line))
         return out
 
+    def count(self, event: str, **fields: Any) -> int:
+        """How many ``event`` lines (with every one of ``fields`` equal) the log holds."""
+        return sum(
+            1 for e in self.events() if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())
+        )
+
+    async def wait_event(self, event: str, *, timeout: float, after: int = 0, **fields: Any) -> None:
+        """Wait until the log holds more than ``after`` ``event`` lines (matching ``fields``); fail if it died."""
+
+        def probe() -> bool:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise AssertionError(f"bridge exited with {self._proc.returncode}:\n{self.tail()}")
+            return self.count(event, **fields) > after
+
+        await wait_until(probe, timeout=timeout, what=f"bridge log event {event!r} #{after + 1}")
+
+    # -- the HTTP listener --------------------------------------------------------------------------------------
+
     def http_port(self) -> int | None:
         """The port the current run's HTTP listener bound (its last ``http.listening``), None before that."""
         text = self.log_text()
@@ -175,10 +315,7 @@ class BridgeProcess:
         if port is None or not self.is_running or self._paused:
             return None
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
-                body = reply.read()
-        except urllib.error.HTTPError as err:
-            body = err.read()
+            _, body = get(f"http://{LOOPBACK}:{port}/readyz", 2.0)
         except OSError:
             return None
         with contextlib.suppress(ValueError):
@@ -191,3 +328,6 @@ class BridgeProcess:
         body = self.readyz() or {}
         fleet = body.get("fleet") or {}
         return [str(s) for s in fleet.get("owned", [])]
+
+
+BridgeFactory = Callable[..., BridgeProcess]  # (config_path, env=None) -> a started BridgeProcess

@@ -1,4 +1,4 @@
-"""Start and stop real ``nats-server`` processes on loopback, for the ``demo`` command and the tests.
+"""Start and stop real ``nats-server`` processes on loopback, for the ``demo`` command, the tests, chaos and bench.
 
 Each :class:`NatsServer` owns one directory holding its generated config file, its JetStream store and its log
 (stdout and stderr of the process, appended across restarts). Its ports are chosen once, when the object is
@@ -9,16 +9,12 @@ with the same store: clients reconnect to the URL they already have and JetStrea
 leafnode connections) and a *leaf* (JetStream domain ``leaf``) that solicits a leafnode connection to it, so a
 client of the hub reaches the leaf's JetStream API as ``$JS.leaf.API.>``.
 
-Every process started here is recorded by PID in a module-level registry and killed by an :mod:`atexit`
-handler if still running when the interpreter exits, so an aborted test run leaves no orphans behind. That
-handler does not run when Python itself dies of a signal it does not handle (SIGKILL, or SIGTERM with the
-default disposition); the servers run in their own session, so they then outlive it.
+Every server process is recorded in the child registry of :mod:`bridge.testing.processes`, whose :mod:`atexit`
+handler kills it if still running when the interpreter exits, so an aborted test run leaves no orphans behind.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import os
 import re
@@ -29,25 +25,27 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from bridge.errors import BridgeError
+from bridge.testing.http import get
+from bridge.testing.processes import reap_child, register_child, stop_process
 
 __all__ = [
+    "ENV_BINARY",
     "NatsServer",
     "NatsServerNotFound",
+    "ServerFactory",
     "ServerStartError",
     "Topology",
+    "conf_str",
     "find_nats_server",
-    "live_pids",
+    "free_ports",
     "server_version",
     "start_topology",
-    "stop_process",
 ]
 
 ENV_BINARY = "NATS_SERVER_BIN"
@@ -128,75 +126,11 @@ def server_version(binary: str) -> str:
     return match.group(1)
 
 
-# Process registry: every server process this module started and has not reaped yet, by PID.
-
-_live: dict[int, subprocess.Popen[bytes]] = {}
-_live_lock = threading.Lock()
-# Every port handed to a NatsServer in this process. A stopped server's ports are free as far as the kernel is
-# concerned, and bind-to-0 could hand one to a new server while the old one is down, so its restart would
-# fail; remembering them (a few ints per server) rules that out.
+# Every port handed out here (to a NatsServer, or a proxy in front of one). A stopped server's ports are free as far
+# as the kernel is concerned, and bind-to-0 could hand one to a new server while the old one is down, so its restart
+# would fail; remembering them (a few ints per server) rules that out.
 _claimed_ports: set[int] = set()
-
-
-def register_child(proc: subprocess.Popen[bytes]) -> None:
-    """Track a child process so that it is SIGKILLed at interpreter exit unless reaped (:func:`reap_child`) first."""
-    with _live_lock:
-        _live[proc.pid] = proc
-
-
-def reap_child(proc: subprocess.Popen[bytes], timeout: float | None) -> None:
-    """Wait for ``proc`` to exit (raising ``subprocess.TimeoutExpired`` after ``timeout``), then forget it."""
-    proc.wait(timeout=timeout)
-    with _live_lock:
-        _live.pop(proc.pid, None)
-
-
-def _kill_all_live() -> None:
-    """At interpreter exit, SIGKILL and reap every server still running, so none outlives the run."""
-    with _live_lock:
-        procs = list(_live.values())
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            reap_child(proc, timeout=5)
-
-
-atexit.register(_kill_all_live)
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
-    """SIGSTOP ``proc`` and return once every thread of it is stopped (Linux), or after ``timeout``.
-
-    The signal is asynchronous: a thread running on another CPU goes on until it next enters the kernel, so a
-    test that sends a request right after ``kill()`` returns can still see it answered. Where ``/proc`` is
-    absent this only sends the signal.
-    """
-    proc.send_signal(signal.SIGSTOP)
-    tasks = Path(f"/proc/{proc.pid}/task")
-    if not tasks.is_dir():
-        return
-    deadline = time.monotonic() + timeout
-    while not _all_threads_stopped(tasks) and time.monotonic() < deadline:
-        time.sleep(0.001)
-
-
-def _all_threads_stopped(tasks: Path) -> bool:
-    try:
-        for task in tasks.iterdir():
-            # Field 3 of stat follows the parenthesised command name, which may itself hold spaces.
-            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state not in ("T", "t"):
-                return False
-    except (OSError, IndexError):
-        return True  # the process or a thread is gone: nothing left to wait for
-    return True
-
-
-def live_pids() -> list[int]:
-    """PIDs of the child processes registered here (servers, and bridges the chaos suite started) not yet reaped."""
-    with _live_lock:
-        return sorted(_live)
+_ports_lock = threading.Lock()
 
 
 def free_ports(count: int) -> list[int]:
@@ -212,7 +146,7 @@ def free_ports(count: int) -> list[int]:
             held.append(sock)
             sock.bind((_LOOPBACK, 0))
             port = int(sock.getsockname()[1])
-            with _live_lock:
+            with _ports_lock:
                 if port in _claimed_ports:
                     continue
                 _claimed_ports.add(port)
@@ -223,8 +157,8 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def _conf_str(value: str) -> str:
-    """Quote ``value`` for the server's config format (double-quoted, backslash escapes)."""
+def conf_str(value: str) -> str:
+    """Quote ``value`` for the server's config format (double-quoted; JSON escapes are accepted by its parser)."""
     return json.dumps(value)
 
 
@@ -329,17 +263,17 @@ class NatsServer:
 
     def config_text(self) -> str:
         """The config file :meth:`start` writes, derived from the constructor's arguments."""
-        js = [f"  store_dir: {_conf_str(str(self.store_dir))}"]
+        js = [f"  store_dir: {conf_str(str(self.store_dir))}"]
         if self.domain is not None:
-            js.append(f"  domain: {_conf_str(self.domain)}")
+            js.append(f"  domain: {conf_str(self.domain)}")
         # Explicit limits: the defaults are a share of the machine's RAM and disk, which on a small CI box or
         # a full /tmp can be too little to start JetStream or too much to be polite.
         js += ["  max_mem_store: 1GB", f"  max_file_store: {self.max_file_store}"]
         lines = [
-            "# Generated by bridge.embedded; rewritten on every start.",
-            f"server_name: {_conf_str(self.name)}",
-            f"listen: {_conf_str(f'{_LOOPBACK}:{self.port}')}",
-            f"http: {_conf_str(f'{_LOOPBACK}:{self.monitor_port}')}",
+            "# Generated by bridge.testing.servers; rewritten on every start.",
+            f"server_name: {conf_str(self.name)}",
+            f"listen: {conf_str(f'{_LOOPBACK}:{self.port}')}",
+            f"http: {conf_str(f'{_LOOPBACK}:{self.monitor_port}')}",
             "jetstream {",
             *js,
             "}",
@@ -347,12 +281,12 @@ class NatsServer:
         if self.leafnode_port is not None or self.leaf_remotes:
             lines.append("leafnodes {")
             if self.leafnode_port is not None:
-                lines.append(f"  listen: {_conf_str(f'{_LOOPBACK}:{self.leafnode_port}')}")
+                lines.append(f"  listen: {conf_str(f'{_LOOPBACK}:{self.leafnode_port}')}")
             if self.leaf_remotes:
-                lines.append(f"  reconnect: {_conf_str(_LEAF_RECONNECT)}")
+                lines.append(f"  reconnect: {conf_str(_LEAF_RECONNECT)}")
                 lines.append("  remotes: [")
                 for url in self.leaf_remotes:
-                    lines.append(f"    {{ url: {_conf_str(url)}")
+                    lines.append(f"    {{ url: {conf_str(url)}")
                     if self.remote_extra:
                         lines.append(_indent(self.remote_extra, "      "))
                     lines.append("    }")
@@ -418,7 +352,7 @@ class NatsServer:
                     f"(config {self.config_path}, log {self.log_path})\n{self.log_tail(30)}"
                 )
             try:
-                status, body = _http_get(f"{self.monitor_url}/healthz?js-enabled-only=true")
+                status, body = get(f"{self.monitor_url}/healthz?js-enabled-only=true", _HTTP_TIMEOUT)
                 if status == 200:
                     return
                 last = f"HTTP {status}: {body[:200]!r}"
@@ -504,7 +438,7 @@ class NatsServer:
             OSError: the server did not answer (``urllib.error.URLError`` and timeouts are ``OSError``).
             ValueError: the answer was not JSON.
         """
-        status, body = _http_get(f"{self.monitor_url}/{endpoint.lstrip('/')}")
+        status, body = get(f"{self.monitor_url}/{endpoint.lstrip('/')}", _HTTP_TIMEOUT)
         if status != 200:
             raise OSError(f"GET /{endpoint} on {self.name}: HTTP {status}")
         return json.loads(body)
@@ -528,16 +462,6 @@ class NatsServer:
 
 def _indent(text: str, prefix: str) -> str:
     return "\n".join(prefix + line if line.strip() else line for line in text.strip("\n").splitlines())
-
-
-def _http_get(url: str) -> tuple[int, bytes]:
-    """GET ``url`` on loopback; returns (status, body) for any HTTP status, raises ``OSError`` otherwise."""
-    try:
-        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT) as resp:
-            return int(resp.status), bytes(resp.read())
-    except urllib.error.HTTPError as exc:  # /healthz answers 503 while starting: a status, not a failure
-        with exc:
-            return int(exc.code), bytes(exc.read())
 
 
 # Hub + leaf
@@ -697,3 +621,6 @@ def start_topology(
         topology.kill()
         raise
     return topology
+
+
+ServerFactory = Callable[..., NatsServer]  # (name, extra_config, **NatsServer keywords) -> a started NatsServer

@@ -1,400 +1,58 @@
-"""Shared pieces of the bridge's scenario tests on real servers.
+"""JetStream on real servers, as the harness sees it: raw API requests, publishing to an origin, reading a stream.
 
-* :func:`write_config` writes a bridge TOML for a topology (one or more :class:`SourceSpec`).
-* :class:`BridgeProcess` runs ``python -m bridge run -c FILE`` as a child process with its log in ``tmp_path``;
-  the ``bridge_procs`` fixture starts them and SIGKILLs and reaps (by PID) every one still running at teardown.
-* :func:`http_port`, :func:`http_get`, :func:`metric`, :func:`readyz` read a running bridge's HTTP listener.
-* :func:`running_bridge` runs :class:`bridge.runtime.app.Bridge` in-process, for tests that patch or inspect it.
+* :func:`js_request` and the helpers on it (:func:`create_stream`, :func:`stream_info`, :func:`consumer_info`...)
+  speak the raw JetStream API: exact fields, any server version, an API error raised as :class:`ApiFailure`.
+* :class:`Publisher` publishes numbered messages to an origin with publish acks, paced and pausable.
 * :func:`read_stream` / :func:`origin_seqs_by_source` read the aggregate back with batched Direct Get (not the
-  bridge's own reader: the code under test does not judge itself).
+  bridge's own reader: the code under test does not judge itself); :func:`assert_exact` compares sequences.
 * :class:`FcTap` listens to ``$JS.FC.>`` on the origin server and checks every flow-control answer the bridge
   sends against the aggregate: an answer naming ``Nats-Last-Stream: s`` while the aggregate holds fewer than
   ``s`` copies of that source can only mean the bridge acked something it had not stored.
-* :func:`wait_until` / :func:`assert_holds`: every wait is a condition polled against a deadline.
-
-Fixtures defined here are used by importing them into the test module (``from .helpers import
-bridge_procs_fixture  # noqa: F401``); their registered name is the ``name=`` given below.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import json
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import anyio
 import nats
-import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from prometheus_client.parser import text_string_to_metric_families
 
-from chaos.processes import REPO_ROOT, child_env
-from chaos.processes import BridgeProcess as ProcessBase
-
-ORIGIN = "ORDERS"
-AGGREGATE = "AGG"
-POLL = 0.05
-
-# Engine timings for tests: the defaults are tuned for production (30 s reset backoff, 15 s publish retry);
-# these keep every recovery within a few seconds. silence_timeout has a floor of 2 s in the config.
-TEST_ENGINE: dict[str, Any] = {
-    "silence_timeout": 3.0,
-    "reset_timeout": 2.0,
-    "reset_backoff_initial": 0.5,
-    "reset_backoff_max": 2.0,
-    "publish_retry_initial": 0.2,
-    "publish_retry_max": 1.0,
-    "shutdown_grace": 5.0,
-}
-
-# Leases for tests: a short TTL, so a process that takes over after a SIGKILL waits seconds, not ten.
-TEST_COORDINATION: dict[str, Any] = {"lease_ttl": 3.0}
-
-# --- polling ----------------------------------------------------------------------------------------------
-
-
-async def wait_until(
-    probe: Callable[[], Any],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = POLL,
-    retry_on: tuple[type[BaseException], ...] = (),
-) -> Any:
-    """Poll ``probe`` (sync or async) until it returns something truthy, and return that.
-
-    Raises AssertionError naming ``what`` and the last value (or error) once ``timeout`` seconds have passed.
-    Exceptions of the ``retry_on`` types count as "not yet" (e.g. a server that is restarting).
-    """
-    deadline = time.monotonic() + timeout
-    last: Any = "never probed"
-    while True:
-        try:
-            value = probe()
-            if inspect.isawaitable(value):
-                value = await value
-            if value:
-                return value
-            last = value
-        except retry_on as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
-        await anyio.sleep(interval)
-
-
-async def wait_for_value(
-    probe: Callable[[], Any],
-    expected: Any,
-    *,
-    timeout: float,
-    what: str,
-    interval: float = POLL,
-    retry_on: tuple[type[BaseException], ...] = (),
-) -> None:
-    """Poll ``probe`` (sync or async) until it returns ``expected``; the failure names the last value seen."""
-    deadline = time.monotonic() + timeout
-    last: Any = "never probed"
-    while True:
-        try:
-            value = probe()
-            if inspect.isawaitable(value):
-                value = await value
-            if value == expected:
-                return
-            last = value
-        except retry_on as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} == {expected!r}; last: {last!r}")
-        await anyio.sleep(interval)
-
-
-async def assert_holds(check: Callable[[], Any], *, duration: float, what: str, interval: float = 0.1) -> int:
-    """Observe for ``duration`` seconds that ``check`` (sync or async, raising AssertionError) keeps holding.
-
-    Returns how many observations were made. This is an observation window, not a wait for a condition.
-    """
-    deadline = time.monotonic() + duration
-    count = 0
-    while True:
-        try:
-            result = check()
-            if inspect.isawaitable(result):
-                await result
-        except AssertionError as exc:
-            raise AssertionError(f"{what} stopped holding after {count} observations: {exc}") from exc
-        count += 1
-        if time.monotonic() >= deadline:
-            return count
-        await anyio.sleep(interval)
-
-
-# --- configuration ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class SourceSpec:
-    """One ``[[sources]]`` table."""
-
-    name: str
-    servers: str
-    stream: str = ORIGIN
-    domain: str | None = None
-    subject_prefix: str | None = None
-    max_ack_pending: int | None = None
-    consumer: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def consumer_name(self) -> str:
-        return self.consumer or f"nats-bridge-{self.name}"
-
-    @property
-    def deliver_subject(self) -> str:
-        return str(self.extra.get("deliver_subject", f"nats-bridge.deliver.{self.name}"))
-
-    def table(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "servers": [self.servers], "stream": self.stream}
-        if self.domain is not None:
-            out["domain"] = self.domain
-        if self.subject_prefix is not None:
-            out["subject_prefix"] = self.subject_prefix
-        if self.max_ack_pending is not None:
-            out["max_ack_pending"] = self.max_ack_pending
-        if self.consumer is not None:
-            out["consumer"] = self.consumer
-        out.update(self.extra)
-        return out
-
-
-def toml_value(value: Any) -> str:
-    """A TOML literal for a bool, number, string or list of those."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML form for {value!r}")
-
-
-def _table(header: str, values: Mapping[str, Any]) -> list[str]:
-    lines = [header]
-    nested = []
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            nested.append((key, value))
-        else:
-            lines.append(f"{key} = {toml_value(value)}")
-    for key, value in nested:
-        sub = header.strip("[]")
-        lines += _table(f"[{sub}.{key}]", value)
-    return lines
-
-
-def config_text(
-    *,
-    target_url: str,
-    sources: Sequence[SourceSpec],
-    target_stream: str = AGGREGATE,
-    engine: Mapping[str, Any] | None = None,
-    target_extra: Mapping[str, Any] | None = None,
-    http_extra: Mapping[str, Any] | None = None,
-    coordination: Mapping[str, Any] | None = None,
-    log_level: str = "info",
-) -> str:
-    """The TOML text of a bridge configuration (JSON logs, test engine timings unless overridden)."""
-    lines = ["# written by tests/integration/helpers.py", ""]
-    lines += _table("[log]", {"level": log_level, "format": "json"})
-    lines += ["", *_table("[engine]", {**TEST_ENGINE, **(engine or {})})]
-    # tests run side by side: any free port
-    lines += ["", *_table("[http]", {"listen": "127.0.0.1:0", **(http_extra or {})})]
-    lines += ["", *_table("[coordination]", {**TEST_COORDINATION, **(coordination or {})})]
-    target: dict[str, Any] = {"servers": [target_url], "stream": target_stream, **(target_extra or {})}
-    lines += ["", *_table("[target]", target)]
-    for spec in sources:
-        lines.append("")
-        lines += _table("[[sources]]", spec.table())
-    return "\n".join(lines) + "\n"
-
-
-def write_config(path: Path, **kwargs: Any) -> Path:
-    """Write :func:`config_text` to ``path`` and return it."""
-    path.write_text(config_text(**kwargs), encoding="utf-8")
-    return path
-
-
-def run_cli(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m bridge ARGS`` to completion (bounded), capturing its output."""
-    return subprocess.run(
-        [sys.executable, "-m", "bridge", *args],
-        cwd=REPO_ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-# --- the bridge as a child process ------------------------------------------------------------------------
-
-
-class BridgeProcess(ProcessBase):
-    """The chaos suite's bridge child process, plus async stop/kill and log-event queries for tests."""
-
-    async def astop(self, timeout: float) -> int:
-        return await anyio.to_thread.run_sync(self.stop, timeout)
-
-    async def akill(self) -> int:
-        return await anyio.to_thread.run_sync(self.kill)
-
-    def count(self, event: str, **fields: Any) -> int:
-        return sum(
-            1 for e in self.events() if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())
-        )
-
-    async def wait_event(self, event: str, *, timeout: float, after: int = 0, **fields: Any) -> None:
-        """Wait until the log holds more than ``after`` ``event`` lines (matching ``fields``); fail if it died."""
-
-        def probe() -> bool:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise AssertionError(f"bridge exited with {self._proc.returncode}:\n{self.tail()}")
-            return self.count(event, **fields) > after
-
-        await wait_until(probe, timeout=timeout, what=f"bridge log event {event!r} #{after + 1}")
-
-
-BridgeFactory = Callable[..., BridgeProcess]  # (config_path, env=None) -> a started BridgeProcess
-
-
-# --- the daemon's HTTP listener -----------------------------------------------------------------------------
-
-
-def _http_get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return int(reply.status), bytes(reply.read())
-    except urllib.error.HTTPError as err:
-        return int(err.code), bytes(err.read())
-
-
-async def http_get(port: int, path: str) -> tuple[int, bytes]:
-    """GET ``path`` from the bridge's listener on 127.0.0.1: (status, body), 5 s at most."""
-    return await anyio.to_thread.run_sync(_http_get, port, path)
-
-
-async def http_port(bridge: BridgeProcess) -> int:
-    """The port the bridge's HTTP listener bound (it logs ``http.listening``)."""
-    await bridge.wait_event("http.listening", timeout=20)
-    (event,) = [e for e in bridge.events() if e.get("event") == "http.listening"][-1:]
-    return int(event["port"])
-
-
-async def metric(port: int, name: str, **labels: str) -> float | None:
-    """One sample of ``/metrics`` (None when absent)."""
-    _, body = await http_get(port, "/metrics")
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return None
-
-
-async def readyz(port: int) -> tuple[int, dict[str, Any]]:
-    """``/readyz``: its status and JSON body."""
-    status, body = await http_get(port, "/readyz")
-    return status, json.loads(body)
-
-
-@pytest.fixture(name="bridge_procs")
-def bridge_procs_fixture(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[BridgeFactory]:
-    """A factory ``start(config_path) -> BridgeProcess`` (started); every process is killed and reaped at teardown.
-
-    On failure the tail of each bridge log is printed (pytest shows it with the failure).
-    """
-    procs: list[BridgeProcess] = []
-
-    def start(config_path: Path, env: Mapping[str, str] | None = None) -> BridgeProcess:
-        proc = BridgeProcess(config_path, tmp_path / f"bridge-{len(procs)}.log", env)
-        procs.append(proc)
-        return proc.start()
-
-    try:
-        yield start
-    finally:
-        for proc in procs:
-            proc.cleanup()
-        call = getattr(request.node, "rep_call", None)
-        if call is not None and call.failed:
-            for proc in procs:
-                print(f"\n----- bridge log {proc.log_path} (exit codes {proc.returncodes}) -----")
-                print(proc.tail())
-
-
-# --- the bridge in-process --------------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def running_bridge(config_path: Path, log_path: Path, *, ready_timeout: float = 20.0) -> AsyncIterator[Any]:
-    """Run ``Bridge(load_config(config_path))`` in this event loop until the block ends; yield the Bridge.
-
-    Waits until every runner is ready (first reset done). On exit sets ``bridge.stop`` and waits (bounded) for
-    ``run`` to return. Logs go to ``log_path`` as JSON lines.
-    """
-    import structlog
-
-    from bridge import logs
-    from bridge.config import load_config
-    from bridge.runtime.app import Bridge
-
-    log_file: TextIO = log_path.open("a", encoding="utf-8")
-    logs.configure("info", "json", stream=log_file)
-    bridge = Bridge(load_config(config_path, environ={}))
-    finished = anyio.Event()
-    failure: list[BaseException] = []
-
-    async def run() -> None:
-        try:
-            await bridge.run(handle_signals=False)
-        except BaseException as exc:
-            failure.append(exc)
-            raise
-        finally:
-            finished.set()
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
-            try:
-                await wait_until(
-                    lambda: finished.is_set() or (bridge.runners and all(r.ready.is_set() for r in bridge.runners)),
-                    timeout=ready_timeout,
-                    what="in-process bridge ready",
-                )
-                assert not finished.is_set(), f"bridge.run returned early: {failure!r}"
-                yield bridge
-            finally:
-                bridge.stop.set()
-                with anyio.fail_after(20):
-                    await finished.wait()
-    finally:
-        structlog.reset_defaults()
-        log_file.close()
+from bridge.testing.configs import AGGREGATE
+
+__all__ = [
+    "ApiFailure",
+    "FcAnswer",
+    "FcTap",
+    "Publisher",
+    "StoredMsg",
+    "ack_floor",
+    "aggregate_count",
+    "api_prefix",
+    "assert_exact",
+    "connect",
+    "consumer_exists",
+    "consumer_info",
+    "create_aggregate",
+    "create_stream",
+    "default_payload",
+    "default_subject",
+    "delivered",
+    "duplicates",
+    "js_request",
+    "origin_seqs_by_source",
+    "read_stream",
+    "seqs_by_source",
+    "stream_info",
+    "stream_messages",
+]
 
 
 # --- JetStream administration (raw API: exact fields, any server version) ----------------------------------
@@ -770,12 +428,3 @@ class FcTap:
                 with anyio.move_on_after(10):
                     await self._audited.wait()
                 tg.cancel_scope.cancel()
-
-
-def rfc3339_ns(text: str) -> int:
-    """Nanoseconds since the epoch of an RFC 3339 UTC time with up to 9 fractional digits (``...Z``)."""
-    import calendar
-
-    main, _, frac = text.rstrip("Z").partition(".")
-    seconds = calendar.timegm(time.strptime(main, "%Y-%m-%dT%H:%M:%S"))
-    return seconds * 1_000_000_000 + int((frac + "000000000")[:9])

@@ -1,4 +1,4 @@
-"""The embedded-server harness against real nats-server processes.
+"""The nats-server harness (``bridge.testing.servers`` and its process registry) against real nats-server processes.
 
 Blocking harness calls (restart, stop, wait_linked) run in a worker thread so the nats-py clients in the test
 keep their event loop, as the bridge's own tests will.
@@ -22,17 +22,16 @@ import pytest
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from bridge.embedded import (
+from bridge.testing.processes import REPO_ROOT, live_pids
+from bridge.testing.servers import (
     NatsServer,
     NatsServerNotFound,
     ServerStartError,
     Topology,
     find_nats_server,
-    live_pids,
     server_version,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STREAM = "ORDERS"
 
 
@@ -204,7 +203,7 @@ def test_atexit_kills_servers_left_running(nats_server_bin: str, tmp_path: Path)
     child = textwrap.dedent(
         f"""
         from pathlib import Path
-        from bridge.embedded import start_topology
+        from bridge.testing.servers import start_topology
         topo = start_topology(Path({str(tmp_path)!r}), binary={nats_server_bin!r})
         print(topo.hub.pid, topo.leaf.pid, flush=True)
         # exits without stopping anything: the atexit handler must
