@@ -52,12 +52,24 @@ class RequestReset:
     """Stop taking deliveries, send ``CONSUMER.RESET``, then take them again: with an empty body (back to the ack
     floor) or, when ``seq`` is set, ``{"seq": seq}`` (the next delivery is ``seq``).
 
-    Report ``reset_succeeded(reset_seq)`` or ``reset_failed(reason)``.
+    Performing it: stop taking deliveries (unsubscribe), create (managed) or look up (bound) the consumer again
+    so that a deleted one answers at once, send the RESET, then subscribe again whatever the outcome. Report
+    ``reset_replied(ResetReply)`` or ``reset_failed(reason)``.
     """
 
     cause: ResetCause
     attempt: int
     seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResetReply:
+    """What the consumer answered a RESET with (the consumer's info plus ``reset_seq``), reported back to the
+    engine by ``reset_replied``."""
+
+    reset_seq: int
+    ack_policy: str | None = None  # the consumer's ack policy now (None: not in the reply)
+    created: str | None = None  # the consumer's creation time: a new one means it was re-created
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +85,22 @@ class VerifyStored:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadTargetLimits:
+    """Read the target's limits again (``max_payload``, the stream's ``max_msg_size`` and subjects): asked while
+    the source is blocked, so that an operator's fix unblocks it. Report ``target_limits(limits)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeStranded:
+    """Find the origin's first message at or after ``start`` (within the source's filters; 0: none).
+
+    Report ``stranded_probed(first)`` or ``stranded_probe_failed(reason)``.
+    """
+
+    start: int
+
+
+@dataclass(frozen=True, slots=True)
 class Notice:
     """A state change worth one log line (never per message)."""
 
@@ -81,4 +109,4 @@ class Notice:
     fields: Mapping[str, object] = field(default_factory=dict)
 
 
-Effect = Publish | AnswerFlowControl | RequestReset | VerifyStored | Notice
+Effect = Publish | AnswerFlowControl | RequestReset | VerifyStored | ReadTargetLimits | ProbeStranded | Notice

@@ -25,6 +25,22 @@ from bridge.core.headers import parse_header_block
 from bridge.core.subjects import SubjectSet
 
 
+@dataclass(frozen=True, slots=True)
+class TargetLimits:
+    """What the target takes, as read from it: the server's ``max_payload``, and the aggregate stream's
+    ``max_msg_size`` and subjects (``None`` where the stream could not be read)."""
+
+    max_payload: int
+    max_msg_size: int | None = None
+    subjects: tuple[str, ...] | None = None
+
+    @property
+    def size_limit(self) -> int:
+        """The largest message the target accepts (0: unknown)."""
+        positive = [n for n in (self.max_payload, self.max_msg_size or 0) if n > 0]
+        return min(positive) if positive else 0
+
+
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
 class OutboundMessage:
     """One message to publish to the aggregate, its header block already encoded.
@@ -116,6 +132,12 @@ class PublishPipeline:
     _barrier: Entry | None = None
     _unverified: int = 0  # generation of ambiguous failures not yet checked against the target (0: none)
     _generation: int = 0
+
+    def limit(self, limits: TargetLimits) -> None:
+        """Take the target's limits: larger messages are not sent, uncaptured subjects are sent alone."""
+        self.size_limit = limits.size_limit
+        if limits.subjects is not None:
+            self.subjects = SubjectSet(limits.subjects)
 
     # -- feeding --------------------------------------------------------------------------------------------
 

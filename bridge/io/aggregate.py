@@ -1,25 +1,32 @@
 """Reading a source's newest copies back from the aggregate, for restart recovery.
 
 The server's own sourcing scans its destination backwards for the newest ``Nats-Stream-Source`` per source
-(protocol.md 4.4). A client cannot read backwards, so this reads backwards in forward chunks: positions
+(docs/protocol.md 4.4). A client cannot read backwards, so this reads backwards in forward chunks: positions
 ``[hi - n + 1, hi]``, then the chunk below it with ``n`` doubled, until it has ``depth`` copies of the source or
 reaches the first message. Each chunk is one batched Direct Get (``{"seq", "batch", "next_by_subj"}``, ended by a
-``204 EOB`` status; ``adr-jetstream-direct-get.txt``) when the stream allows direct access, else one
-``STREAM.MSG.GET`` per message. With a ``subject_prefix`` the server filters other sources out; without one
-every message of the chunk is read and its ``Bridge-Source`` compared.
+``204 EOB`` status; ADR-31) when the stream allows direct access, else one ``STREAM.MSG.GET`` per message. With a
+``subject_prefix`` the server filters other sources out; without one every message of the chunk is read and its
+``Bridge-Source`` compared.
+
+ADR-31 (Direct Get): https://github.com/nats-io/nats-architecture-and-design/blob/main/adr/ADR-31.md
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
 
 from bridge.core import headers as hdr
+from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy
-from bridge.errors import TargetUnavailable
+from bridge.errors import BridgeError, TargetUnavailable
+from bridge.io import wire
 from bridge.io.directget import read_batches
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
+from bridge.io.target import AckOutcome, SourcePublisher
 
 MAX_CHUNK = 65536
 # Without a subject_prefix every message of the aggregate is read and its Bridge-Source compared; this bounds
@@ -27,6 +34,41 @@ MAX_CHUNK = 65536
 MAX_SCANNED = 1_000_000
 BATCH = 1024
 MAX_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSide:
+    """The shared connection to the aggregate (``bridge.runtime.ports.TargetPort`` over nats-py)."""
+
+    nc: NATS
+    api: JsApi
+    stream: str
+    publish_window: int
+    ack_timeout: float
+    timeout: float = 5.0  # for API requests
+
+    def publisher(self, on_outcome: Callable[[AckOutcome], None]) -> SourcePublisher:
+        return SourcePublisher(self.nc, on_outcome)
+
+    async def limits(self) -> TargetLimits:
+        """The server's ``max_payload`` and, if the stream can be read, its ``max_msg_size`` and subjects."""
+        max_payload = int(self.nc.max_payload or 0)
+        try:
+            config = (await self.api.stream_info(self.stream, timeout=self.timeout)).get("config", {})
+        except BridgeError:
+            return TargetLimits(max_payload)
+        return TargetLimits(max_payload, int(config.get("max_msg_size", -1)), tuple(config.get("subjects") or ()))
+
+    async def read_tail(self, source: str, subject_filter: str, floor: int, depth: int) -> tuple[list[Copy], bool]:
+        return await read_source_tail(
+            self.nc, self.api, self.stream, source, subject_filter, floor, depth, self.timeout
+        )
+
+    def add_after_parse(self, hook: Callable[[], None]) -> None:
+        wire.add_after_parse(self.nc, hook)  # acks free the window for more
+
+    def remove_after_parse(self, hook: Callable[[], None]) -> None:
+        wire.remove_after_parse(self.nc, hook)
 
 
 async def read_source_tail(

@@ -1,7 +1,7 @@
 """Publishing to the aggregate with pipelined publish acks counted on one wildcard inbox per source.
 
 nats-py's ``js.publish`` awaits one future per message (~6k msg/s) and ``publish_async`` still allocates one
-(~25-40k msg/s, protocol.md section 9). Here each publish carries the reply subject ``<inbox>.<order>.<attempt>``
+(~25-40k msg/s, docs/protocol.md section 9). Here each publish carries the reply subject ``<inbox>.<order>.<attempt>``
 and one subscription on ``<inbox>.>`` hands every ack to the engine by those two numbers: no future, no await
 per message.
 """

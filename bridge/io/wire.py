@@ -33,6 +33,7 @@ __all__ = [
     "add_after_parse",
     "add_handler",
     "install",
+    "missing_hooks",
     "remove_after_parse",
     "remove_handler",
 ]
@@ -162,6 +163,25 @@ class WireParser(Parser):
             self._rest = b""
         else:
             self._rest = rest
+
+
+# the nats-py internals the fast paths use: this parser, and the publisher's direct writes (bridge.io.target)
+CLIENT_HOOKS = ("_ps", "_process_msg", "_send_command", "_flush_queue", "_flush_pending", "_pending", "_transport")
+
+
+def missing_hooks() -> list[str]:
+    """The nats-py internals the wire path needs that this nats-py lacks (empty when all are there).
+
+    Without them the bridge still works, through nats-py's public API, only slower; the version cap in
+    pyproject.toml keeps a tested nats-py, and start-up warns when an untested one lacks what it needs.
+    """
+    from nats.aio.client import Client
+
+    client = Client()
+    missing = [name for name in CLIENT_HOOKS if not hasattr(client, name)]
+    if "_ps" not in missing and not isinstance(client._ps, Parser):
+        missing.append("_ps (a nats.protocol.parser.Parser)")
+    return missing
 
 
 def install(nc: Any) -> WireParser | None:

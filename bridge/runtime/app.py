@@ -14,8 +14,9 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Coroutine
+from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -24,7 +25,9 @@ from nats.aio.client import Client as NATS
 
 from bridge.core.backoff import Backoff
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
-from bridge.io.connect import describe, drop_unsent_publishes, error_fields, open_connection
+from bridge.io import wire
+from bridge.io.aggregate import TargetSide
+from bridge.io.connect import ConnectionSettings, describe, drop_unsent_publishes, error_fields, open_connection
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.io.kv import KvBucket
 from bridge.logs import Throttle, get_logger
@@ -32,7 +35,10 @@ from bridge.observe.http import HttpServer, Response, json_response, metrics_han
 from bridge.observe.metrics import BridgeSnapshot, FleetSnapshot, Metrics
 from bridge.observe.systemd import Notifier, watchdog_loop
 from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
-from bridge.runtime.source import SourceRunner, TargetSide
+from bridge.runtime.source import SourceRunner
+
+if TYPE_CHECKING:
+    from bridge.config import BridgeConfig, SourceConfig
 
 CONNECT_BACKOFF = Backoff(0.5, 15.0)
 
@@ -61,7 +67,9 @@ class Bridge:
     systemd (from the environment by default: a no-op outside systemd).
     """
 
-    def __init__(self, config: Any, *, config_path: Path | None = None, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self, config: BridgeConfig, *, config_path: Path | None = None, notifier: Notifier | None = None
+    ) -> None:
         self.config = config
         self.config_path = config_path
         self.notifier = notifier if notifier is not None else Notifier.from_env()
@@ -88,6 +96,15 @@ class Bridge:
         self, *, handle_signals: bool = True, on_started: Callable[[Bridge], Coroutine[Any, Any, None]] | None = None
     ) -> None:
         """Replicate until stopped; returns after every source drained."""
+        missing = wire.missing_hooks()
+        if missing:
+            self.log.warning(
+                "wire.fast_path_unavailable",
+                missing=missing,
+                nats_py=version("nats-py"),
+                hint="this nats-py lacks internals the fast wire path uses; replicating through nats-py's public "
+                "API instead (correct, slower): install the nats-py version pyproject.toml allows",
+            )
         async with anyio.create_task_group() as tg:
             if handle_signals:
                 tg.start_soon(self._signals)
@@ -108,6 +125,7 @@ class Bridge:
                 stream=target.stream,
                 publish_window=target.publish_window,
                 ack_timeout=target.ack_timeout,
+                timeout=self.config.engine.reset_timeout,
             )
             await self._check_target_stream(side)
             async with anyio.create_task_group() as sources:
@@ -152,7 +170,7 @@ class Bridge:
 
     # -- sources ------------------------------------------------------------------------------------------
 
-    def _start_source(self, source: Any, fence: Fence | None = None) -> None:
+    def _start_source(self, source: SourceConfig, fence: Fence | None = None) -> None:
         assert self._sources_tg is not None and self._side is not None
         runner = SourceRunner(
             source,
@@ -200,7 +218,7 @@ class Bridge:
 
     async def _connect_coordination(self) -> NATS | None:
         coordination = self.config.coordination
-        self._kv_nc = await self._connect(coordination, "coordination")
+        self._kv_nc = await self._connect(coordination, "coordination")  # type: ignore[arg-type]  # servers set
         if self._kv_nc is not None:
             self.log.info("coordination.connected", servers=list(coordination.servers or ()))
         return self._kv_nc
@@ -420,7 +438,7 @@ class Bridge:
             self.log.info("target.connected", servers=list(target.servers), stream=target.stream)
         return self._target_nc
 
-    async def _connect(self, side: Any, role: str, **callbacks: Any) -> NATS | None:
+    async def _connect(self, side: ConnectionSettings, role: str, **callbacks: Any) -> NATS | None:
         """Connect to ``side``'s servers, retrying with backoff until connected or stopped (then None)."""
         attempt = 0
         while not self.stop.is_set():

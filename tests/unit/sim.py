@@ -1,7 +1,7 @@
 """A pure-Python model of the world around one ``SourceEngine``, for property and scenario tests.
 
 * ``OriginServer``: a WorkQueue (or Limits) origin stream and its ``ack_policy: flow_control`` push consumer, following
-  protocol.md sections 2, 3 and 5 (v2.14.0 semantics): dseq +1 per delivery and back to 1 after a RESET; RESET goes
+  docs/protocol.md sections 2, 3 and 5 (v2.14.0 semantics): dseq +1 per delivery and back to 1 after a RESET; RESET goes
   to ``seq`` (or the ack floor + 1) and does not clear the outstanding FC subject; deliveries pause at
   ``max_ack_pending`` with an FC request; an idle heartbeat carries ``Nats-Last-Consumer``/``Nats-Last-Stream``
   (and ``Nats-Consumer-Stalled`` while an FC is outstanding) and is followed by an FC request when anything is
@@ -10,8 +10,10 @@
   (future ones via pre-ack); a Limits stream keeps them, and a RESET makes the consumer walk them again.
 * ``Target``: the aggregate: stores by ``Nats-Msg-Id`` (duplicates are acked as stored), can reject or lose a
   publish or its ack, hands acks back in any order, and answers the engine's ``VerifyStored`` reads.
-* ``Sim``: wires both to an engine the way ``bridge.runtime.source`` does (unsubscribe -> RESET -> subscribe), checks
-  design.md's invariants on every effect, and can heal every fault and run to quiescence.
+* ``Sim``: wires both to an engine through the seam ``bridge.runtime.source`` uses (the engine's input methods fed
+  with what the runtime reads: classified deliveries, ``ResetReply``, probe results, target limits; every effect
+  performed as the runner performs it: unsubscribe -> RESET -> subscribe), checks docs/design.md's invariants on
+  every effect, and can heal every fault and run to quiescence.
 
 Everything is deterministic: the tests choose which step happens next (hypothesis or a script), so a failure
 prints the exact event sequence, and ``Sim.trace`` tells what the engine did.
@@ -22,13 +24,24 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, assert_never
 
 from bridge.core import headers as hdr
 from bridge.core.backoff import Backoff
-from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset, VerifyStored
+from bridge.core.effects import (
+    AnswerFlowControl,
+    Effect,
+    Notice,
+    ProbeStranded,
+    Publish,
+    ReadTargetLimits,
+    RequestReset,
+    ResetReply,
+    VerifyStored,
+)
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
 from bridge.core.inbound import classify
+from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy, Recovery, recover, recovery_depth
 
 STREAM = "ORDERS"
@@ -41,7 +54,7 @@ Wire = tuple[str, str, dict[str, str] | None, bytes]
 
 
 class InvariantViolation(AssertionError):
-    """An invariant of design.md does not hold; the message carries the tail of the simulation trace."""
+    """An invariant of docs/design.md does not hold; the message carries the tail of the simulation trace."""
 
 
 def fc_subject(n: int, v2: bool) -> str:
@@ -195,7 +208,7 @@ class OriginServer:
         return True
 
     def answer(self, subject: str, headers: Mapping[str, str] | None) -> str:
-        """Process a flow-control answer (protocol.md 3.2); returns what happened, for the trace."""
+        """Process a flow-control answer (docs/protocol.md 3.2); returns what happened, for the trace."""
         if subject != self.fcid:
             return "ignored (not the current FC subject)"
         self.fcid = None
@@ -302,6 +315,7 @@ def settings_for(window: int) -> EngineSettings:
         reset_min_interval=2.0,
         reset_backoff=Backoff(2.0, 30.0),
         publish_retry=Backoff(0.5, 15.0),
+        stalled_after=60.0,
     )
 
 
@@ -337,6 +351,7 @@ class Sim:
         self.reset_op: RequestReset | None = None  # this life's RESET awaiting its reply
         self.reset_applied: int | None = None  # its reset_seq once the server has applied it
         self.verify_op: VerifyStored | None = None  # a read of the aggregate the engine asked for
+        self.probe_op: ProbeStranded | None = None  # a look for stranded messages the engine asked for
         self.life = 0
         self.acked_to_engine: set[int] = set()  # origin seqs some engine was told are stored
         self.ids_seen: dict[int, str] = {}
@@ -383,7 +398,7 @@ class Sim:
         self.last_first_seq = 0
         self.last_reset_request = -1e9
         self.log(f"life {self.life}: recovered watermark={watermark} present={sorted(present)}")
-        self.apply(self.engine.recovered(watermark, present, self.now))
+        self.apply(self.engine.recovered(watermark, present, self.now, workqueue=not self.config.limits))
 
     def crash(self, reset_applied: bool) -> None:
         """The bridge dies and restarts: volatile state, subscription and publish acks are gone."""
@@ -398,6 +413,7 @@ class Sim:
         self.origin.channel.clear()
         self.target.acks.clear()  # the old ack inbox is gone; publishes on the wire may still be stored
         self.verify_op = None
+        self.probe_op = None
         result = self.recover()
         self._start_life(result.watermark, result.present)
 
@@ -433,19 +449,30 @@ class Sim:
     def apply(self, effects: list[Effect]) -> None:
         """Carry out effects in order, as the runtime's executor does, checking invariants on each."""
         for effect in effects:
-            if isinstance(effect, Publish):
-                self._on_publish(effect)
-            elif isinstance(effect, AnswerFlowControl):
-                self._on_answer(effect)
-            elif isinstance(effect, RequestReset):
-                self._on_reset_request(effect)
-            elif isinstance(effect, VerifyStored):
-                self.log(f"verify requested gen={effect.generation} seqs={list(effect.stream_seqs)}")
-                if self.verify_op is not None:
-                    self.fail("a second VerifyStored while one is outstanding")
-                self.verify_op = effect
-            elif isinstance(effect, Notice):
-                self.log(f"notice {effect.event} {dict(effect.fields)}")
+            match effect:
+                case Publish():
+                    self._on_publish(effect)
+                case AnswerFlowControl():
+                    self._on_answer(effect)
+                case RequestReset():
+                    self._on_reset_request(effect)
+                case VerifyStored():
+                    self.log(f"verify requested gen={effect.generation} seqs={list(effect.stream_seqs)}")
+                    if self.verify_op is not None:
+                        self.fail("a second VerifyStored while one is outstanding")
+                    self.verify_op = effect
+                case ReadTargetLimits():
+                    self.log("target limits read")
+                    self.apply(self.engine.target_limits(TargetLimits(max_payload=1024 * 1024), self.now))
+                case ProbeStranded():
+                    self.log(f"stranded probe from {effect.start}")
+                    if self.probe_op is not None:
+                        self.fail("a second ProbeStranded while one is outstanding")
+                    self.probe_op = effect
+                case Notice():
+                    self.log(f"notice {effect.event} {dict(effect.fields)}")
+                case _:
+                    assert_never(effect)
 
     def _on_publish(self, effect: Publish) -> None:
         entry = effect.entry
@@ -671,7 +698,7 @@ class Sim:
             self.now += 0.01
             self.renumbered = False
             self.log(f"RESET ok reset_seq={self.reset_applied}")
-            effects = self.engine.reset_succeeded(self.reset_applied, self.now)
+            effects = self.engine.reset_replied(ResetReply(self.reset_applied, "flow_control"), self.now)
         else:
             if self.reset_applied is None:
                 self._take_from_wire(op)  # refused, or lost before reaching the server
@@ -696,6 +723,16 @@ class Sim:
         self.log(f"verify: present {sorted(present)}")
         self.acked_to_engine |= present
         self.apply(self.engine.verified(op.generation, present, self.now))
+
+    def step_probe(self) -> None:
+        """The runtime's look for the origin's first message at or after the probe's start."""
+        op = self.probe_op
+        if op is None:
+            return
+        self.probe_op = None
+        first = min((seq for seq in self.origin.remaining() if seq >= op.start), default=0)
+        self.log(f"stranded probe finds {first}")
+        self.apply(self.engine.stranded_probed(first, self.now))
 
     def step_foreign_reset(self, seq: int) -> None:
         start = self.origin.foreign_reset(seq)
@@ -742,6 +779,9 @@ class Sim:
                 moved = True
             if self.verify_op is not None:
                 self.step_verify(True)
+                moved = True
+            if self.probe_op is not None:
+                self.step_probe()
                 moved = True
             while self.to_origin:
                 self.step_answer_arrives()

@@ -11,9 +11,22 @@ import pytest
 from bridge.core import headers as hdr
 from bridge.core.ackreply import AckInfo
 from bridge.core.backoff import Backoff
-from bridge.core.effects import AnswerFlowControl, Effect, Notice, Publish, RequestReset, ResetCause, VerifyStored
+from bridge.core.effects import (
+    AnswerFlowControl,
+    Effect,
+    Notice,
+    ProbeStranded,
+    Publish,
+    ReadTargetLimits,
+    RequestReset,
+    ResetCause,
+    ResetReply,
+    VerifyStored,
+)
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
 from bridge.core.inbound import Data, Heartbeat, Unrecognised
+from bridge.core.pipeline import TargetLimits
+from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
 from tests.unit.sim import Sim, SimConfig
 
 STREAM = "ORDERS"
@@ -32,6 +45,7 @@ SETTINGS = EngineSettings(
     reset_min_interval=2.0,
     reset_backoff=Backoff(2.0, 30.0),
     publish_retry=Backoff(0.5, 15.0),
+    stalled_after=60.0,
 )
 
 E = TypeVar("E")
@@ -124,8 +138,9 @@ def test_start_resets_first_and_ignores_deliveries_until_the_reset_is_done() -> 
     effects = engine.reset_succeeded(1, 0.2)
     assert notices(effects) == ["reset.done"]
     assert (phase(engine), engine.epoch, engine.last_dseq) == (Phase.RUNNING, 1, 0)
-    with pytest.raises(RuntimeError):
-        engine.recovered(0, (), 0.3)
+    # the one rule for inputs in the wrong phase: a second `recovered` is stale, changes nothing, does nothing
+    assert engine.recovered(7, (9,), 0.3) == []
+    assert (phase(engine), engine.watermark, engine.accepted) == (Phase.RUNNING, 0, 0)
 
 
 def test_deliveries_are_published_in_order_with_provenance() -> None:
@@ -722,25 +737,56 @@ def test_shutdown_while_running_answers_with_the_stored_position() -> None:
 # -- WorkQueue messages stranded below the ack floor ----------------------------------------------------------
 
 
+def probed_twice(engine: SourceEngine, first: int, now: float) -> list[Effect]:
+    """The probe finds ``first`` on two looks in a row (the first look only notes it)."""
+    assert engine.stranded_probed(first, now) == []
+    return engine.stranded_probed(first, now + STRANDED_CONFIRM)
+
+
 def test_stranded_stored_messages_are_redelivered_dropped_and_acked_again() -> None:
     engine = start()
     store(engine, feed(engine, [(1, 1), (2, 2), (3, 3), (4, 4)]))
     assert engine.watermark == 4
-    assert engine.stranded(2, 3.0) == []  # nothing acked yet: 2 may simply be on its way out
+    assert probed_twice(engine, 2, 1.0) == []  # nothing acked yet: 2 may simply be on its way out
     assert answers(engine.flow_control("$JS.FC.ORDERS.BRIDGE.s0", 3.0)) == [("$JS.FC.ORDERS.BRIDGE.s0", 4, 4)]
-    effects = engine.stranded(2, 3.0)  # a server restart left 2.. in the WorkQueue although 4 was acked
+    assert engine.stranded_probed(2, 3.0) == []  # seen once: an answer may still be on its way
+    assert engine.stranded_probed(3, 3.0) == []  # not the same first message: start over
+    effects = probed_twice(engine, 2, 3.0)  # a server restart left 2.. in the WorkQueue although 4 was acked
     assert notices(effects) == ["origin.stranded"]
     (request,) = of(effects, RequestReset)
     assert (request.cause, request.seq) == (ResetCause.STRANDED, 2)
-    assert engine.stranded(2, 3.0) == []  # already resetting
-    engine.reset_succeeded(2, 3.1)
+    assert probed_twice(engine, 2, 5.0) == []  # already resetting
+    engine.reset_succeeded(2, 5.1)
     assert (engine.watermark, engine.resets["stranded"]) == (4, 1)
     # redelivered: nothing published again; the flow-control answer acks them (that deletes them)
-    assert published(feed(engine, [(1, 2), (2, 3), (3, 4)], 3.2)) == []
-    assert answers(engine.flow_control("$JS.FC.ORDERS.BRIDGE.s1", 3.3)) == [("$JS.FC.ORDERS.BRIDGE.s1", 3, 4)]
+    assert published(feed(engine, [(1, 2), (2, 3), (3, 4)], 5.2)) == []
+    assert answers(engine.flow_control("$JS.FC.ORDERS.BRIDGE.s1", 5.3)) == [("$JS.FC.ORDERS.BRIDGE.s1", 3, 4)]
     # the next reset, for another cause, goes back to the ack floor again
-    gap = engine.data(data(9, 9), 6.0)
+    gap = engine.data(data(9, 9), 8.0)
     assert [(r.cause, r.seq) for r in of(gap, RequestReset)] == [(ResetCause.GAP, None)]
+
+
+def test_the_engine_probes_a_workqueue_origin_for_stranded_messages_on_its_ticks() -> None:
+    engine = SourceEngine(replace(SETTINGS, silence_timeout=1e6), 0.0)  # no heartbeats in this script
+    engine.recovered(0, (), 0.0, workqueue=True)
+    engine.reset_succeeded(1, 0.0)
+    assert of(engine.tick(STRANDED_CHECK), ProbeStranded) == []  # nothing acked yet: nothing to look under
+    store(engine, feed(engine, [(1, 1), (2, 2)], STRANDED_CHECK))
+    engine.flow_control("$JS.FC.ORDERS.BRIDGE.s0", STRANDED_CHECK)
+    now = 2 * STRANDED_CHECK
+    assert of(engine.tick(now), ProbeStranded) == [ProbeStranded(1)]
+    assert of(engine.tick(now + STRANDED_CONFIRM), ProbeStranded) == []  # one probe at a time
+    assert engine.stranded_probed(1, now + 0.1) == []  # found once: confirmed soon, not a whole interval later
+    assert of(engine.tick(now + 0.1 + STRANDED_CONFIRM), ProbeStranded) == [ProbeStranded(1)]
+    engine.stranded_probe_failed("origin unreachable", now + 3)
+    assert of(engine.tick(now + 4), ProbeStranded) == []
+    # a Limits or Interest origin keeps (or never had) what it acked: nothing is ever stranded there
+    limits = SourceEngine(replace(SETTINGS, silence_timeout=1e6), 0.0)
+    limits.recovered(0, (), 0.0)
+    limits.reset_succeeded(1, 0.0)
+    store(limits, feed(limits, [(1, 1)]))
+    limits.flow_control("$JS.FC.ORDERS.BRIDGE.s0", 1.0)
+    assert of(limits.tick(10 * STRANDED_CHECK), ProbeStranded) == []
 
 
 @pytest.mark.parametrize(
@@ -762,4 +808,93 @@ def test_stranded_is_ignored_unless_stored_acked_and_not_skipped(first: int, why
     store(engine, sent)  # answered: covers up to 3
     store(engine, feed(engine, pairs[-1:]))
     assert (engine.watermark, engine.acked_stream_seq) == (4, 3)
-    assert engine.stranded(first, 1.0) == [], why
+    assert probed_twice(engine, first, 1.0) == [], why
+
+
+# -- decisions the runtime used to make: target limits, reset replies, refusals, stalls, blocked notices ----------
+
+
+def test_target_limits_are_taken_and_read_again_only_while_blocked() -> None:
+    engine = start(silence_timeout=1e6)
+    assert engine.target_limits(TargetLimits(max_payload=9000, max_msg_size=4000, subjects=("agg.>",)), 0.0) == []
+    assert (engine.pipeline.size_limit, engine.pipeline.subjects.patterns) == (4000, ("agg.>",))
+    assert of(engine.tick(60.0), ReadTargetLimits) == []  # not blocked: nothing to learn
+    sends = feed(engine, [(1, 1)], 60.0)
+    (send,) = of(sends, Publish)
+    engine.publish_failed(send.entry.order, send.attempt, "maximum messages exceeded", 60.0)
+    refresh = SETTINGS.limits_refresh
+    assert of(engine.tick(60.1), ReadTargetLimits) == [ReadTargetLimits()]  # blocked: an operator may fix it
+    assert of(engine.tick(60.0 + refresh), ReadTargetLimits) == []  # at most every limits_refresh seconds
+    assert of(engine.tick(60.2 + refresh), ReadTargetLimits) == [ReadTargetLimits()]
+    # a stream that could not be read keeps the subjects known so far; the server's max_payload still counts
+    engine.target_limits(TargetLimits(max_payload=64), 61.0)
+    assert (engine.pipeline.size_limit, engine.pipeline.subjects.patterns) == (64, ("agg.>",))
+
+
+def test_a_reset_reply_is_checked_before_it_is_taken() -> None:
+    engine = SourceEngine(SETTINGS, 0.0)
+    engine.consumer_bound("2026-11-25T10:00:00Z")
+    engine.recovered(0, (), 0.0)
+    effects = engine.reset_replied(ResetReply(1, "explicit", "2026-11-25T10:00:00Z"), 0.1)
+    assert notices(effects) == ["reset.failed"] and phase(engine) is Phase.RESET_WAIT
+    assert len(of(engine.tick(10.0), RequestReset)) == 1  # due again after the backoff
+    effects = engine.reset_replied(ResetReply(1, "flow_control", "2026-11-25T11:00:00Z"), 10.1)
+    assert notices(effects) == ["consumer.recreated", "reset.done"] and phase(engine) is Phase.RUNNING
+    # a reply nobody waits for any more is stale: the one rule, nothing happens
+    assert engine.reset_replied(ResetReply(5, "flow_control", "other"), 10.2) == []
+    assert engine.epoch == 1
+
+
+def test_an_origin_behind_the_aggregate_is_refused_until_an_operator_acts() -> None:
+    engine = SourceEngine(SETTINGS, 0.0)
+    assert engine.recovered(50, (), 0.0, origin_last_seq=10) == []
+    assert phase(engine) is Phase.RECOVERING
+    assert engine.refusal is not None and "recreated" in engine.refusal and "50" in engine.refusal
+    assert of(engine.recovered(50, (), 1.0, origin_last_seq=80), RequestReset) == [RequestReset(ResetCause.START, 1)]
+    assert engine.refusal is None
+
+
+def test_a_source_with_work_waiting_and_no_progress_is_stalled_once() -> None:
+    after = SETTINGS.stalled_after
+    engine = start(silence_timeout=1e6)
+    assert notices(engine.tick(after + 1)) == []  # idle: nothing pending, nothing in the pipeline
+    feed(engine, [(1, 1)], after + 1)  # published, never acked
+    assert notices(engine.tick(after + 2)) == []
+    stalled = engine.tick(2 * after + 2)  # the publish ack timed out too: the engine asks whether it was stored
+    assert "source.stalled" in notices(stalled) and engine.stalled(2 * after + 2)
+    assert "source.stalled" not in notices(engine.tick(2 * after + 3))  # said once, on the transition
+    now, seen, effects = 2 * after + 3, [], stalled
+    while "source.recovered" not in seen and now < 4 * after:  # the target takes the retry: progress again
+        now += 0.5
+        effects = effects + engine.tick(now)
+        seen += notices(effects)
+        for verify in of(effects, VerifyStored):  # the ack timed out: was it stored? (no)
+            effects += engine.verified(verify.generation, (), now)
+        for retry in of(effects, Publish):
+            engine.publish_stored(retry.entry.order, retry.attempt, now)
+        effects = []
+    assert "source.recovered" in seen and not engine.stalled(now)
+
+
+def test_a_source_that_never_starts_counts_as_stalled_after_as_long() -> None:
+    engine = SourceEngine(SETTINGS, 0.0)
+    assert not engine.stalled(SETTINGS.stalled_after - 1)
+    assert engine.stalled(SETTINGS.stalled_after)
+
+
+def test_a_blocked_publish_is_reported_when_it_blocks_then_at_most_once_per_interval() -> None:
+    engine = start(silence_timeout=1e6)
+    (send,) = of(feed(engine, [(1, 1)]), Publish)
+    effects = engine.publish_failed(send.entry.order, send.attempt, "rejected", 0.0)
+    assert notices(effects) == ["publish.blocked"]
+    reported, now = 1, 0.0
+    while now < 2.5 * SETTINGS.blocked_notice_interval:
+        now += 1.0
+        for retry in of(engine.tick(now), Publish):
+            effects = engine.publish_failed(retry.entry.order, retry.attempt, "rejected", now)
+            reported += notices(effects).count("publish.blocked")
+    assert reported == 3  # at 0, one interval and two intervals
+    (retry,) = of(engine.tick(now + 60), Publish)
+    assert notices(engine.publish_stored(retry.entry.order, retry.attempt, now + 60)) == ["publish.unblocked"]
+    (send,) = of(feed(engine, [(2, 2)], now + 61), Publish)
+    assert notices(engine.publish_failed(send.entry.order, send.attempt, "rejected", now + 61)) == ["publish.blocked"]

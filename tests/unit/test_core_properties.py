@@ -5,7 +5,7 @@ filtered sequences) and the order of events, faults included: lost, duplicated a
 flow-control requests and answers, foreign RESETs backward and forward (past the end too), RESET errors and
 timeouts (applied at the server or not), publish rejections, lost publishes and lost publish acks, reordered
 acks, ack timeouts (the clock jumps), failed aggregate reads, a target rejecting everything for a while, target
-reconnects, bridge crashes and SIGTERM restarts. After every step the simulator checks design.md's invariants:
+reconnects, bridge crashes and SIGTERM restarts. After every step the simulator checks docs/design.md's invariants:
 
 * (a) SAFETY: an FC answer never names a ``Nats-Last-Stream`` above the contiguously stored (or purposely skipped)
   prefix, nor a position while a RESET is pending; the engine's watermark never claims more; the WorkQueue never
@@ -45,6 +45,7 @@ FLOW: Final = (
     + ["pump"] * 3
     + ["burst"] * 2
     + ["verify"] * 2
+    + ["probe"]
 )
 FAULTS: Final = [
     "drop",
@@ -128,6 +129,8 @@ def run_event(sim: Sim, event: Event) -> None:
             sim.step_verify(True)
         case "verify_fail":
             sim.step_verify(False)
+        case "probe":
+            sim.step_probe()
         case "crash":
             sim.crash(reset_applied=p % 2 == 1)
         case "sigterm":

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
+from bridge.io import wire
 from bridge.io.wire import WireParser, add_after_parse, add_handler, install, remove_after_parse, remove_handler
 
 pytestmark = pytest.mark.anyio
@@ -230,3 +231,11 @@ async def test_a_failing_hook_is_reported_and_removed_hooks_stop() -> None:
     await parser.parse(b"PONG\r\n")
     assert client.calls[-1] == ("pong",)
     assert add_after_parse(object(), broken) is False
+
+
+def test_missing_hooks_names_what_an_untested_nats_py_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nats.aio.client import Client
+
+    assert wire.missing_hooks() == []  # the pinned nats-py has every internal the fast path uses
+    monkeypatch.delattr(Client, "_process_msg")
+    assert wire.missing_hooks() == ["_process_msg"]

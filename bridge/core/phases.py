@@ -1,0 +1,100 @@
+"""The engine's phases and every transition between them, in one table (as h11's ``_state.py`` does).
+
+``SourceEngine`` never assigns its phase itself: it reports an ``Event`` to ``PhaseMachine.process``, which looks
+the pair up in ``TRANSITIONS``. Reading this module is enough to know the life cycle of a source::
+
+    RECOVERING --recovered--> RESET_WAIT --reset_sent--> RESETTING --reset_done--> RUNNING
+                                  ^                          |                        |
+                                  +-------reset_failed-------+                        |
+                                  +----------------------discontinuity----------------+
+    any phase but STOPPING --shutdown--> STOPPING (final)
+
+The rule for inputs that arrive in the wrong phase (one rule, everywhere):
+
+* **An event the table does not list for the current phase changes nothing, and the input that caused it
+  returns no effects.** Such inputs are stale, never errors: a RESET reply after shutdown began, a second
+  ``recovered``, a discontinuity seen while a reset is already pending. No input raises because of the phase.
+* **Deliveries are taken only in RUNNING** (and flow-control requests also in STOPPING, to answer what is
+  stored). Anything on the deliver subject in another phase belongs to an epoch the pending reset replaces: a
+  flow-control request is released with an empty answer (it acks nothing) and every arrival counts as a sign
+  that the consumer is alive (a reset backing off is retried at once). ``takes_deliveries`` and
+  ``answers_flow_control`` say which phases these are.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Phase(Enum):
+    """Where the engine is in its life cycle."""
+
+    RECOVERING = "recovering"  # waiting for the watermark recovered from the aggregate
+    RESET_WAIT = "reset_wait"  # a reset is due (throttled or backing off); deliveries are not taken
+    RESETTING = "resetting"  # a RESET request is in flight
+    RUNNING = "running"  # taking deliveries
+    STOPPING = "stopping"  # shutting down: no new deliveries or publishes, in-flight acks still count
+
+
+class Event(Enum):
+    """What moves the engine from one phase to another."""
+
+    RECOVERED = "recovered"  # the aggregate's watermark is known: the first reset is due
+    DISCONTINUITY = "discontinuity"  # a gap, rewind, foreign reset, silence, reconnect or stranded message
+    RESET_SENT = "reset_sent"  # the due reset was handed to the runtime
+    RESET_DONE = "reset_done"  # the consumer was reset: a new epoch starts at delivery sequence 1
+    RESET_FAILED = "reset_failed"  # the reset was refused or unanswered: it is due again after a backoff
+    SHUTDOWN = "shutdown"  # stop taking deliveries; drain what is in flight
+
+
+TRANSITIONS: dict[Phase, dict[Event, Phase]] = {
+    Phase.RECOVERING: {Event.RECOVERED: Phase.RESET_WAIT, Event.SHUTDOWN: Phase.STOPPING},
+    Phase.RESET_WAIT: {Event.RESET_SENT: Phase.RESETTING, Event.SHUTDOWN: Phase.STOPPING},
+    Phase.RESETTING: {
+        Event.RESET_DONE: Phase.RUNNING,
+        Event.RESET_FAILED: Phase.RESET_WAIT,
+        Event.SHUTDOWN: Phase.STOPPING,
+    },
+    Phase.RUNNING: {Event.DISCONTINUITY: Phase.RESET_WAIT, Event.SHUTDOWN: Phase.STOPPING},
+    Phase.STOPPING: {},
+}
+
+# phases in which what arrives on the deliver subject is taken as part of the current epoch
+TAKES_DELIVERIES = frozenset({Phase.RUNNING})
+# phases in which a flow-control request is held and answered with what is stored (otherwise: answered empty)
+ANSWERS_FLOW_CONTROL = frozenset({Phase.RUNNING, Phase.STOPPING})
+# phases in which a reset is scheduled or in flight
+RESET_PENDING = frozenset({Phase.RESET_WAIT, Phase.RESETTING})
+
+
+class PhaseMachine:
+    """The current phase; changed only through ``process`` and the table."""
+
+    __slots__ = ("phase",)
+
+    def __init__(self) -> None:
+        self.phase = Phase.RECOVERING
+
+    def can(self, event: Event) -> bool:
+        """``event`` is a transition from the current phase."""
+        return event in TRANSITIONS[self.phase]
+
+    def process(self, event: Event) -> bool:
+        """Move along the table; False (and no change) when ``event`` is not a transition from this phase."""
+        target = TRANSITIONS[self.phase].get(event)
+        if target is None:
+            return False
+        self.phase = target
+        return True
+
+    @property
+    def takes_deliveries(self) -> bool:
+        return self.phase in TAKES_DELIVERIES
+
+    @property
+    def answers_flow_control(self) -> bool:
+        return self.phase in ANSWERS_FLOW_CONTROL
+
+    @property
+    def reset_pending(self) -> bool:
+        return self.phase in RESET_PENDING

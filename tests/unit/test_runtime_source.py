@@ -1,0 +1,177 @@
+"""``SourceRunner`` against the in-memory ports of ``bridge.testing.fakes``: it performs what the engine decides,
+in order, through the ports, and feeds every outcome back. What real servers do is tested in tests/integration."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from bridge.config import EngineConfig, HttpConfig, SourceConfig
+from bridge.core.engine import Phase
+from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
+from bridge.runtime.source import SourceRunner
+from bridge.testing.fakes import FakeOrigin, FakeTarget
+
+pytestmark = pytest.mark.anyio
+
+SOURCE = SourceConfig.model_validate(
+    {"name": "edge1", "stream": "ORDERS", "consumer": "BRIDGE", "subject_prefix": "agg", "servers": ["nats://fake"]}
+)
+ENGINE = EngineConfig(silence_timeout=3600.0, shutdown_grace=2.0)
+DEADLINE = 10.0  # seconds any one condition may take
+
+
+class Clock:
+    """The runner's monotonic clock, which a test can move forward (the ticker still runs in real time)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    with anyio.fail_after(DEADLINE):
+        while not condition():
+            await anyio.sleep(0.01)
+    assert condition(), what
+
+
+@asynccontextmanager
+async def running(
+    origin: FakeOrigin, target: FakeTarget, *, fence: Callable[[], bool] | None = None, clock: Clock | None = None
+) -> AsyncIterator[tuple[SourceRunner, anyio.Event]]:
+    runner = SourceRunner(
+        SOURCE, ENGINE, target, clock or Clock(), stalled_after=HttpConfig().stalled_after, origin=origin, fence=fence
+    )
+    stop = anyio.Event()
+    with anyio.fail_after(3 * DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run, stop)
+            yield runner, stop
+            stop.set()
+
+
+async def test_replicates_in_order_and_answers_flow_control_only_with_what_is_stored() -> None:
+    origin, target = FakeOrigin(), FakeTarget(hold_acks=True)
+    origin.publish(5)
+    async with running(origin, target) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        assert origin.ops[:6] == ["connect", "stream", "bind", "unsubscribe", "bind", "reset None"]
+        assert origin.deliver() == 5
+        subject = origin.request_flow_control()
+        await until(lambda: len(target.held) == 5, "five publishes sent")
+        assert target.seqs("edge1") == [1, 2, 3, 4, 5]
+        assert origin.answers == []  # nothing acked by the aggregate yet: the request is held
+        target.release_acks()
+        await until(lambda: bool(origin.answers), "the held request answered")
+        assert [(a.subject, a.last_consumer, a.last_stream) for a in origin.answers] == [(subject, 5, 5)]
+    assert origin.ops[-2:] == ["flush", "close"] and runner.engine.phase is Phase.STOPPING
+
+
+async def test_a_gap_is_repaired_by_the_reset_procedure_in_order() -> None:
+    origin, target = FakeOrigin(), FakeTarget()
+    origin.publish(6)
+    async with running(origin, target) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver(2)
+        origin.skip_delivery()  # delivery 3 is lost on the way: 4 arrives as dseq 4
+        mark = len(origin.ops)
+        origin.deliver(1)
+        await until(lambda: "subscribe" in origin.ops[mark:], "subscribed again after the reset")
+        assert origin.ops[mark:] == ["unsubscribe", "bind", "reset None", "subscribe"]
+        assert runner.engine.resets["gap"] == 1
+        origin.deliver()  # from the ack floor (0) again: 1 and 2 are duplicates, 3.. are new
+        await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6], "everything stored once, in order")
+
+
+async def test_a_closed_fence_abandons_the_source_without_another_action() -> None:
+    origin, target = FakeOrigin(), FakeTarget(hold_acks=True)
+    origin.publish(3)
+    open_ = True
+    async with running(origin, target, fence=lambda: open_) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver()
+        origin.request_flow_control()
+        await until(lambda: len(target.held) == 3, "three publishes sent")
+        open_ = False  # the lease is lost: the stored copies must not be acked by this process any more
+        target.release_acks()
+        await until(lambda: runner.fenced, "the runner notices the fence")
+    assert origin.answers == [] and "detach" in origin.ops
+
+
+async def test_an_origin_behind_the_aggregate_blocks_setup_with_the_reason() -> None:
+    origin, target = FakeOrigin(), FakeTarget()
+    origin.publish(10)
+    async with running(origin, target) as (runner, _):
+        await until(runner.ready.is_set, "the first life replicates")
+        origin.deliver()
+        await until(lambda: len(target.seqs("edge1")) == 10, "ten copies stored")
+    recreated = FakeOrigin()
+    recreated.publish(3)  # the origin stream was deleted and created again: sequences start over
+    async with running(recreated, target) as (runner, _):
+        await until(lambda: "recreated" in runner.last_error, "setup refused")
+        assert not runner.ready.is_set() and runner.engine.phase is Phase.RECOVERING
+        assert "reset None" not in recreated.ops
+
+
+async def test_a_blocked_source_reads_the_target_limits_again() -> None:
+    origin, target, clock = FakeOrigin(), FakeTarget(reject="maximum messages per subject exceeded"), Clock()
+    origin.publish(1)
+    async with running(origin, target, clock=clock) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver()
+        await until(lambda: runner.engine.pipeline.degraded, "the publish was refused")
+        reads = target.limits_reads
+        clock.offset += 2 * runner.engine.settings.limits_refresh
+        await until(lambda: target.limits_reads > reads, "the limits read again")
+        assert "maximum messages" in runner.last_error and runner.snapshot().blocked_reason
+
+
+async def test_stranded_workqueue_messages_are_found_twice_then_reset_to() -> None:
+    origin, target, clock = FakeOrigin(workqueue=True), FakeTarget(), Clock()
+    origin.publish(4)
+    async with running(origin, target, clock=clock) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver()
+        origin.request_flow_control()
+        await until(lambda: bool(origin.answers), "everything stored and acked")
+        origin.messages[2] = ("orders.new", b"payload-2")  # a server restart lost it from the pending list
+        clock.offset += STRANDED_CHECK
+        await until(lambda: "probe 1" in origin.ops, "the first look")
+        clock.offset += STRANDED_CONFIRM
+        await until(lambda: "reset 2" in origin.ops, "confirmed: reset to the stranded message")
+        await until(lambda: origin.subscribed and runner.engine.phase is Phase.RUNNING, "taking deliveries again")
+        origin.deliver()  # redelivered: a duplicate, not published again, acked again (which deletes it)
+        origin.request_flow_control()
+        await until(lambda: 2 not in origin.messages, "the stranded message is gone")
+        assert target.seqs("edge1") == [1, 2, 3, 4] and runner.engine.resets["stranded"] == 1
+
+
+async def test_shutdown_drains_then_answers_the_held_request_with_what_is_stored() -> None:
+    origin, target = FakeOrigin(), FakeTarget(hold_acks=True)
+    origin.publish(3)
+    async with running(origin, target) as (runner, stop):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver()
+        subject = origin.request_flow_control()
+        await until(lambda: len(target.held) == 3, "three publishes sent")
+        stop.set()
+        await until(lambda: runner.engine.phase is Phase.STOPPING, "draining")
+        assert origin.answers == []
+        target.release_acks()  # in flight during the grace period: still counted
+        await until(lambda: bool(origin.answers), "the final answer")
+    assert [(a.subject, a.last_consumer, a.last_stream) for a in origin.answers] == [(subject, 3, 3)]
+
+
+async def test_setup_is_retried_until_the_origin_is_reachable() -> None:
+    origin, target = FakeOrigin(connect_failures=1), FakeTarget()
+    async with running(origin, target) as (runner, _):
+        await until(lambda: "connection refused" in runner.last_error, "the failure recorded")
+        await until(runner.ready.is_set, "connected on the retry")
+        assert origin.ops.count("connect") == 2
