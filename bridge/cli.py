@@ -1,6 +1,6 @@
-"""The ``nats-bridge`` command: ``run``, ``check``, ``status``, ``reset``, ``audit`` and ``demo``.
+"""The ``nats-bridge`` command: ``run``, ``check``, ``setup``, ``status``, ``reset``, ``audit`` and ``demo``.
 
-Exit codes: 0 success; 1 a check, the audit or the demo found a problem, or the bridge could not run; 2 invalid
+Exit codes: 0 success; 1 a check, setup, the audit or the demo found a problem, or the bridge could not run; 2 invalid
 configuration or usage (one line per problem, no traceback); 3 the audit could not read a stream (nothing judged).
 """
 
@@ -31,6 +31,27 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate the configuration and every server, consumer and stream")
     check.add_argument("-c", "--config", required=True, help="TOML configuration file")
 
+    setup = sub.add_parser(
+        "setup",
+        help="create the aggregate stream, managed consumers and lease bucket that are missing; change nothing",
+        description=(
+            "Create what the configuration needs and is missing: the aggregate stream (Limits, discard old, file, "
+            "allow_direct, subjects capturing every source's copies, duplicate window max(2 minutes, 4 x "
+            "target.ack_timeout)), each managed consumer, and the coordination bucket. Nothing that exists is "
+            "changed; what differs from what the bridge needs is reported with its fix. Exit 0: everything in "
+            "place; 1: something differs or failed; 2: invalid configuration."
+        ),
+    )
+    setup.add_argument("-c", "--config", required=True, help="TOML configuration file")
+    setup.add_argument("--dry-run", action="store_true", help="connect and read only; say what would be created")
+    setup.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=1,
+        metavar="N",
+        help="replicas of the aggregate stream when created (1-5, default 1)",
+    )
+
     status = sub.add_parser("status", help="per source: consumer state, stored watermark, lag, the daemon's last error")
     status.add_argument("-c", "--config", required=True, help="TOML configuration file")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -51,6 +72,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _replicas(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 5:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 5 (got {text!r})")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and ``python -m bridge``."""
     args = _parser().parse_args(argv)
@@ -66,6 +97,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bridge.commands.check import check
 
         return check(args.config)
+    if args.command == "setup":
+        from bridge.commands.setup import setup
+
+        return setup(args.config, args.dry_run, args.replicas)
     if args.command == "status":
         from bridge.commands.status import status
 

@@ -18,11 +18,22 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from bridge.errors import ApiError, ApiTimeout, ApiUnavailable
 from bridge.io.connect import describe
 
-__all__ = ["CONSUMER_NOT_FOUND", "STREAM_NOT_FOUND", "ApiError", "ApiTimeout", "ApiUnavailable", "JsApi"]
+__all__ = [
+    "CONSUMER_EXISTS",
+    "CONSUMER_NOT_FOUND",
+    "STREAM_NAME_IN_USE",
+    "STREAM_NOT_FOUND",
+    "ApiError",
+    "ApiTimeout",
+    "ApiUnavailable",
+    "JsApi",
+]
 
 # err_code values the bridge reacts to (nats-server server/errors.json)
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
+STREAM_NAME_IN_USE = 10058  # a stream create met an existing stream with another configuration
+CONSUMER_EXISTS = 10148  # a create-only consumer create met an existing durable with another configuration
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +62,17 @@ class JsApi:
         if pedantic:
             body["pedantic"] = True
         return await self.request(f"CONSUMER.CREATE.{stream}.{config['durable_name']}", body, timeout)
+
+    async def add_consumer(self, stream: str, config: dict[str, Any], *, timeout: float = 5.0) -> dict[str, Any]:
+        """Create a durable, never update one: ``action: create`` (and pedantic). An existing durable with the same
+        configuration is answered as created; with another one the server refuses (:data:`CONSUMER_EXISTS`)."""
+        body: dict[str, Any] = {"stream_name": stream, "config": config, "action": "create", "pedantic": True}
+        return await self.request(f"CONSUMER.CREATE.{stream}.{config['durable_name']}", body, timeout)
+
+    async def create_stream(self, config: dict[str, Any], *, timeout: float = 5.0) -> dict[str, Any]:
+        """``STREAM.CREATE.<name>``: never updates; an existing stream with another configuration is refused
+        (:data:`STREAM_NAME_IN_USE`), one with the same configuration is answered as created."""
+        return await self.request(f"STREAM.CREATE.{config['name']}", config, timeout)
 
     async def reset_consumer(
         self, stream: str, consumer: str, timeout: float, seq: int | None = None

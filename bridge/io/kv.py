@@ -32,6 +32,7 @@ from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi, request_json
 WRONG_LAST_SEQUENCE = 10071
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 OPERATION = "KV-Operation"
+HISTORY = 1  # values kept per key (the bucket's max_msgs_per_subject): a lease needs only its last
 MULTI_LAST_LIMIT = 1024
 _N = TypeVar("_N", int, float)  # keys one multi_last request may match (ADR-31); more is a 413
 
@@ -66,12 +67,9 @@ class KvBucket:
         An existing bucket is never changed: its ``max_age`` is what the server enforces, so that is the TTL every
         lease is timed by, whatever this process was configured with (the caller says so when they differ).
         """
-        try:
-            info = await self.api.stream_info(self.stream, timeout=timeout)
-        except ApiError as exc:
-            if exc.err_code != STREAM_NOT_FOUND:
-                raise
-            info = await self._create(ttl, replicas, timeout)
+        info = await self.lookup(timeout)
+        if info is None:
+            info, _ = await self.create(ttl, replicas, timeout)
         max_age = int(info.get("config", {}).get("max_age", 0))
         if max_age <= 0:
             raise ApiError(
@@ -83,14 +81,24 @@ class KvBucket:
             )
         return max_age / 1e9
 
-    async def _create(self, ttl: float, replicas: int, timeout: float) -> dict[str, Any]:
+    async def lookup(self, timeout: float) -> dict[str, Any] | None:
+        """The bucket's stream info, or None when the bucket does not exist (nothing is created)."""
+        try:
+            return await self.api.stream_info(self.stream, timeout=timeout)
+        except ApiError as exc:
+            if exc.err_code != STREAM_NOT_FOUND:
+                raise
+            return None
+
+    def creation_config(self, ttl: float, replicas: int) -> dict[str, Any]:
+        """The stream configuration the bucket is created with: ``max_age`` = ``ttl``, :data:`HISTORY` per key."""
         ttl_ns = int(ttl * 1e9)
-        config = {
+        return {
             "name": self.stream,
             "description": "nats-bridge leases and presence",
             "subjects": [f"{self.prefix}>"],
             "retention": "limits",
-            "max_msgs_per_subject": 1,
+            "max_msgs_per_subject": HISTORY,
             "max_msgs": -1,
             "max_bytes": -1,
             "max_msg_size": -1,
@@ -103,13 +111,18 @@ class KvBucket:
             "deny_delete": True,
             "allow_direct": True,
         }
+
+    async def create(self, ttl: float, replicas: int, timeout: float) -> tuple[dict[str, Any], bool]:
+        """Create the bucket, never changing an existing one; return its info and whether this call created it
+        (False: a twin created it in the meantime, with another configuration)."""
+        config = self.creation_config(ttl, replicas)
         try:
             reply = await self.api.request(f"STREAM.CREATE.{self.stream}", config, timeout)
         except ApiError as exc:
             if exc.err_code == 10058:  # created by a twin in the meantime
-                return await self.api.stream_info(self.stream, timeout=timeout)
+                return await self.api.stream_info(self.stream, timeout=timeout), False
             raise
-        return reply
+        return reply, True
 
     async def write(self, key: str, value: bytes, revision: int | None, timeout: float, *, delete: bool = False) -> int:
         """Store ``value`` under ``key``; with ``revision`` (0: absent) only if the key is at that revision.

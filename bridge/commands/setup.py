@@ -1,0 +1,540 @@
+"""``nats-bridge setup``: create what the configuration needs and is missing; change nothing that exists.
+
+It reads every origin stream (the aggregate must capture the copies of sources without a ``subject_prefix`` on
+their origin subjects), then, each on its own connection: the aggregate stream, the coordination bucket (with
+``[coordination] enabled``) and every source's consumer. What is missing is created (managed consumers only: a
+bound one is the operator's), what exists is compared with what the bridge needs and never changed, so a running
+bridge, or a second ``setup`` at the same moment, is never disturbed. Every create is a create, never an update:
+one that loses a race to a concurrent creator meets the other's object, which is then compared like any other.
+
+One line per object (``created``, ``would create`` with ``--dry-run``, ``exists ...: ok``, one ``differs`` line
+per difference with its fix, ``missing`` for a bound consumer nobody created, ``FAIL`` when a server, stream or
+permission is in the way). Exit code 0: everything is (now, or would be) in place; 1: something differs or could
+not be done. The aggregate's duplicate window is :func:`duplicate_window`: max(2 minutes, 4 x target.ack_timeout).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
+from bridge.config import BridgeConfig, SourceConfig, TargetConfig, exposed_secrets, load_config
+from bridge.errors import ApiError, BridgeError
+from bridge.io.connect import open_connection
+from bridge.io.consumer import desired_config, unfit_reasons
+from bridge.io.jsapi import CONSUMER_EXISTS, CONSUMER_NOT_FOUND, STREAM_NAME_IN_USE, STREAM_NOT_FOUND, JsApi
+from bridge.io.kv import HISTORY, KvBucket
+
+MIN_DUPLICATE_WINDOW = 120.0  # seconds: the server's own default
+DUPLICATE_WINDOW_ACK_TIMEOUTS = 4  # the window created: this many ack timeouts, at least MIN_DUPLICATE_WINDOW
+SHORT_WINDOW_ACK_TIMEOUTS = 2  # below this many the daemon warns (target.duplicate_window_short)
+FLOW_CONTROL_API_LEVEL = 4  # JetStream API level of nats-server 2.14.0, the first with ack_policy flow_control
+INVALID_JSON = 10025  # how a server older than 2.14 answers ack_policy "flow_control" (docs/protocol.md 1)
+# the first word of each line
+CREATED = "created"
+WOULD_CREATE = "would create"
+EXISTS = "exists"
+DIFFERS = "differs"
+MISSING = "missing"
+FAIL = "FAIL"
+PROBLEMS = frozenset({DIFFERS, MISSING, FAIL})
+NS = 1_000_000_000
+
+
+# --- what the bridge needs (pure) ------------------------------------------------------------------------
+
+
+def duplicate_window(ack_timeout: float) -> float:
+    """The duplicate window setup creates the aggregate with, in seconds: max(2 minutes, 4 x ack_timeout).
+
+    The daemon warns below 2 x ack_timeout (a publish retried after an ack timeout may then be stored twice); four
+    leave room for a retry of a retry, and two minutes is the server's own default."""
+    return max(MIN_DUPLICATE_WINDOW, DUPLICATE_WINDOW_ACK_TIMEOUTS * ack_timeout)
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as nats-server and the ``nats`` CLI print one: ``2m0s``, ``1h0m0s``, ``20s``, ``2.5s``."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{secs:.9g}s"
+    if hours:
+        return f"{int(hours)}h{int(minutes)}m{text}"
+    if minutes:
+        return f"{int(minutes)}m{text}"
+    return text
+
+
+def pattern_covers(wide: str, narrow: str) -> bool:
+    """Whether every subject ``narrow`` matches is matched by ``wide`` (both may hold ``*`` and ``>``)."""
+    have = wide.split(".")
+    want = narrow.split(".")
+    for i, token in enumerate(have):
+        if token == ">":
+            return len(want) > i
+        if i >= len(want):
+            return False
+        if token == "*":
+            if want[i] == ">":
+                return False
+        elif token != want[i]:
+            return False
+    return len(have) == len(want)
+
+
+def minimal_subjects(patterns: Iterable[str]) -> list[str]:
+    """The patterns without duplicates and without those another one covers (the server refuses overlaps)."""
+    unique = sorted(set(patterns))
+    return [p for p in unique if not any(q != p and pattern_covers(q, p) for q in unique)]
+
+
+def copy_subjects(source: SourceConfig, origin_subjects: Sequence[str] | None) -> list[str] | None:
+    """The subjects this source's copies are published on: ``<prefix>.>``, else the origin's own subjects (its
+    ``filter_subjects`` when set); None when they are unknown (the origin could not be read)."""
+    if source.subject_prefix:
+        return [f"{source.subject_prefix}.>"]
+    if source.filter_subjects:
+        return list(source.filter_subjects)
+    if not origin_subjects:
+        return None
+    return list(origin_subjects)
+
+
+def aggregate_config(target: TargetConfig, subjects: Sequence[str], replicas: int) -> dict[str, Any]:
+    """The aggregate stream setup creates: the copies' subjects, Limits, discard old, file, ``allow_direct`` (restart
+    recovery reads copies back with batched Direct Get), a duplicate window that fits ``target.ack_timeout``."""
+    return {
+        "name": target.stream,
+        "description": "nats-bridge aggregate (created by nats-bridge setup)",
+        "subjects": minimal_subjects(subjects),
+        "retention": "limits",
+        "discard": "old",
+        "storage": "file",
+        "num_replicas": replicas,
+        "allow_direct": True,
+        "duplicate_window": int(duplicate_window(target.ack_timeout) * NS),
+    }
+
+
+def _replicas(n: int) -> str:
+    return f"{n} replica" if n == 1 else f"{n} replicas"
+
+
+def describe_aggregate(cfg: Mapping[str, Any]) -> str:
+    """``subjects edge.>, allow_direct, duplicate window 2m0s, file, 1 replica``."""
+    window = go_duration(int(cfg.get("duplicate_window", 0)) / NS)
+    return (
+        f"subjects {', '.join(cfg.get('subjects') or [])}, "
+        f"{'allow_direct' if cfg.get('allow_direct') else 'no allow_direct'}, duplicate window {window}, "
+        f"{cfg.get('storage')}, {_replicas(int(cfg.get('num_replicas', 1)))}"
+    )
+
+
+def aggregate_differences(
+    cfg: Mapping[str, Any], target: TargetConfig, needs: Mapping[str, Sequence[str] | None]
+) -> list[str]:
+    """What in an existing aggregate's configuration differs from what the bridge needs, one text per difference
+    (what it is; why it matters: the fix). ``needs`` maps each source to its copies' subjects (None: unknown)."""
+    out: list[str] = []
+    subjects = list(cfg.get("subjects") or [])
+    if cfg.get("mirror"):
+        out.append("it is a mirror, which refuses publishes: the aggregate must be a stream with subjects of its own")
+    for name, patterns in needs.items():
+        if patterns is None:
+            continue
+        missing = [p for p in patterns if not any(pattern_covers(s, p) for s in subjects)]
+        if missing:
+            out.append(
+                f"subjects [{', '.join(subjects)}] do not capture source {name}'s copies ({', '.join(missing)}); "
+                f"its publishes would be refused: add {', '.join(missing)} to the stream's subjects"
+            )
+    if not cfg.get("allow_direct"):
+        out.append(
+            "allow_direct is false; the bridge reads copies back with Direct Get (restart recovery, the audit): "
+            "set allow_direct = true"
+        )
+    window = int(cfg.get("duplicate_window", 0)) / NS
+    if window < SHORT_WINDOW_ACK_TIMEOUTS * target.ack_timeout:
+        want = go_duration(duplicate_window(target.ack_timeout))
+        out.append(
+            f"duplicate window {go_duration(window)} is shorter than 2 x target.ack_timeout "
+            f"({go_duration(SHORT_WINDOW_ACK_TIMEOUTS * target.ack_timeout)}); a publish retried after an ack "
+            f"timeout may be stored twice: set duplicate_window = {want}"
+        )
+    retention = cfg.get("retention", "limits")
+    if retention != "limits":
+        out.append(
+            f"retention is {retention}; copies deleted by it cannot be read back by restart recovery, which then "
+            "replicates them again: use retention limits"
+        )
+    if cfg.get("discard") == "new" and (int(cfg.get("max_msgs", -1)) > 0 or int(cfg.get("max_bytes", -1)) > 0):
+        out.append(
+            "discard is new with max_msgs/max_bytes limits; once full, the aggregate refuses every copy and every "
+            "source blocks: set discard = old"
+        )
+    if cfg.get("storage") == "memory":
+        out.append("storage is memory; a server restart loses the copies restart recovery reads back: use file storage")
+    if cfg.get("no_ack"):
+        out.append("no_ack is true; the bridge stores nothing without a publish ack: set no_ack = false")
+    if cfg.get("sealed"):
+        out.append("the stream is sealed and refuses publishes: the aggregate needs an unsealed stream")
+    return out
+
+
+def consumer_differences(info: Mapping[str, Any], source: SourceConfig) -> list[str]:
+    """Why an existing consumer cannot serve the source (:func:`bridge.io.consumer.unfit_reasons`), and for a
+    managed one what the daemon's own update would be refused for."""
+    reasons = unfit_reasons(dict(info), source)
+    if source.manage_consumer:
+        policy = info.get("config", {}).get("deliver_policy")
+        if policy not in (None, "all"):
+            reasons.append(
+                f"deliver_policy is {policy!r}, the bridge's is 'all', and it cannot be updated: an operator must "
+                "delete the consumer (on a WorkQueue or Interest origin only once nothing is pending), or set "
+                "manage_consumer = false to bind it as it is"
+            )
+    return reasons
+
+
+def bucket_differences(cfg: Mapping[str, Any], lease_ttl: float) -> list[str]:
+    """What in an existing coordination bucket differs from what the bridge creates."""
+    out: list[str] = []
+    max_age = int(cfg.get("max_age", 0)) / NS
+    if max_age <= 0:
+        out.append(
+            "it has no TTL (max_age); leases in it would never expire: delete it or name another coordination.bucket"
+        )
+    elif abs(max_age - lease_ttl) >= 1e-3:
+        out.append(
+            f"max_age is {go_duration(max_age)}, coordination.lease_ttl {go_duration(lease_ttl)}; the bucket's wins "
+            f"(a crashed owner's sources move after {go_duration(max_age)}): set coordination.lease_ttl = "
+            f"{max_age:g}, or delete the bucket while no bridge runs"
+        )
+    history = int(cfg.get("max_msgs_per_subject", 0))
+    if history != HISTORY:
+        out.append(
+            f"history (max_msgs_per_subject) is {history}, the bridge's is {HISTORY}; older lease revisions are "
+            "kept for nothing: delete the bucket while no bridge runs, or leave it"
+        )
+    if not cfg.get("allow_direct"):
+        out.append("allow_direct is false; the bridge reads the leases with Direct Get: set allow_direct = true")
+    return out
+
+
+def origin_too_old(stream_info: Mapping[str, Any]) -> str | None:
+    """A sentence when the origin's server predates ack_policy flow_control (nats-server 2.14.0, API level 4).
+
+    Servers since 2.11 name their version and API level in every stream info (``_nats.ver``, ``_nats.level``);
+    one that does not is older still."""
+    metadata = stream_info.get("config", {}).get("metadata") or {}
+    level = str(metadata.get("_nats.level", ""))
+    version = metadata.get("_nats.ver")
+    if level.isdigit() and int(level) >= FLOW_CONTROL_API_LEVEL:
+        return None
+    runs = f"nats-server {version}" if version else "a nats-server older than 2.11"
+    return (
+        f"the origin runs {runs}; the bridge needs nats-server 2.14.0 or newer on the origin (ack_policy "
+        "flow_control): upgrade the origin's server"
+    )
+
+
+# --- reporting --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Line:
+    """One printed verdict: ``<status> <what>: <detail>`` (``created``/``would create``: ``<what> (<detail>)``)."""
+
+    status: str
+    what: str
+    detail: str = ""
+
+    def text(self) -> str:
+        if not self.detail:
+            body = self.what
+        elif self.status in (CREATED, WOULD_CREATE):
+            body = f"{self.what} ({self.detail})"
+        else:
+            body = f"{self.what}: {self.detail}"
+        return f"{self.status:<8} {body}"
+
+    @property
+    def problem(self) -> bool:
+        return self.status in PROBLEMS
+
+
+def exit_code(lines: Iterable[Line]) -> int:
+    """0 when nothing differs or failed (created, would create and ok lines only), else 1."""
+    return EXIT_PROBLEM if any(line.problem for line in lines) else EXIT_OK
+
+
+def _consumer_detail(src: SourceConfig) -> str:
+    filters = f", filter {', '.join(src.filter_subjects)}" if src.filter_subjects else ""
+    return (
+        f"ack_policy flow_control, deliver {src.deliver_subject}, max_ack_pending {src.max_ack_pending}, "
+        f"deliver_policy all{filters}"
+    )
+
+
+# --- the servers ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SourceResult:
+    """What setting up one source found: its lines and the subjects of its copies (None: unknown)."""
+
+    lines: list[Line] = field(default_factory=list)
+    subjects: list[str] | None = None
+
+
+async def _setup_source(src: SourceConfig, dry_run: bool) -> SourceResult:
+    result = SourceResult()
+    what = f"source {src.name}"
+    cwhat = f"consumer {src.stream}/{src.consumer} on {src.name}"
+    if src.subject_prefix or src.filter_subjects:
+        result.subjects = copy_subjects(src, None)
+    try:
+        nc = await open_connection(src, name=f"nats-bridge setup {src.name}", error_type=BridgeError)
+    except BridgeError as exc:
+        result.lines.append(Line(FAIL, what, str(exc)))
+        return result
+    api = JsApi(nc, src.api_prefix)
+    try:
+        try:
+            stream = await api.stream_info(src.stream, timeout=TIMEOUT)
+        except ApiError as exc:
+            result.lines.append(Line(FAIL, what, f"origin stream {src.stream!r}: {exc.description}"))
+            return result
+        origin_subjects = list(stream.get("config", {}).get("subjects") or [])
+        result.subjects = copy_subjects(src, origin_subjects)
+        if result.subjects is None:
+            result.lines.append(
+                Line(
+                    FAIL,
+                    what,
+                    f"origin stream {src.stream!r} has no subjects of its own (a mirror or a sourced stream), so the "
+                    "subjects of its copies are unknown: give the source a subject_prefix",
+                )
+            )
+        too_old = origin_too_old(stream)
+        if too_old:
+            result.lines.append(Line(FAIL, cwhat, too_old))
+            return result
+        result.lines += await _setup_consumer(api, src, cwhat, dry_run)
+    except BridgeError as exc:
+        result.lines.append(Line(FAIL, cwhat, str(exc)))
+    finally:
+        await nc.close()
+    return result
+
+
+async def _lookup_consumer(api: JsApi, src: SourceConfig) -> dict[str, Any] | None:
+    try:
+        return await api.consumer_info(src.stream, src.consumer, timeout=TIMEOUT)
+    except ApiError as exc:
+        if exc.err_code == CONSUMER_NOT_FOUND:
+            return None
+        raise
+
+
+def _consumer_lines(info: Mapping[str, Any], src: SourceConfig, cwhat: str) -> list[Line]:
+    reasons = consumer_differences(info, src)
+    if reasons:
+        return [Line(DIFFERS, cwhat, reason) for reason in reasons]
+    return [Line(EXISTS, cwhat, "ok")]
+
+
+async def _setup_consumer(api: JsApi, src: SourceConfig, cwhat: str, dry_run: bool) -> list[Line]:
+    info = await _lookup_consumer(api, src)
+    if info is not None:
+        return _consumer_lines(info, src, cwhat)
+    if not src.manage_consumer:
+        return [
+            Line(
+                MISSING,
+                cwhat,
+                "manage_consumer = false, so the operator creates it: a durable push consumer with ack_policy "
+                f"flow_control, flow_control true, idle_heartbeat 1s, deliver_subject {src.deliver_subject}, no "
+                "inactive_threshold (or set manage_consumer = true and run setup again)",
+            )
+        ]
+    if dry_run:
+        return [Line(WOULD_CREATE, cwhat, _consumer_detail(src))]
+    try:
+        await api.add_consumer(src.stream, desired_config(src), timeout=TIMEOUT)
+    except ApiError as exc:
+        if exc.err_code == CONSUMER_EXISTS:  # a twin created it in the meantime, with another configuration
+            raced = await _lookup_consumer(api, src)
+            if raced is not None:
+                return _consumer_lines(raced, src, cwhat)
+        if exc.err_code == INVALID_JSON:
+            return [
+                Line(
+                    FAIL,
+                    cwhat,
+                    f"the origin refused ack_policy flow_control ({exc.description}): the bridge needs nats-server "
+                    "2.14.0 or newer on the origin",
+                )
+            ]
+        return [Line(FAIL, cwhat, f"cannot create it: {exc.description} (err_code {exc.err_code})")]
+    return [Line(CREATED, cwhat, _consumer_detail(src))]
+
+
+async def _setup_aggregate(
+    config: BridgeConfig, needs: Mapping[str, Sequence[str] | None], replicas: int, dry_run: bool
+) -> list[Line]:
+    target = config.target
+    what = f"aggregate stream {target.stream}"
+    try:
+        nc = await open_connection(target, name="nats-bridge setup", error_type=BridgeError)
+    except BridgeError as exc:
+        return [Line(FAIL, "target", str(exc))]
+    api = JsApi(nc, target.api_prefix)
+    try:
+        info = await _lookup_stream(api, target.stream)
+        if info is None:
+            unknown = [name for name, subjects in needs.items() if subjects is None]
+            if unknown:
+                return [
+                    Line(
+                        FAIL,
+                        what,
+                        f"not created: the subjects of the copies of {', '.join(unknown)} are unknown (see the "
+                        "source's line); run setup again once they can be read, or give each a subject_prefix",
+                    )
+                ]
+            desired = aggregate_config(target, [s for subjects in needs.values() for s in subjects or []], replicas)
+            if dry_run:
+                return [Line(WOULD_CREATE, what, describe_aggregate(desired))]
+            try:
+                info = await api.create_stream(desired, timeout=TIMEOUT)
+            except ApiError as exc:
+                if exc.err_code != STREAM_NAME_IN_USE:
+                    return [Line(FAIL, what, f"cannot create it: {exc.description} (err_code {exc.err_code})")]
+                info = await _lookup_stream(api, target.stream)  # a twin created it meanwhile: compare theirs
+                if info is None:
+                    return [Line(FAIL, what, f"cannot create it: {exc.description}")]
+            else:
+                return [Line(CREATED, what, describe_aggregate(info.get("config", desired)))]
+    except BridgeError as exc:
+        return [Line(FAIL, what, str(exc))]
+    finally:
+        await nc.close()
+    differences = aggregate_differences(info.get("config", {}), target, needs)
+    if differences:
+        return [Line(DIFFERS, what, text) for text in differences]
+    unchecked = [name for name, subjects in needs.items() if subjects is None]
+    note = f" (not checked for the copies of {', '.join(unchecked)}: see the source's line)" if unchecked else ""
+    return [Line(EXISTS, what, "ok" + note)]
+
+
+async def _lookup_stream(api: JsApi, stream: str) -> dict[str, Any] | None:
+    try:
+        return await api.stream_info(stream, timeout=TIMEOUT)
+    except ApiError as exc:
+        if exc.err_code == STREAM_NOT_FOUND:
+            return None
+        raise
+
+
+async def _setup_bucket(config: BridgeConfig, dry_run: bool) -> list[Line]:
+    coordination = config.coordination
+    what = f"coordination bucket {coordination.bucket}"
+    side = bucket_side(config)
+    try:
+        nc = await open_connection(side, name="nats-bridge setup", error_type=BridgeError)
+    except BridgeError as exc:
+        return [Line(FAIL, what, str(exc))]
+    kv = KvBucket(nc, JsApi(nc, side.api_prefix), coordination.bucket)
+    detail = (
+        f"stream {kv.stream}, lease ttl {go_duration(coordination.lease_ttl)}, history {HISTORY}, "
+        f"{_replicas(coordination.replicas)}"
+    )
+    try:
+        info = await kv.lookup(TIMEOUT)
+        if info is None:
+            if dry_run:
+                return [Line(WOULD_CREATE, what, detail)]
+            info, created = await kv.create(coordination.lease_ttl, coordination.replicas, TIMEOUT)
+            if created:
+                return [Line(CREATED, what, detail)]
+    except BridgeError as exc:
+        return [Line(FAIL, what, str(exc))]
+    finally:
+        await nc.close()
+    differences = bucket_differences(info.get("config", {}), coordination.lease_ttl)
+    if differences:
+        return [Line(DIFFERS, what, text) for text in differences]
+    return [Line(EXISTS, what, "ok")]
+
+
+async def run_setup(config: BridgeConfig, *, dry_run: bool = False, replicas: int = 1) -> list[Line]:
+    """Set up (or, with ``dry_run``, only look at) everything ``config`` needs; print and return one line per
+    object, the aggregate first, then the bucket, then each source's consumer."""
+    results: dict[str, SourceResult] = {}
+
+    async def source(src: SourceConfig) -> None:
+        results[src.name] = await _setup_source(src, dry_run)
+
+    async with anyio.create_task_group() as tg:
+        for src in config.sources:
+            tg.start_soon(source, src)
+    needs = {src.name: results[src.name].subjects for src in config.sources}
+
+    found: dict[str, list[Line]] = {}
+
+    async def aggregate() -> None:
+        found["aggregate"] = await _setup_aggregate(config, needs, replicas, dry_run)
+
+    async def bucket() -> None:
+        found["bucket"] = await _setup_bucket(config, dry_run)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(aggregate)
+        if config.coordination.enabled:
+            tg.start_soon(bucket)
+    lines = [*found["aggregate"], *found.get("bucket", [])]
+    for src in config.sources:
+        lines += results[src.name].lines
+    for line in lines:
+        print(line.text(), flush=True)
+    return lines
+
+
+def setup(path: str, dry_run: bool = False, replicas: int = 1) -> int:
+    """``nats-bridge setup -c PATH [--dry-run] [--replicas N]``."""
+    config = load_config(path)
+    for warning in exposed_secrets(path, config):
+        print(f"WARN secrets: {warning}", flush=True)
+    lines = anyio.run(functools.partial(run_setup, config, dry_run=dry_run, replicas=replicas))
+    code = exit_code(lines)
+    if code == EXIT_OK:
+        print("dry run: nothing changed" if dry_run else "everything the bridge needs is in place", flush=True)
+    else:
+        print(
+            "some objects differ or could not be set up" + (" (dry run: nothing changed)" if dry_run else ""),
+            flush=True,
+        )
+    return code
+
+
+__all__ = [
+    "Line",
+    "aggregate_config",
+    "aggregate_differences",
+    "bucket_differences",
+    "consumer_differences",
+    "copy_subjects",
+    "duplicate_window",
+    "exit_code",
+    "go_duration",
+    "minimal_subjects",
+    "origin_too_old",
+    "pattern_covers",
+    "run_setup",
+    "setup",
+]
