@@ -39,7 +39,8 @@ def get_logger(**context: Any) -> Any:
 
 
 class Throttle:
-    """Lets one event through per ``interval`` seconds and counts the ones it held back.
+    """Lets one event through per ``interval`` seconds and counts the ones it held back; an event of a different
+    ``kind`` than the last one let through is news, and passes at once.
 
     nats-py reports every failed reconnect attempt (one per ``reconnect_time_wait``); during an outage that is
     two lines a second that say nothing new.
@@ -49,11 +50,12 @@ class Throttle:
         self.interval = interval
         self._last = -interval
         self._held = 0
+        self._kind: object = None
 
-    def allow(self, now: float) -> int | None:
+    def allow(self, now: float, kind: object = None) -> int | None:
         """None to stay quiet; otherwise how many events were held back since the last one let through."""
-        if now - self._last < self.interval:
+        if kind == self._kind and now - self._last < self.interval:
             self._held += 1
             return None
-        held, self._held, self._last = self._held, 0, now
+        held, self._held, self._last, self._kind = self._held, 0, now, kind
         return held

@@ -1,4 +1,9 @@
-"""``nats-bridge run``: replicate every configured source until SIGTERM/SIGINT."""
+"""``nats-bridge run``: replicate every configured source until SIGTERM/SIGINT.
+
+Every exit after the configuration was read ends with one ``bridge.stopped`` line: the reason, the uptime, per
+source the stored watermark and the messages replicated, and the exit code (0 after a drain, 2 when the HTTP
+listener cannot bind its address, 1 on anything unexpected, whose traceback follows).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ from pathlib import Path
 import anyio
 
 from bridge import logs
-from bridge.commands.common import EXIT_OK
+from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM
 from bridge.config import exposed_secrets, load_config
+from bridge.observe.http import ListenError
 
 
 def run(path: str) -> int:
@@ -20,7 +26,20 @@ def run(path: str) -> int:
     logs.configure(config.log.level, config.log.format)
     for warning in exposed_secrets(path, config):
         logs.get_logger(component="config").warning("config.secret_exposed", problem=warning)
-    anyio.run(Bridge(config, config_path=Path(path)).run)
+    bridge = Bridge(config, config_path=Path(path))
+    code, reason = EXIT_PROBLEM, ""
+    try:
+        anyio.run(bridge.run)
+        code = EXIT_OK
+    except ListenError:  # logged (http.listen_failed, with the fix) where the listener was bound
+        code = EXIT_CONFIG
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed: nothing was replicating yet
+        code, reason = EXIT_OK, "interrupted"
+    except BaseException as exc:
+        reason = f"fatal error: {type(exc).__name__}: {exc}"[:300]
+        raise  # the traceback follows the summary
+    finally:
+        bridge.log_stopped(code, reason or None)
     # drained and answered: a repeated SIGTERM during interpreter exit must not turn exit 0 into "killed"
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    return EXIT_OK
+    return code

@@ -6,6 +6,7 @@ GET and HEAD only, one request per connection, bounded concurrency and bounded t
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -17,6 +18,7 @@ from typing import Any, TypeAlias
 import anyio
 import anyio.abc
 import prometheus_client
+from anyio.streams.stapled import MultiListener
 
 MAX_HEAD_BYTES = 16 * 1024
 _LINGER_SECONDS = 1.0
@@ -64,6 +66,40 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise ValueError(expected)
     return host, int(port)
+
+
+def format_listen(host: str, port: int) -> str:
+    """``HOST:PORT``, with an IPv6 host in brackets: the form ``http.listen`` takes."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class ListenError(Exception):
+    """The listener could not bind its address: ``address`` (``HOST:PORT``), the ``cause``, and the ``fix``."""
+
+    def __init__(self, address: str, cause: str, fix: str) -> None:
+        super().__init__(f"cannot listen on {address}: {cause}")
+        self.address = address
+        self.cause = cause
+        self.fix = fix
+
+
+def listen_error(host: str, port: int, exc: OSError) -> ListenError:
+    """What a failed bind means for the operator: the address, why, and another ``http.listen`` to use."""
+    address = format_listen(host, port)
+    other = 'or http.listen = "" to run without health and metrics'
+    if exc.errno == errno.EADDRINUSE:
+        cause = "address already in use"
+        example = format_listen(host, port + 1 if 0 < port < 65535 else 9465)
+        fix = f'another process listens there (a second bridge?): set another http.listen, e.g. "{example}", {other}'
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        cause = "permission denied"
+        example = format_listen(host, 9465)
+        fix = f'ports below 1024 need privileges: set another http.listen, e.g. "{example}", {other}'
+    else:  # an unknown host name, an address no interface here has
+        cause = f"address not usable here: {exc.strerror or exc}"
+        example = format_listen("127.0.0.1", port or 9465)
+        fix = f'set another http.listen, e.g. "{example}", {other}'
+    return ListenError(address, cause, fix)
 
 
 class _HeadTooLarge(Exception):
@@ -121,10 +157,25 @@ class HttpServer:
         self._read_timeout = read_timeout
         self._max_connections = max_connections
         self._active = 0
+        self._listener: MultiListener[anyio.abc.SocketStream] | None = None
+
+    async def listen(self) -> int:
+        """Bind now (port 0 picks a free one) and return the bound port; raises :class:`ListenError` (the address,
+        the cause and the fix) when the address cannot be bound: in use, not permitted, no such host."""
+        if self._listener is None:
+            try:
+                self._listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
+            except OSError as exc:  # socket.gaierror (unknown host) is one too
+                raise listen_error(self.host, self.port, exc) from exc
+            self.port = self._listener.extra(anyio.abc.SocketAttribute.local_port)
+        return self.port
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Bind (port 0 picks a free one), report the bound port via ``task_status.started``, serve until cancelled."""
-        listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
+        """Bind unless :meth:`listen` already did, report the bound port via ``task_status.started``, serve until
+        cancelled (which closes the listener)."""
+        await self.listen()
+        listener, self._listener = self._listener, None
+        assert listener is not None
         async with listener, anyio.create_task_group() as tg:
             self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
             for sub in listener.listeners:

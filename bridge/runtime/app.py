@@ -31,16 +31,18 @@ from bridge.io.connect import ConnectionSettings, describe, drop_unsent_publishe
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.io.kv import KvBucket
 from bridge.logs import Throttle, get_logger
-from bridge.observe.http import HttpServer, Response, json_response, metrics_handler, parse_listen
+from bridge.observe.http import HttpServer, ListenError, Response, json_response, metrics_handler, parse_listen
 from bridge.observe.metrics import BridgeSnapshot, FleetSnapshot, Metrics
 from bridge.observe.systemd import Notifier, watchdog_loop
 from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
 from bridge.runtime.source import SourceRunner
+from bridge.runtime.waits import WaitLog
 
 if TYPE_CHECKING:
     from bridge.config import BridgeConfig, SourceConfig
 
 CONNECT_BACKOFF = Backoff(0.5, 15.0)
+CONNECT_LOG_EVERY = 30.0  # a first connect that keeps failing the same way is logged at most this often
 
 
 LOOP_BEAT = 1.0  # how often the event loop proves it is responsive (for /healthz and the systemd watchdog)
@@ -86,6 +88,14 @@ class Bridge:
         self._loop_beat = time.monotonic()
         self.fleet: FleetRunner | None = None  # with coordination enabled: who owns which source
         self._kv_nc: NATS | None = None  # the coordination bucket's own connection, when it has one
+        # for the stop summary (bridge.stopped): when it started, why it stops, and what the runners that ended did
+        self.started_at = time.monotonic()
+        self.stop_reason = ""
+        self._stopped_logged = False
+        self._closing = False  # the connections are being closed on purpose: no "disconnected" lines
+        self._ended: dict[str, dict[str, Any]] = {}
+        # per source, what it waits for before it has a runner (the target not connected yet)
+        self._unstarted_waits: dict[str, WaitLog] = {}
 
     @property
     def runners(self) -> list[SourceRunner]:
@@ -96,6 +106,9 @@ class Bridge:
         self, *, handle_signals: bool = True, on_started: Callable[[Bridge], Coroutine[Any, Any, None]] | None = None
     ) -> None:
         """Replicate until stopped; returns after every source drained."""
+        # the listener binds before anything is connected: an address that cannot be used stops the start (exit 2
+        # in `run`), rather than a daemon running without its health and metrics endpoints
+        server = await self._bind_http() if self.config.http.listen else None
         missing = wire.missing_hooks()
         if missing:
             self.log.warning(
@@ -112,11 +125,12 @@ class Bridge:
             tg.start_soon(watchdog_loop, self.notifier, self._loop_healthy)
             tg.start_soon(self._report_ready)
             tg.start_soon(self._announce_stopping)
-            if self.config.http.listen:
-                await tg.start(self._serve_http)
+            if server is not None:
+                tg.start_soon(self._serve_http, server)
             nc = await self._connect_target()
             if nc is None:  # stopped before the target was reachable
                 tg.cancel_scope.cancel()
+                self.log_stopped()
                 return
             target = self.config.target
             self._side = side = TargetSide(
@@ -140,6 +154,7 @@ class Bridge:
                     sources.start_soon(on_started, self)
             self._sources_tg = None
             tg.cancel_scope.cancel()
+        self._closing = True
         if self._kv_nc is not None:
             with anyio.CancelScope(shield=True):
                 try:
@@ -152,7 +167,57 @@ class Bridge:
                     await self._target_nc.close()
                 except Exception as exc:  # closing a dead connection; nothing left to lose
                     self.log.debug("target.close_failed", error=describe(exc))
-        self.log.info("bridge.stopped")
+        self.log_stopped()
+
+    # -- the stop summary ---------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """Per configured source, what this process did with it: the stored watermark (None if it was never read
+        back from the aggregate), the messages it replicated (over every runner it had, reloads and lease
+        changes included), and what it still waited for; sources it never ran are listed apart."""
+        sources: dict[str, dict[str, Any]] = {name: dict(totals) for name, totals in self._ended.items()}
+        for task in self._tasks.values():
+            if not task.done.is_set():  # still running (a stop cut short): its numbers so far
+                self._add_run(sources, task.runner)
+        names = [s.name for s in self.config.sources] + [n for n in sources if n not in self._names()]
+        summary: dict[str, Any] = {
+            "sources": {name: sources[name] for name in names if name in sources},
+            "not_started": [name for name in self._names() if name not in sources],
+        }
+        if self._target_nc is None:
+            summary["target"] = "never connected"
+        return summary
+
+    def _names(self) -> list[str]:
+        return [s.name for s in self.config.sources]
+
+    @staticmethod
+    def _add_run(into: dict[str, dict[str, Any]], runner: SourceRunner) -> None:
+        snap = runner.snapshot()
+        earlier = into.get(snap.source, {})
+        watermark = snap.watermark if runner.recovered else earlier.get("watermark")
+        entry: dict[str, Any] = {
+            "watermark": watermark,
+            "replicated": int(earlier.get("replicated", 0)) + snap.replicated_messages,
+        }
+        if runner.waits.reasons:
+            entry["waiting_for"] = runner.waits.reasons
+        into[snap.source] = entry
+
+    def log_stopped(self, exit_code: int = 0, reason: str | None = None) -> None:
+        """Log ``bridge.stopped`` once: why, after how long, each source's watermark and count, the exit code."""
+        if self._stopped_logged:
+            return
+        self._stopped_logged = True
+        reason = reason or self.stop_reason or "stopped"
+        level = "info" if exit_code == 0 else "error"
+        getattr(self.log, level)(
+            "bridge.stopped",
+            reason=reason,
+            exit_code=exit_code,
+            uptime_seconds=round(time.monotonic() - self.started_at, 3),
+            **self.summary(),
+        )
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
@@ -165,7 +230,9 @@ class Bridge:
                     # keep the handler installed while draining: the default action would kill us mid-drain
                     self.log.info("bridge.already_stopping", signal=signal.Signals(signum).name)
                     continue
-                self.log.info("bridge.stopping", signal=signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                self.log.info("bridge.stopping", signal=name)
+                self.stop_reason = f"signal {name}"
                 self.stop.set()
 
     # -- sources ------------------------------------------------------------------------------------------
@@ -188,6 +255,7 @@ class Bridge:
         try:
             await task.runner.run(task.stop)
         finally:
+            self._add_run(self._ended, task.runner)
             task.done.set()
 
     # -- ownership (coordination enabled) ---------------------------------------------------------------------
@@ -218,7 +286,12 @@ class Bridge:
 
     async def _connect_coordination(self) -> NATS | None:
         coordination = self.config.coordination
-        self._kv_nc = await self._connect(coordination, "coordination")  # type: ignore[arg-type]  # servers set
+        self._kv_nc = await self._connect(
+            coordination,  # type: ignore[arg-type]  # servers set
+            "coordination",
+            on_disconnected=self._coordination_disconnected,
+            on_reconnected=self._coordination_reconnected,
+        )
         if self._kv_nc is not None:
             self.log.info("coordination.connected", servers=list(coordination.servers or ()))
         return self._kv_nc
@@ -406,7 +479,18 @@ class Bridge:
         }
         return json_response(200 if ready else 503, body)
 
-    async def _serve_http(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def _serve_http(
+        self, server: HttpServer | None = None, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve ``/metrics``, ``/healthz`` and ``/readyz`` until cancelled; binds first unless ``server`` is bound."""
+        if server is None:
+            server = await self._bind_http()
+        task_status.started()
+        await server.serve()
+
+    async def _bind_http(self) -> HttpServer:
+        """The HTTP listener, bound (not serving yet); raises ``ListenError`` after logging ``http.listen_failed``
+        with the address and the fix."""
         host, port = parse_listen(self.config.http.listen)
         routes = {
             "/metrics": metrics_handler(self.metrics.registry),
@@ -414,33 +498,59 @@ class Bridge:
             "/readyz": self._readyz,
         }
         server = HttpServer(host, port, routes, log=self.log)
-        async with anyio.create_task_group() as tg:
-            try:
-                self.http_port = await tg.start(server.serve)
-            except OSError as exc:
-                # the listener is for operators; replication must not depend on it
-                self.log.error("http.listen_failed", listen=self.config.http.listen, error=str(exc))
-                task_status.started()
-                return
-            self.log.info("http.listening", host=host, port=self.http_port, paths=sorted(routes))
-            task_status.started()
+        try:
+            self.http_port = await server.listen()
+        except ListenError as exc:
+            self.log.error(
+                "http.listen_failed", listen=self.config.http.listen, error=exc.cause, fix=exc.fix, exit_code=2
+            )
+            self.stop_reason = f"http.listen {exc.address}: {exc.cause}"
+            raise
+        self.log.info("http.listening", host=host, port=self.http_port, paths=sorted(routes))
+        return server
 
     async def _connect_target(self) -> NATS | None:
         target = self.config.target
+        servers = list(target.servers)
+
+        def waiting(error: str) -> None:
+            # no source starts before the target is connected: each says that it waits for it (once)
+            for source in self.config.sources:
+                wait = self._unstarted_waits.setdefault(source.name, WaitLog(get_logger(source=source.name)))
+                wait.begin("target", servers=servers, error=error, stream=target.stream)
+
         self._target_nc = await self._connect(
             target,
             "target",
+            on_failed=waiting,
             on_disconnected=self._target_disconnected,
             on_reconnected=self._target_reconnected,
             on_error=self._target_error,
         )
         if self._target_nc is not None:
-            self.log.info("target.connected", servers=list(target.servers), stream=target.stream)
+            self.log.info("target.connected", servers=servers, stream=target.stream)
+            for wait in self._unstarted_waits.values():
+                wait.end("target")
+            self._unstarted_waits.clear()
         return self._target_nc
 
-    async def _connect(self, side: ConnectionSettings, role: str, **callbacks: Any) -> NATS | None:
-        """Connect to ``side``'s servers, retrying with backoff until connected or stopped (then None)."""
+    async def _connect(
+        self,
+        side: ConnectionSettings,
+        role: str,
+        *,
+        on_failed: Callable[[str], None] | None = None,
+        **callbacks: Any,
+    ) -> NATS | None:
+        """Connect to ``side``'s servers, retrying with backoff until connected or stopped (then None).
+
+        A side that never connected is not "disconnected": its failed attempts are logged as ``<role>.connect_failed``
+        (the servers and the cause), the first one at once, then at most every ``CONNECT_LOG_EVERY`` seconds while
+        the cause stays the same, with the attempts made and how many lines were held back. The callbacks are for
+        the live connection only (the callers ignore what nats-py reports while a first connect fails).
+        """
         attempt = 0
+        throttle = Throttle(CONNECT_LOG_EVERY)
         while not self.stop.is_set():
             attempt += 1
             try:
@@ -449,7 +559,19 @@ class Bridge:
                 )
             except BridgeError as exc:
                 delay = CONNECT_BACKOFF.delay(attempt)
-                self.log.warning(f"{role}.connect_failed", error=str(exc), retry_in=delay)
+                error = str(exc)
+                held = throttle.allow(time.monotonic(), error)
+                if held is not None:
+                    self.log.warning(
+                        f"{role}.connect_failed",
+                        servers=list(side.servers),
+                        error=error,
+                        attempts=attempt,
+                        similar_suppressed=held,
+                        retry_in=delay,
+                    )
+                if on_failed is not None:
+                    on_failed(error)
                 with anyio.move_on_after(delay):
                     await self.stop.wait()
         return None
@@ -479,16 +601,37 @@ class Bridge:
         )
 
     async def _target_disconnected(self) -> None:
+        if self._target_nc is None:
+            return  # a first connect that failed (nats-py closes it): never connected, so not "disconnected"
         # nats-py calls this after the old socket closed and before it reconnects: the only point at which
         # publishes it would replay out of order can still be taken back
-        dropped = drop_unsent_publishes(self._target_nc) if self._target_nc is not None else 0
-        if not self.stop.is_set():
-            self.log.warning("target.disconnected", unsent_publishes_dropped=dropped)
+        dropped = drop_unsent_publishes(self._target_nc)
+        if not self.stop.is_set() and not self._closing:
+            servers = list(self.config.target.servers)
+            self.log.warning("target.disconnected", servers=servers, unsent_publishes_dropped=dropped)
+            for runner in self.runners:  # none of them can publish until it is back
+                runner.waits.begin("target", servers=servers, error="connection lost, reconnecting")
 
     async def _target_reconnected(self) -> None:
+        if self._target_nc is None:
+            return
         self.log.info("target.reconnected")
         for runner in self.runners:
+            runner.waits.end("target")
             runner.target_reconnected()
+
+    async def _coordination_disconnected(self) -> None:
+        if self._kv_nc is None or self.stop.is_set() or self._closing:
+            return  # never connected yet (a failed first connect), or closing on purpose
+        self.log.warning(
+            "coordination.disconnected",
+            servers=list(self.config.coordination.servers or ()),
+            hint="leases are not renewed while it is down: owned sources are fenced after 4/5 of the TTL",
+        )
+
+    async def _coordination_reconnected(self) -> None:
+        if self._kv_nc is not None:
+            self.log.info("coordination.reconnected")
 
     async def _target_error(self, exc: Exception) -> None:
         suppressed = self._error_throttle.allow(time.monotonic())

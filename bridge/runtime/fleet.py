@@ -43,6 +43,7 @@ from bridge.errors import BridgeError
 from bridge.io.kv import KvBucket, KvConflict, json_object, parse_view
 from bridge.logs import get_logger
 from bridge.observe.metrics import FleetSnapshot, LeaseSnapshot
+from bridge.runtime.waits import WaitLog
 
 TICK = 0.05
 SETUP_BACKOFF = Backoff(1.0, 15.0)
@@ -102,6 +103,7 @@ class FleetRunner:
         self._tg: TaskGroup | None = None
         self._since: dict[str, float] = {}  # wall time each lease of ours was acquired
         self._changed = anyio.Event()  # set after every input the core was fed
+        self._waits: dict[str, WaitLog] = {}  # per source: waiting for its lease while another process owns it
 
     # -- views for the bridge --------------------------------------------------------------------------------
 
@@ -233,6 +235,7 @@ class FleetRunner:
                 getattr(self.log, effect.level)(effect.event, **effect.fields)
             elif isinstance(effect, StartSource):
                 self._since[effect.source] = time.time()
+                self._wait(effect.source).end("lease")
                 self.control.start(effect.source, self.fence(effect.source))
             elif isinstance(effect, StopSource):
                 if effect.graceful:
@@ -241,6 +244,31 @@ class FleetRunner:
                     self.control.abandon(effect.source)
             else:
                 self._spawn(self._request, effect)
+
+    def _wait(self, source: str) -> WaitLog:
+        wait = self._waits.get(source)
+        if wait is None:
+            wait = self._waits[source] = WaitLog(get_logger(source=source), self.clock)
+        return wait
+
+    def _note_standby(self) -> None:
+        """After a view: each source another live process owns is waited for (``source.waiting for=lease``,
+        logged when this process becomes its standby and when its owner changes, not per view)."""
+        fleet = self.fleet
+        for name in fleet.configured:
+            lease, holder = fleet.leases[name], fleet.holders.get(name)
+            if lease.state is LeaseState.STANDBY and holder is not None and holder.instance != self.instance:
+                self._wait(name).begin(
+                    "lease",
+                    level="info",
+                    key=(holder.instance, holder.incarnation),
+                    role="standby",
+                    owner=holder.instance,
+                    owner_host=holder.host or None,
+                    instance=self.instance,
+                )
+        for name in [n for n in self._waits if n not in fleet.configured]:
+            del self._waits[name]  # removed from the configuration: nothing to wait for
 
     def _spawn(self, func: Callable[[_T], Coroutine[Any, Any, None]], arg: _T) -> None:
         assert self._tg is not None
@@ -260,6 +288,7 @@ class FleetRunner:
                 self._perform(fleet.view_failed(str(exc), self.clock()))
                 return
             self._perform(fleet.viewed(view, sent_at, self.clock()))
+            self._note_standby()
         elif isinstance(effect, WritePresence):
             presence = {
                 "instance": self.instance,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import assert_never
+from typing import Any, assert_never
 
 import anyio
 from anyio.abc import TaskGroup
@@ -52,17 +52,19 @@ from bridge.core.effects import (
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
 from bridge.core.pipeline import EntryState, OutboundMessage
 from bridge.core.recovery import Copy, recover, recovery_depth
-from bridge.errors import ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable
+from bridge.errors import ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
 from bridge.io.connect import describe, error_fields
 from bridge.io.origin import OriginClient
 from bridge.io.target import AckOutcome
 from bridge.logs import Throttle, get_logger
 from bridge.observe.metrics import SourceObservers, SourceSnapshot
 from bridge.runtime.ports import OriginPort, OriginStream, PublisherPort, TargetPort
+from bridge.runtime.waits import WaitLog
 
 TICK = 0.1
 PUBLISH_BATCH = 256  # publishes written to the target in one command at most
 SETUP_BACKOFF = Backoff(1.0, 30.0)
+SETUP_LOG_EVERY = 30.0  # a setup that keeps failing the same way is logged at most this often
 
 
 def engine_settings(
@@ -118,8 +120,10 @@ class SourceRunner:
         self._stopping = False
         self._performing = False  # the executor is performing an effect (it may be suspended in it)
         self._error_throttle = Throttle()
+        self.waits = WaitLog(self.log, clock)  # what the source waits for (logged on each change)
         # observed state, for metrics, /readyz and status (never for decisions)
         self.origin_connected = False
+        self.recovered = False  # the watermark was read back from the aggregate (for the stop summary)
         self.last_error = ""
         self._replicated_bytes = 0
         self._last_replicated_origin_ns: int | None = None
@@ -177,20 +181,48 @@ class SourceRunner:
 
     async def _setup(self, stop: anyio.Event) -> None:
         attempt = 0
+        throttle = Throttle(SETUP_LOG_EVERY)  # the same failure again is logged at most this often
+        began: set[str] = set()
         while not stop.is_set():
             attempt += 1
             try:
                 await self._setup_once()
+                for reason in ("origin", "consumer", *sorted(began)):
+                    self.waits.end(reason)
                 return
             except (BridgeError, OSError) as exc:
                 self.last_error = str(exc)
                 delay = SETUP_BACKOFF.delay(attempt)
-                level = "error" if isinstance(exc, ConsumerUnfit) or attempt > 3 else "warning"
-                getattr(self.log, level)(
-                    "source.setup_failed", error=str(exc), error_type=type(exc).__name__, retry_in=delay
-                )
+                reason, fields = self._setup_wait(exc)
+                for passed in sorted(began - {reason}):  # e.g. the origin answers now, its consumer is unfit
+                    self.waits.end(passed)
+                self.waits.begin(reason, **fields)
+                began = {reason}
+                held = throttle.allow(self.clock(), (reason, type(exc).__name__))
+                if held is not None:
+                    level = "error" if isinstance(exc, ConsumerUnfit) or attempt > 3 else "warning"
+                    getattr(self.log, level)(
+                        "source.setup_failed",
+                        error=str(exc),
+                        error_type=type(exc).__name__,
+                        attempts=attempt,
+                        similar_suppressed=held,
+                        retry_in=delay,
+                    )
                 with anyio.move_on_after(delay):
                     await stop.wait()
+
+    def _setup_wait(self, exc: BaseException) -> tuple[str, dict[str, Any]]:
+        """What a failed setup waits for, and the fields that say why (for ``source.waiting``)."""
+        src = self.source
+        if self.engine.refusal is not None:  # the origin stream was recreated: refused until an operator acts
+            return "origin", {"servers": list(src.servers), "reason": self.engine.refusal}
+        if isinstance(exc, ConsumerUnfit):
+            return "consumer", {"consumer": src.consumer, "reason": str(exc)}
+        if isinstance(exc, TargetUnavailable):
+            return "target", {"error": str(exc)}
+        # not connected yet, or the origin's JetStream API does not answer (stream info, consumer create)
+        return "origin", {"servers": list(src.servers), "error": str(exc)}
 
     async def _setup_once(self) -> None:
         src, origin = self.source, self.origin
@@ -238,6 +270,7 @@ class SourceRunner:
         )
         if self.engine.refusal is not None:
             raise ConsumerUnfit(self.engine.refusal)
+        self.recovered = True
         self.log.info(
             "recovery.done",
             watermark=result.watermark,
@@ -393,13 +426,19 @@ class SourceRunner:
         self._emit(self.engine.target_reconnected(self.clock()))
 
     async def _on_disconnected(self) -> None:
+        if not self._connected:
+            return  # a first connect that failed (nats-py closes it): reported by setup, never "disconnected"
         self.origin_connected = False
         if not self._stopping:
-            self.log.warning("origin.disconnected")
+            self.log.warning("origin.disconnected", servers=list(self.source.servers))
+            self.waits.begin("origin", servers=list(self.source.servers), error="connection lost, reconnecting")
 
     async def _on_reconnected(self) -> None:
+        if not self._connected:
+            return
         self.origin_connected = True
         self.log.info("origin.reconnected")
+        self.waits.end("origin")
         self._emit(self.engine.source_reconnected(self.clock()))
 
     async def _on_error(self, exc: Exception) -> None:

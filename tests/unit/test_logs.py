@@ -20,6 +20,14 @@ def test_throttle_lets_one_event_through_per_interval_and_counts_the_rest() -> N
     assert throttle.allow(130.5) is None
 
 
+def test_throttle_lets_a_different_kind_of_event_through_at_once() -> None:
+    throttle = logs.Throttle(interval=30.0)
+    assert throttle.allow(100.0, "connection refused") == 0
+    assert throttle.allow(101.0, "connection refused") is None
+    assert throttle.allow(102.0, "authorization violation") == 1  # news: the cause changed
+    assert throttle.allow(103.0, "authorization violation") is None
+
+
 def test_json_lines_when_not_a_terminal() -> None:
     out = io.StringIO()
     logs.configure("info", "auto", stream=out)

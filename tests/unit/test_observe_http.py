@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,7 +16,17 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.observe.http import Handler, HttpServer, Response, json_response, metrics_handler, parse_listen
+from bridge.observe.http import (
+    Handler,
+    HttpServer,
+    ListenError,
+    Response,
+    format_listen,
+    json_response,
+    listen_error,
+    metrics_handler,
+    parse_listen,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -255,3 +267,49 @@ def test_parse_listen(value: str, expected: tuple[str, int]) -> None:
 def test_parse_listen_rejects(value: str) -> None:
     with pytest.raises(ValueError, match=r"expected HOST:PORT"):
         parse_listen(value)
+
+
+async def test_listen_binds_before_serving_and_serve_uses_that_socket() -> None:
+    server = HttpServer("127.0.0.1", 0, {"/health": ok})
+    port = await server.listen()
+    assert port == server.port != 0
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            assert await tg.start(server.serve) == port
+            assert (await get(port, "/health"))[0] == 200
+            tg.cancel_scope.cancel()
+
+
+async def test_an_address_in_use_is_a_listen_error_with_the_address_and_the_fix() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ListenError) as caught:
+            await HttpServer("127.0.0.1", port, {"/health": ok}).listen()
+    err = caught.value
+    assert err.address == f"127.0.0.1:{port}" and err.cause == "address already in use"
+    assert f'e.g. "127.0.0.1:{port + 1}"' in err.fix and 'http.listen = ""' in err.fix
+    assert "without health and metrics" in err.fix
+    assert str(err) == f"cannot listen on 127.0.0.1:{port}: address already in use"
+
+
+async def test_an_unknown_host_is_a_listen_error() -> None:
+    with pytest.raises(ListenError) as caught:
+        await HttpServer("no-such-host.invalid", 9464, {"/health": ok}).listen()
+    assert caught.value.address == "no-such-host.invalid:9464"
+    assert caught.value.cause.startswith("address not usable here")
+    assert 'e.g. "127.0.0.1:9464"' in caught.value.fix
+
+
+def test_a_denied_port_suggests_an_unprivileged_one() -> None:
+    err = listen_error("0.0.0.0", 80, PermissionError(errno.EACCES, "Permission denied"))
+    assert err.cause == "permission denied" and 'e.g. "0.0.0.0:9465"' in err.fix and "below 1024" in err.fix
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "expected"), [("127.0.0.1", 9464, "127.0.0.1:9464"), ("::1", 9464, "[::1]:9464")]
+)
+def test_format_listen_is_what_parse_listen_reads(host: str, port: int, expected: str) -> None:
+    assert format_listen(host, port) == expected
+    assert parse_listen(expected) == (host, port)

@@ -89,6 +89,7 @@ def test_notify_type_watchdog_and_restart(unit: dict[str, dict[str, list[str]]])
     assert seconds(last(unit, "Service", "WatchdogSec")) > 0
     assert last(unit, "Service", "Restart") == "on-failure"
     assert seconds(last(unit, "Service", "RestartSec")) > 0
+    assert last(unit, "Service", "RestartPreventExitStatus") == "2"  # a configuration error is not retried
 
 
 def test_stop_timeout_leaves_room_for_the_drain(unit: dict[str, dict[str, list[str]]]) -> None:
