@@ -7,7 +7,11 @@
 #
 # Configuration: mount the file at /etc/nats-bridge/bridge.toml (no VOLUME is declared: it would give every
 # container an anonymous volume there, masking what is mounted more narrowly), and pass secrets as NATS_BRIDGE_*
-# environment variables. For /metrics, /healthz and /readyz to be reachable from outside the container
+# environment variables. The bridge runs as uid 10001, gid 10001 (USER below): that user or group must be able
+# to read the mounted file, and every nkey, creds, CA, certificate or key file it names. On the host, for
+# example: chgrp 10001 bridge.toml && chmod 0640 bridge.toml (0644 when it holds no secret: `run` warns about a
+# password or token in a file every user can read). A file it cannot read stops `run` with exit 2 and the reason.
+# For /metrics, /healthz and /readyz to be reachable from outside the container
 # (Kubernetes probes, Prometheus, -p 9464:9464), the file must set [http] listen = "0.0.0.0:9464"; the
 # HEALTHCHECK below runs inside, where the default 127.0.0.1:9464 answers too. Keep the port 9464 (or change
 # the HEALTHCHECK with it) and the listener enabled.
@@ -47,6 +51,7 @@ COPY --from=builder /opt/nats-bridge /opt/nats-bridge
 ENV PATH=/opt/nats-bridge/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
+# The mounted configuration must be readable by this uid or gid (10001): see the top of this file.
 USER 10001:10001
 EXPOSE 9464
 # /healthz answers from the daemon's event loop: a blocked loop fails this check. Exit status 1 on any error

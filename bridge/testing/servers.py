@@ -286,9 +286,11 @@ class NatsServer:
                 lines.append(f"  reconnect: {conf_str(_LEAF_RECONNECT)}")
                 lines.append("  remotes: [")
                 for url in self.leaf_remotes:
+                    if not self.remote_extra:
+                        lines.append(f"    {{ url: {conf_str(url)} }}")
+                        continue
                     lines.append(f"    {{ url: {conf_str(url)}")
-                    if self.remote_extra:
-                        lines.append(_indent(self.remote_extra, "      "))
+                    lines.append(_indent(self.remote_extra, "      "))
                     lines.append("    }")
                 lines.append("  ]")
             lines.append("}")

@@ -130,6 +130,20 @@ def test_final_stage_runs_as_a_non_root_user(final: list[Instruction]) -> None:
     assert all(i.keyword != "RUN" for i in final[position:])
 
 
+def test_the_comments_say_which_user_must_read_the_mounted_configuration(final: list[Instruction]) -> None:
+    """The operator mounts the configuration: the Dockerfile names the uid (and gid) that must be able to read it,
+    and they are the ones USER sets."""
+    uid, _, gid = only(final, "USER").args.partition(":")
+    comments = " ".join(
+        line.strip().lstrip("#").strip() for line in DOCKERFILE.read_text().splitlines() if line.strip().startswith("#")
+    )
+    assert f"uid {uid}" in comments and f"gid {gid or uid}" in comments, "name the user that reads the config"
+    assert "/etc/nats-bridge/bridge.toml" in comments and "read the mounted file" in comments
+    lines = DOCKERFILE.read_text().splitlines()
+    above_user = lines[only(final, "USER").line - 2]
+    assert above_user.startswith("#") and uid in above_user and "configuration" in above_user, above_user
+
+
 def test_final_stage_copies_only_the_venv_and_installs_nothing(final: list[Instruction]) -> None:
     copies = [i for i in final if i.keyword in ("COPY", "ADD")]
     assert [i.args for i in copies] == [f"--from=builder {VENV} {VENV}"]
