@@ -75,8 +75,9 @@ def _best(reps: int, run: Any) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Run the measurement; returns the exit code."""
-    from bridge.audit.job import AuditOptions, read_stream, run_audit, spark_session, stop_spark
+    from bridge.audit.job import AuditOptions, read_stream, run_audit
     from bridge.config import BridgeConfig, SourceConfig, TargetConfig
+    from bridge.spark.session import spark_session, stop_spark
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-audit-"))
     hub = NatsServer(workdir / "hub", name="hub", max_file_store="16GB")

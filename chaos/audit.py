@@ -60,8 +60,9 @@ def audit_results(results: list[ScenarioResult], workdirs: list[Path], *, binary
     """Audit each scenario's aggregate (its hub restarted on the store it left) and record the comparison in
     ``result.audit`` and, on disagreement, ``result.problems``. Removes a passing scenario's directory unless
     ``keep``."""
-    from bridge.audit.job import AuditOptions, run_audit, spark_session, stop_spark
+    from bridge.audit.job import AuditOptions, run_audit
     from bridge.config import BridgeConfig, SourceConfig, TargetConfig
+    from bridge.spark.session import spark_session, stop_spark
 
     spark = spark_session()
     try:

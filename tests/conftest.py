@@ -28,11 +28,17 @@ def pytest_report_header(config: pytest.Config) -> str:
         return f"nats-server: unavailable: {exc}"
 
 
+_SPARK_MODULES = ("test_audit_", "test_spark_", "test_ingest")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test under tests/integration/ as ``integration``, so ``-m 'not integration'`` skips them."""
+    """Mark every test under tests/integration/ as ``integration``, so ``-m 'not integration'`` skips them, and
+    every test of Spark (the audit, the stream reader and sink, ingest) as ``spark``."""
     for item in items:
         if item.path.is_relative_to(_INTEGRATION_DIR):
             item.add_marker(pytest.mark.integration)
+        if "spark" in getattr(item, "fixturenames", ()) or item.path.name.startswith(_SPARK_MODULES):
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -96,7 +102,7 @@ def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark", reason="the audit extra is not installed: pip install -e '.[test,audit]'")
     from pyspark import SparkContext
 
-    from bridge.audit.job import spark_session, stop_spark
+    from bridge.spark.session import spark_session, stop_spark
 
     session = spark_session(local_cores=2)
     jvm = SparkContext._gateway.proc  # type: ignore[union-attr]

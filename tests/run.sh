@@ -24,7 +24,9 @@ old=.cache/nats-server-2.14.0
 .venv/bin/mypy
 
 echo "== integration tests on nats-server 2.14.0 =="
-NATS_SERVER_BIN="$PWD/$old/bin/nats-server" .venv/bin/python -m pytest -q -m integration -p no:cacheprovider
+# (the Spark tests read the hub's aggregate through the reader and sink, which do not depend on the origin's server
+# version: they run once, below, on 2.15.1)
+NATS_SERVER_BIN="$PWD/$old/bin/nats-server" .venv/bin/python -m pytest -q -m "integration and not spark" -p no:cacheprovider
 echo "== all tests on nats-server 2.15.1 =="
 .venv/bin/python -m pytest -q -p no:cacheprovider
 echo "== chaos smoke set on nats-server 2.15.1, each aggregate then audited (nats-bridge audit must agree) =="

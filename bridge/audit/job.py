@@ -11,16 +11,10 @@ this process (a notebook, a test run) is used as it is and left running.
 from __future__ import annotations
 
 import asyncio
-import atexit
-import functools
 import math
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,111 +24,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bridge.audit import analysis as an
-from bridge.audit.datasource import JetStreamDataSource, stream_bounds
-from bridge.audit.options import ReadOptions, side_options
 from bridge.audit.report import AuditReport, SourceReport, write_chart, write_json
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig
 from bridge.errors import AuditError
+from bridge.spark.options import ReadOptions, side_options
+from bridge.spark.read import stream_bounds
+from bridge.spark.session import prepare, running_session, spark_session, stop_spark
 
 EXAMPLES = 20  # ranges of each kind kept per source in the report (Parquet has them all)
 BUCKETS = 200  # points of the latency-over-time chart
-
-
-ARCHIVE = "nats_bridge.zip"  # the name the package has on the executors' Python path
-
-
-@functools.cache
-def package_archive() -> Path:
-    """The ``bridge`` package as a zip, built once per process: every session of the run ships the same file, and
-    it stays until the process exits (a cluster's executors fetch it from the driver while the session lives)."""
-    root = Path(__file__).resolve().parents[1]
-    where = Path(tempfile.mkdtemp(prefix="nats-bridge-audit-"))
-    atexit.register(shutil.rmtree, where, ignore_errors=True)
-    archive = where / ARCHIVE
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                zf.write(path, path.relative_to(root.parent))
-    return archive
-
-
-def _ship_package(spark: SparkSession) -> None:
-    """Put the package on the executors' Python path, once per session (a second add of the same file is only a
-    warning, but one worth not printing)."""
-    sc = spark.sparkContext
-    archive = package_archive()
-    if not any(f.endswith(f"/{archive.name}") for f in sc.listFiles):
-        sc.addPyFile(str(archive))
-
-
-def prepare(spark: SparkSession) -> SparkSession:
-    """Make ``spark`` ready for the audit, whoever started it: the ``jetstream`` data source registered, ``seq``
-    bounds pushed down to it, and the package shipped to its executors."""
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")  # seq bounds reach the jetstream source
-    spark.dataSource.register(JetStreamDataSource)
-    _ship_package(spark)
-    return spark
-
-
-def running_session() -> SparkSession | None:
-    """The session of the Spark context already running in this process, if any (never a new JVM)."""
-    from pyspark import SparkContext
-
-    if SparkContext._active_spark_context is None:
-        return None
-    return SparkSession.builder.getOrCreate()
-
-
-def spark_session(master: str | None = None, *, local_cores: int | None = None) -> SparkSession:
-    """The audit's Spark session: embedded ``local[*]`` (or ``local[<local_cores>]``) by default, ``master`` when
-    given, spark-submit's when launched by it; ready for the audit (:func:`prepare`)."""
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit (or pyspark's shell) already chose a master
-    builder = SparkSession.builder.appName("nats-bridge-audit")
-    if master is None and not submitted:
-        # the executors must run this interpreter, with this environment's packages
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else Spark warns that the host name is loopback
-        log4j = Path(__file__).with_name("log4j2.properties")
-        builder = (
-            builder.master(f"local[{local_cores or '*'}]")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
-            # the audit's shuffles group by source: few keys, so few partitions (AQE splits skew if needed)
-            .config("spark.sql.shuffle.partitions", str(local_cores or os.cpu_count() or 1))
-        )
-    elif master is not None:
-        builder = builder.master(master)
-    spark = (
-        builder.config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return prepare(spark)
-
-
-def stop_spark(spark: SparkSession, timeout: float = 20.0) -> None:
-    """Stop ``spark`` and the JVM pyspark launched for it, by its PID (its Python workers exit with it), so no
-    process outlives the audit that started it. A session whose JVM pyspark did not launch is only stopped."""
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    proc = getattr(gateway, "proc", None)
-    spark.stop()
-    if gateway is None or proc is None:
-        return
-    gateway.shutdown()
-    SparkContext._gateway = None  # the next session launches a JVM of its own
-    SparkContext._jvm = None
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout)
 
 
 def read_stream(spark: SparkSession, options: dict[str, str]) -> tuple[DataFrame, int]:
@@ -323,7 +221,7 @@ def run_audit(
                 "which the audit uses; run it in a process of its own to choose the master"
             )
     own = spark is None
-    spark = spark_session(options.master) if spark is None else prepare(spark)
+    spark = spark_session(options.master, app_name="nats-bridge-audit") if spark is None else prepare(spark)
     try:
         return _audit(config, options, spark, progress, started)
     finally:

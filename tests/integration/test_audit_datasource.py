@@ -16,11 +16,11 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from bridge.audit.datasource import read_range
 from bridge.audit.job import read_stream
-from bridge.audit.options import ReadOptions
-from bridge.audit.rows import payload_hash
 from bridge.errors import AuditError
+from bridge.spark.options import ReadOptions
+from bridge.spark.read import read_range
+from bridge.spark.rows import payload_hash
 from bridge.testing.jetstream import Publisher, connect, create_stream, js_request
 from bridge.testing.servers import Topology
 

@@ -28,10 +28,11 @@ import structlog
 from nats.aio.client import Client
 
 from bridge import cli
-from bridge.audit.job import ARCHIVE, AuditOptions, package_archive, prepare, run_audit
+from bridge.audit.job import AuditOptions, run_audit
 from bridge.audit.report import AuditReport, SourceReport
 from bridge.config import load_config
 from bridge.core import headers as hdr
+from bridge.spark.session import ARCHIVE, package_archive, prepare
 from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
 from bridge.testing.jetstream import (
     Publisher,
@@ -356,7 +357,7 @@ async def test_the_package_is_shipped_to_the_executors_in_embedded_mode(spark: A
     assert len(on_path) == 1, "the executors' Python path holds the shipped package"
     with zipfile.ZipFile(on_path[0]) as zf:
         names = set(zf.namelist())
-    assert {"bridge/__init__.py", "bridge/audit/datasource.py", "bridge/io/directget.py"} <= names
+    assert {"bridge/__init__.py", "bridge/spark/datasource.py", "bridge/io/directget.py"} <= names
 
 
 def test_the_demo_replicates_and_its_audit_is_clean(spark: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyarrow", reason="the audit extra is not installed")
 
-from bridge.audit.datasource import plan_ranges
-from bridge.audit.options import ReadOptions, side_options
 from bridge.audit.report import SourceReport
-from bridge.audit.rows import BatchBuilder, _Seconds, arrow_schema, payload_hash, rfc3339_micros
 from bridge.config import AuthConfig, SourceConfig, TargetConfig, TlsConfig
 from bridge.errors import AuditError
 from bridge.io.directget import StoredMessage
+from bridge.spark.options import ReadOptions, side_options
+from bridge.spark.read import plan_ranges
+from bridge.spark.rows import BatchBuilder, _Seconds, arrow_schema, payload_hash, rfc3339_micros
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 

@@ -1,5 +1,9 @@
 """The ``jetstream`` data source's options, and the options that read one side of a bridge configuration.
 
+The stream reader's own options (``startingSequence``, ``startingTime``, ``latest``, ``maxMessagesPerTrigger``,
+``failOnDataLoss``) are parsed here too, under their Spark-style names (keys are case-insensitive); the batch
+reader refuses them (:meth:`ReadOptions.stream_only`).
+
 Spark hands a data source its options as strings (keys case-insensitive). They are validated once, with the same
 rules as the bridge's configuration (:mod:`bridge.config`), and a bad one is reported by its option name with the
 fix. ``password`` and ``token`` match Spark's default ``spark.redaction.regex``, so Spark masks them in plans and
@@ -8,11 +12,12 @@ its UI; they never appear in this module's errors.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bridge.config import (
     AuthConfig,
@@ -32,6 +37,16 @@ ALL_HEADERS = "*"
 # option name -> (nested model, its field) for the keys that build AuthConfig and TlsConfig
 _AUTH_OPTIONS = {name: name for name in ("user", "password", "token", "nkey_seed_file", "creds_file")}
 _TLS_OPTIONS = {"tls_ca_file": "ca_file", "tls_cert_file": "cert_file", "tls_key_file": "key_file"}
+# the stream reader's options: Spark-style name (as written in errors) by field
+STREAM_OPTIONS = {
+    "starting_sequence": "startingSequence",
+    "starting_time": "startingTime",
+    "latest": "latest",
+    "max_messages_per_trigger": "maxMessagesPerTrigger",
+    "fail_on_data_loss": "failOnDataLoss",
+}
+_STREAM_FIELDS = {name.lower(): field for field, name in STREAM_OPTIONS.items()}
+_STARTS = ("starting_sequence", "starting_time", "latest")
 
 
 def _between(low: int, high: int) -> AfterValidator:
@@ -61,6 +76,28 @@ class ReadOptions(BaseModel):
     headers: list[str] | None = None  # None: every header
     payloads: bool = False
     timeout: Seconds = 10.0
+    # the stream reader's (spark.readStream) options
+    starting_sequence: Annotated[int, _between(1, 2**63 - 1)] | None = None
+    starting_time: AwareDatetime | None = None
+    latest: bool = False
+    max_messages_per_trigger: Annotated[int, _between(1, 1_000_000_000)] | None = None
+    fail_on_data_loss: bool = True
+
+    @model_validator(mode="after")
+    def _one_start(self) -> ReadOptions:
+        given = [STREAM_OPTIONS[f] for f in _STARTS if f in self.model_fields_set and getattr(self, f)]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} given: a query starts at one place, give one of them")
+        return self
+
+    @property
+    def starting_time_utc(self) -> dt.datetime | None:
+        """``startingTime`` in UTC."""
+        return None if self.starting_time is None else self.starting_time.astimezone(dt.UTC)
+
+    def stream_only(self) -> list[str]:
+        """The stream reader's options given here (by their Spark names): the batch reader refuses them."""
+        return [name for field, name in STREAM_OPTIONS.items() if field in self.model_fields_set]
 
     @property
     def api_prefix(self) -> str:
@@ -85,6 +122,8 @@ class ReadOptions(BaseModel):
                 )
             elif name in ("servers", "filter_subjects"):
                 data[name] = [item.strip() for item in value.split(",") if item.strip()]
+            elif name in _STREAM_FIELDS:
+                data[_STREAM_FIELDS[name]] = value
             elif name == "path":
                 continue  # Spark adds it for load(path); a stream is named by the stream option
             else:
@@ -100,6 +139,8 @@ class ReadOptions(BaseModel):
 
 
 def _option_name(loc: tuple[int | str, ...]) -> str:
+    if len(loc) >= 1 and loc[0] in STREAM_OPTIONS:
+        return STREAM_OPTIONS[str(loc[0])]
     if len(loc) >= 2 and loc[0] == "tls":
         return f"tls_{loc[1]}"
     if len(loc) >= 2 and loc[0] == "auth":
@@ -117,7 +158,8 @@ def _problems(exc: ValidationError) -> list[str]:
             message = (
                 "unknown option: use servers, stream, domain, user, password, token, nkey_seed_file, creds_file, "
                 "tls_ca_file, tls_cert_file, tls_key_file, filter_subjects, batch, max_bytes, partitions, "
-                "rows_per_partition, headers, payloads, timeout"
+                "rows_per_partition, headers, payloads, timeout; for readStream also startingSequence, "
+                "startingTime, latest, maxMessagesPerTrigger, failOnDataLoss"
             )
         else:
             message = err["msg"].removeprefix("Value error, ")

@@ -3,7 +3,11 @@
 One row per stored message: ``stream``, ``seq``, ``subject``, ``timestamp`` (the store time, microseconds, UTC),
 ``size`` (payload bytes), ``payload_hash`` (BLAKE2b, 8 bytes, as a signed 64-bit integer: equal payloads hash
 equal, so a copy can be compared with its original without moving payloads), ``headers`` (the message's own
-headers as a map; all of them, or the names asked for) and, when asked for, ``payload``.
+headers as a map; all of them, or the names asked for), the bridge's provenance as typed columns (``source``,
+``origin_stream``, ``origin_seq``, ``origin_time``: from ``Bridge-Source``, ``Bridge-Stream``, ``Bridge-Seq`` and
+``Bridge-Time``, parsed by :func:`bridge.core.headers.parse_provenance` from all the message's headers whatever
+the ``headers`` option keeps; null on a message that is not a bridge copy, ``origin_time`` also null without
+``Bridge-Time``) and, when asked for, ``payload``.
 
 Columns are built per batch of messages from Python lists in one call each: Spark takes Arrow batches from a
 Python data source without converting row by row.
@@ -18,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
+from bridge.core.headers import parse_provenance
 from bridge.io.directget import StoredMessage
 
 _BASE_FIELDS = [
@@ -28,6 +33,11 @@ _BASE_FIELDS = [
     ("size", "int", pa.int32()),
     ("payload_hash", "bigint", pa.int64()),
     ("headers", "map<string,string>", pa.map_(pa.string(), pa.string())),
+    # provenance (bridge.core.headers), null on a message the bridge did not write
+    ("source", "string", pa.string()),
+    ("origin_stream", "string", pa.string()),
+    ("origin_seq", "bigint", pa.int64()),
+    ("origin_time", "timestamp", pa.timestamp("us", tz="UTC")),
 ]
 _PAYLOAD_FIELD = ("payload", "binary", pa.binary())
 
@@ -102,6 +112,7 @@ class BatchBuilder:
             headers = [list(m.headers.items()) for m in messages]
         else:
             headers = [[(n, m.headers[n]) for n in wanted if n in m.headers] for m in messages]
+        provenance = [parse_provenance(m.headers) for m in messages]
         columns = [
             pa.array([self.stream] * len(messages), pa.string()),
             pa.array([m.seq for m in messages], pa.int64()),
@@ -110,6 +121,13 @@ class BatchBuilder:
             pa.array([len(m.payload) for m in messages], pa.int32()),
             pa.array([payload_hash(m.payload) for m in messages], pa.int64()),
             pa.array(headers, pa.map_(pa.string(), pa.string())),
+            pa.array([p and p.source for p in provenance], pa.string()),
+            pa.array([p and p.stream for p in provenance], pa.string()),
+            pa.array([p and p.stream_seq for p in provenance], pa.int64()),
+            pa.array(
+                [p.timestamp_ns // 1000 if p is not None and p.timestamp_ns else None for p in provenance],
+                pa.timestamp("us", tz="UTC"),
+            ),
         ]
         if self.payloads:
             columns.append(pa.array([m.payload for m in messages], pa.binary()))
