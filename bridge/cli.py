@@ -1,7 +1,9 @@
-"""The ``nats-bridge`` command: ``run``, ``check``, ``setup``, ``status``, ``reset``, ``audit`` and ``demo``.
+"""The ``nats-bridge`` command: ``run``, ``check``, ``setup``, ``status``, ``reset``, ``audit``, ``ingest``,
+``demo``.
 
-Exit codes: 0 success; 1 a check, setup, the audit or the demo found a problem, or the bridge could not run; 2 invalid
-configuration or usage (one line per problem, no traceback); 3 the audit could not read a stream (nothing judged).
+Exit codes: 0 success; 1 a check, setup, the audit, ingest or the demo found a problem, or the bridge could not
+run; 2 invalid configuration or usage (one line per problem, no traceback); 3 the audit could not read a stream
+(nothing judged), or Spark is not installed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 
 from bridge import __version__
 from bridge.commands import audit as audit_command
+from bridge.commands import ingest as ingest_command
 from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded
 
 __all__ = ["EXIT_CONFIG", "EXIT_OK", "EXIT_PROBLEM", "EXIT_UNAUDITED", "main"]
@@ -63,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
     audit_command.add_arguments(sub.add_parser("audit", help=audit_command.HELP))
+    ingest_command.add_arguments(sub.add_parser("ingest", help=ingest_command.HELP))
 
     demo = sub.add_parser("demo", help="start a local leaf and hub, replicate a workload, print the counts")
     demo.add_argument("--messages", type=int, default=50_000, help="messages to publish (default 50000)")
@@ -111,6 +115,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return reset(args.config, args.source, args.seq, args.yes)
     if args.command == "audit":
         return audit_command.audit(args.config, args.origin_too, args.out, args.master, args.json)
+    if args.command == "ingest":
+        return ingest_command.ingest(
+            args.config, args.to, args.checkpoint, args.trigger, args.master, args.max_messages_per_trigger
+        )
     if args.command == "demo":
         from bridge.commands.demo import run_demo
 
