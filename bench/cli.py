@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import audit, publish_modes, report
+from bench import audit, publish_modes, report, stream
 from bench.model import BRIDGE, BRIDGE_EDGE, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
 from bench.procs import git_revision, machine
@@ -136,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
     run.add_argument("--keep", action="store_true", help="keep every measurement's server and bridge files")
     audit.parser(sub)
+    stream.parser(sub)
     publish_modes.parser(sub)
     return parser
 
@@ -175,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "audit":
         return audit.run(args)
+    if args.command == "stream":
+        return stream.run(args)
     if args.command == "publish-modes":
         return publish_modes.run(args)
     quick: bool = args.quick
