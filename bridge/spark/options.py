@@ -15,9 +15,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bridge.config import (
     AuthConfig,
@@ -30,7 +30,8 @@ from bridge.config import (
     TlsConfig,
     api_prefix,
 )
-from bridge.errors import AuditError
+from bridge.config.validators import int_between
+from bridge.errors import AuditError, BridgeError
 
 ALL_HEADERS = "*"
 
@@ -49,38 +50,111 @@ _STREAM_FIELDS = {name.lower(): field for field, name in STREAM_OPTIONS.items()}
 _STARTS = ("starting_sequence", "starting_time", "latest")
 
 
-def _between(low: int, high: int) -> AfterValidator:
-    def check(value: int) -> int:
-        if not low <= value <= high:
-            raise ValueError(f"must be between {low} and {high}")
-        return value
+class StreamOptions(BaseModel):
+    """Where a stream is and how to reach it: what the reader's and the sink's options share.
 
-    return AfterValidator(check)
-
-
-class ReadOptions(BaseModel):
-    """What one read of a stream needs. Build it with :meth:`parse` from a data source's options."""
+    Subclasses add their own fields and say how their errors read (``KIND``, ``KNOWN``, ``ERROR``, ``SPARK_NAMES``);
+    :meth:`parse` turns Spark's string options into the model for all of them.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    KIND: ClassVar[str] = "data source"  # in the error's first line
+    KNOWN: ClassVar[str] = "servers, stream, domain, user, password, token, nkey_seed_file, creds_file, tls_*"
+    ERROR: ClassVar[type[BridgeError]] = AuditError
+    SPARK_NAMES: ClassVar[dict[str, str]] = {}  # field -> option name, where they differ
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"path"})  # Spark's own, e.g. load(path)
 
     servers: Servers
     stream: JetStreamName
     domain: JetStreamName | None = None
     auth: AuthConfig | None = None
     tls: TlsConfig | None = None
+    timeout: Seconds = 10.0
+
+    @property
+    def api_prefix(self) -> str:
+        """``$JS.API``, or ``$JS.<domain>.API``."""
+        return api_prefix(self.domain)
+
+    @classmethod
+    def _option(cls, name: str, value: str) -> tuple[str, Any]:
+        """The field and value of one (lower-cased) option other than credentials and TLS."""
+        if name == "servers":
+            return name, [item.strip() for item in value.split(",") if item.strip()]
+        return name, value
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> Self:
+        """Validate a data source's options; raises ``ERROR`` naming each bad option and its fix (secrets never
+        shown)."""
+        data: dict[str, Any] = {}
+        auth: dict[str, str] = {}
+        tls: dict[str, str] = {}
+        for key, value in options.items():
+            name = key.lower()
+            if name in _AUTH_OPTIONS:
+                auth[_AUTH_OPTIONS[name]] = value
+            elif name in _TLS_OPTIONS:
+                tls[_TLS_OPTIONS[name]] = value
+            elif name not in cls.IGNORED:
+                field, parsed = cls._option(name, value)
+                data[field] = parsed
+        if auth:
+            data["auth"] = auth
+        if tls:
+            data["tls"] = tls
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            lines = "\n".join(cls._problems(exc))
+            raise cls.ERROR(f"invalid jetstream {cls.KIND} options:\n{lines}") from None
+
+    @classmethod
+    def _problems(cls, exc: ValidationError) -> list[str]:
+        out = []
+        for err in exc.errors(include_input=False, include_url=False):
+            loc = err["loc"]
+            if len(loc) >= 1 and str(loc[0]) in cls.SPARK_NAMES:
+                name = cls.SPARK_NAMES[str(loc[0])]
+            elif len(loc) >= 2 and loc[0] == "tls":
+                name = f"tls_{loc[1]}"
+            elif len(loc) >= 2 and loc[0] == "auth":
+                name = str(loc[1])
+            else:
+                name = str(loc[0]) if loc else "options"
+            if err["type"] == "missing":
+                message = f'required: give .option("{name}", ...)'
+            elif err["type"] == "extra_forbidden":
+                message = f"unknown option: use {cls.KNOWN}"
+            else:
+                message = err["msg"].removeprefix("Value error, ")
+            out.append(f"  {name}: {message}")
+        return out
+
+
+class ReadOptions(StreamOptions):
+    """What one read of a stream needs. Build it with :meth:`parse` from a data source's options."""
+
+    KNOWN: ClassVar[str] = (
+        "servers, stream, domain, user, password, token, nkey_seed_file, creds_file, tls_ca_file, tls_cert_file, "
+        "tls_key_file, filter_subjects, batch, max_bytes, partitions, rows_per_partition, headers, payloads, "
+        "timeout; for readStream also startingSequence, startingTime, latest, maxMessagesPerTrigger, failOnDataLoss"
+    )
+    SPARK_NAMES: ClassVar[dict[str, str]] = STREAM_OPTIONS
+
     filter_subjects: FilterSubjects = Field(default_factory=list)
-    batch: Annotated[int, _between(1, 100_000)] = 4096
-    max_bytes: Annotated[int, _between(1024, 64 * 1024 * 1024)] = 8 * 1024 * 1024
-    partitions: Annotated[int, _between(1, 100_000)] | None = None
-    rows_per_partition: Annotated[int, _between(1, 1_000_000_000)] = 250_000
+    batch: Annotated[int, int_between(1, 100_000)] = 4096
+    max_bytes: Annotated[int, int_between(1024, 64 * 1024 * 1024)] = 8 * 1024 * 1024
+    partitions: Annotated[int, int_between(1, 100_000)] | None = None
+    rows_per_partition: Annotated[int, int_between(1, 1_000_000_000)] = 250_000
     headers: list[str] | None = None  # None: every header
     payloads: bool = False
-    timeout: Seconds = 10.0
     # the stream reader's (spark.readStream) options
-    starting_sequence: Annotated[int, _between(1, 2**63 - 1)] | None = None
+    starting_sequence: Annotated[int, int_between(1, 2**63 - 1)] | None = None
     starting_time: AwareDatetime | None = None
     latest: bool = False
-    max_messages_per_trigger: Annotated[int, _between(1, 1_000_000_000)] | None = None
+    max_messages_per_trigger: Annotated[int, int_between(1, 1_000_000_000)] | None = None
     fail_on_data_loss: bool = True
 
     @model_validator(mode="after")
@@ -99,72 +173,15 @@ class ReadOptions(BaseModel):
         """The stream reader's options given here (by their Spark names): the batch reader refuses them."""
         return [name for field, name in STREAM_OPTIONS.items() if field in self.model_fields_set]
 
-    @property
-    def api_prefix(self) -> str:
-        """``$JS.API``, or ``$JS.<domain>.API``."""
-        return api_prefix(self.domain)
-
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
-        """Validate a data source's options; raises :class:`AuditError` naming each bad option and its fix."""
-        data: dict[str, Any] = {}
-        auth: dict[str, str] = {}
-        tls: dict[str, str] = {}
-        for key, value in options.items():
-            name = key.lower()
-            if name in _AUTH_OPTIONS:
-                auth[_AUTH_OPTIONS[name]] = value
-            elif name in _TLS_OPTIONS:
-                tls[_TLS_OPTIONS[name]] = value
-            elif name == "headers":
-                data[name] = (
-                    None if value.strip() == ALL_HEADERS else [h.strip() for h in value.split(",") if h.strip()]
-                )
-            elif name in ("servers", "filter_subjects"):
-                data[name] = [item.strip() for item in value.split(",") if item.strip()]
-            elif name in _STREAM_FIELDS:
-                data[_STREAM_FIELDS[name]] = value
-            elif name == "path":
-                continue  # Spark adds it for load(path); a stream is named by the stream option
-            else:
-                data[name] = value
-        if auth:
-            data["auth"] = auth
-        if tls:
-            data["tls"] = tls
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise AuditError("invalid jetstream data source options:\n" + "\n".join(_problems(exc))) from None
-
-
-def _option_name(loc: tuple[int | str, ...]) -> str:
-    if len(loc) >= 1 and loc[0] in STREAM_OPTIONS:
-        return STREAM_OPTIONS[str(loc[0])]
-    if len(loc) >= 2 and loc[0] == "tls":
-        return f"tls_{loc[1]}"
-    if len(loc) >= 2 and loc[0] == "auth":
-        return str(loc[1])
-    return str(loc[0]) if loc else "options"
-
-
-def _problems(exc: ValidationError) -> list[str]:
-    out = []
-    for err in exc.errors(include_input=False, include_url=False):
-        name = _option_name(err["loc"])
-        if err["type"] == "missing":
-            message = f'required: give .option("{name}", ...)'
-        elif err["type"] == "extra_forbidden":
-            message = (
-                "unknown option: use servers, stream, domain, user, password, token, nkey_seed_file, creds_file, "
-                "tls_ca_file, tls_cert_file, tls_key_file, filter_subjects, batch, max_bytes, partitions, "
-                "rows_per_partition, headers, payloads, timeout; for readStream also startingSequence, "
-                "startingTime, latest, maxMessagesPerTrigger, failOnDataLoss"
-            )
-        else:
-            message = err["msg"].removeprefix("Value error, ")
-        out.append(f"  {name}: {message}")
-    return out
+    def _option(cls, name: str, value: str) -> tuple[str, Any]:
+        if name == "headers":
+            return name, None if value.strip() == ALL_HEADERS else [h.strip() for h in value.split(",") if h.strip()]
+        if name == "filter_subjects":
+            return name, [item.strip() for item in value.split(",") if item.strip()]
+        if name in _STREAM_FIELDS:
+            return _STREAM_FIELDS[name], value
+        return super()._option(name, value)
 
 
 def side_options(side: TargetConfig | SourceConfig) -> dict[str, str]:

@@ -63,21 +63,21 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from bridge.config import AuthConfig, JetStreamName, Seconds, Servers, TlsConfig, api_prefix
-from bridge.config.validators import LiteralSubject
+from bridge.config.validators import LiteralSubject, int_between
 from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import OutboundMessage
 from bridge.errors import ApiError, BridgeError
 from bridge.io.connect import describe, open_connection
 from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi
 from bridge.io.target import AckOutcome, SourcePublisher, parse_pub_ack
+from bridge.spark.options import StreamOptions
 
 __all__ = [
     "BATCH_ID_PROPERTY",
@@ -106,26 +106,10 @@ _RESERVED = frozenset({MSG_ID.lower(), EXPECTED_STREAM.lower()})  # the sink set
 _CHUNK = 256  # publishes per write to the socket
 _COLUMNS = ("subject", "payload", "headers")
 
-_AUTH_OPTIONS = ("user", "password", "token", "nkey_seed_file", "creds_file")
-_TLS_OPTIONS = {"tls_ca_file": "ca_file", "tls_cert_file": "cert_file", "tls_key_file": "key_file"}
-_KNOWN = (
-    "servers, stream, domain, user, password, token, nkey_seed_file, creds_file, tls_ca_file, tls_cert_file, "
-    "tls_key_file, subject, window, timeout, id_prefix"
-)
-
 
 class SinkError(BridgeError):
     """The sink cannot write: a bad option or column, a missing stream, or a publish refused or unanswered (the
     message names the stream, the message id and the server's reason)."""
-
-
-def _between(low: int, high: int) -> AfterValidator:
-    def check(value: int) -> int:
-        if not low <= value <= high:
-            raise ValueError(f"must be between {low} and {high}")
-        return value
-
-    return AfterValidator(check)
 
 
 def _id_prefix(value: str) -> str:
@@ -134,72 +118,20 @@ def _id_prefix(value: str) -> str:
     return value
 
 
-class WriteOptions(BaseModel):
+class WriteOptions(StreamOptions):
     """What one write to a stream needs. Build it with :meth:`parse` from a data source's options."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    KIND: ClassVar[str] = "sink"
+    KNOWN: ClassVar[str] = (
+        "servers, stream, domain, user, password, token, nkey_seed_file, creds_file, tls_ca_file, tls_cert_file, "
+        "tls_key_file, subject, window, timeout, id_prefix"
+    )
+    ERROR: ClassVar[type[BridgeError]] = SinkError
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"path", "checkpointlocation"})  # save(path), the checkpoint
 
-    servers: Servers
-    stream: JetStreamName
-    domain: JetStreamName | None = None
-    auth: AuthConfig | None = None
-    tls: TlsConfig | None = None
     subject: LiteralSubject | None = None
-    window: Annotated[int, _between(1, 1_000_000)] = 1024
-    timeout: Seconds = 10.0
+    window: Annotated[int, int_between(1, 1_000_000)] = 1024
     id_prefix: Annotated[str, AfterValidator(_id_prefix)] | None = None
-
-    @property
-    def api_prefix(self) -> str:
-        """``$JS.API``, or ``$JS.<domain>.API``."""
-        return api_prefix(self.domain)
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> WriteOptions:
-        """Validate a data source's options; raises :class:`SinkError` naming each bad option and its fix."""
-        data: dict[str, Any] = {}
-        auth: dict[str, str] = {}
-        tls: dict[str, str] = {}
-        for key, value in options.items():
-            name = key.lower()
-            if name in _AUTH_OPTIONS:
-                auth[name] = value
-            elif name in _TLS_OPTIONS:
-                tls[_TLS_OPTIONS[name]] = value
-            elif name == "servers":
-                data[name] = [item.strip() for item in value.split(",") if item.strip()]
-            elif name in ("path", "checkpointlocation"):
-                continue  # Spark's own (save(path), the query's checkpoint)
-            else:
-                data[name] = value
-        if auth:
-            data["auth"] = auth
-        if tls:
-            data["tls"] = tls
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise SinkError("invalid jetstream sink options:\n" + "\n".join(_problems(exc))) from None
-
-
-def _problems(exc: ValidationError) -> list[str]:
-    out = []
-    for err in exc.errors(include_input=False, include_url=False):
-        loc = err["loc"]
-        if len(loc) >= 2 and loc[0] == "tls":
-            name = f"tls_{loc[1]}"
-        elif len(loc) >= 2 and loc[0] == "auth":
-            name = str(loc[1])
-        else:
-            name = str(loc[0]) if loc else "options"
-        if err["type"] == "missing":
-            message = f'required: give .option("{name}", ...)'
-        elif err["type"] == "extra_forbidden":
-            message = f"unknown option: use {_KNOWN}"
-        else:
-            message = err["msg"].removeprefix("Value error, ")
-        out.append(f"  {name}: {message}")
-    return out
 
 
 # --- message ids ------------------------------------------------------------------------------------------
