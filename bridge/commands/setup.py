@@ -24,7 +24,9 @@ import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig, exposed_secrets, load_config
+from bridge.core.subjects import pattern_covers
 from bridge.errors import ApiError, BridgeError
+from bridge.io.aggregate import SHORT_WINDOW_ACK_TIMEOUTS, duplicate_window_short
 from bridge.io.connect import open_connection
 from bridge.io.consumer import desired_config, unfit_reasons
 from bridge.io.jsapi import CONSUMER_EXISTS, CONSUMER_NOT_FOUND, STREAM_NAME_IN_USE, STREAM_NOT_FOUND, JsApi
@@ -32,7 +34,6 @@ from bridge.io.kv import HISTORY, KvBucket
 
 MIN_DUPLICATE_WINDOW = 120.0  # seconds: the server's own default
 DUPLICATE_WINDOW_ACK_TIMEOUTS = 4  # the window created: this many ack timeouts, at least MIN_DUPLICATE_WINDOW
-SHORT_WINDOW_ACK_TIMEOUTS = 2  # below this many the daemon warns (target.duplicate_window_short)
 FLOW_CONTROL_API_LEVEL = 4  # JetStream API level of nats-server 2.14.0, the first with ack_policy flow_control
 INVALID_JSON = 10025  # how a server older than 2.14 answers ack_policy "flow_control" (docs/protocol.md 1)
 # the first word of each line
@@ -67,23 +68,6 @@ def go_duration(seconds: float) -> str:
     if minutes:
         return f"{int(minutes)}m{text}"
     return text
-
-
-def pattern_covers(wide: str, narrow: str) -> bool:
-    """Whether every subject ``narrow`` matches is matched by ``wide`` (both may hold ``*`` and ``>``)."""
-    have = wide.split(".")
-    want = narrow.split(".")
-    for i, token in enumerate(have):
-        if token == ">":
-            return len(want) > i
-        if i >= len(want):
-            return False
-        if token == "*":
-            if want[i] == ">":
-                return False
-        elif token != want[i]:
-            return False
-    return len(have) == len(want)
 
 
 def minimal_subjects(patterns: Iterable[str]) -> list[str]:
@@ -158,10 +142,10 @@ def aggregate_differences(
             "set allow_direct = true"
         )
     window = int(cfg.get("duplicate_window", 0)) / NS
-    if window < SHORT_WINDOW_ACK_TIMEOUTS * target.ack_timeout:
+    if duplicate_window_short(window, target.ack_timeout):
         want = go_duration(duplicate_window(target.ack_timeout))
         out.append(
-            f"duplicate window {go_duration(window)} is shorter than 2 x target.ack_timeout "
+            f"duplicate window {go_duration(window)} is shorter than {SHORT_WINDOW_ACK_TIMEOUTS} x target.ack_timeout "
             f"({go_duration(SHORT_WINDOW_ACK_TIMEOUTS * target.ack_timeout)}); a publish retried after an ack "
             f"timeout may be stored twice: set duplicate_window = {want}"
         )
@@ -534,7 +518,6 @@ __all__ = [
     "go_duration",
     "minimal_subjects",
     "origin_too_old",
-    "pattern_covers",
     "run_setup",
     "setup",
 ]

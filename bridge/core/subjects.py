@@ -5,16 +5,27 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def subject_matches(pattern: str, subject: str) -> bool:
-    """Whether ``subject`` (literal) is captured by ``pattern`` (may hold wildcards)."""
-    want = subject.split(".")
-    have = pattern.split(".")
+def pattern_covers(wide: str, narrow: str) -> bool:
+    """Whether every subject ``narrow`` matches is matched by ``wide`` (both may hold ``*`` and ``>``)."""
+    have = wide.split(".")
+    want = narrow.split(".")
     for i, token in enumerate(have):
         if token == ">":
             return len(want) > i
-        if i >= len(want) or (token != "*" and token != want[i]):
+        if i >= len(want):
+            return False
+        if token == "*":
+            if want[i] == ">":
+                return False
+        elif token != want[i]:
             return False
     return len(have) == len(want)
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether ``subject`` (literal) is captured by ``pattern`` (may hold wildcards): a literal is the narrowest
+    pattern."""
+    return pattern_covers(pattern, subject)
 
 
 class SubjectSet:

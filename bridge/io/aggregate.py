@@ -28,12 +28,19 @@ from bridge.io.directget import read_batches
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
 from bridge.io.target import AckOutcome, SourcePublisher
 
+# A publish retried after an ack timeout must still meet its first attempt in the aggregate's duplicate window
+SHORT_WINDOW_ACK_TIMEOUTS = 2
 MAX_CHUNK = 65536
 # Without a subject_prefix every message of the aggregate is read and its Bridge-Source compared; this bounds
 # that scan (a new source joining a big shared aggregate would otherwise read all of it at start).
 MAX_SCANNED = 1_000_000
 BATCH = 1024
 MAX_BYTES = 8 * 1024 * 1024
+
+
+def duplicate_window_short(window_seconds: float, ack_timeout: float) -> bool:
+    """A duplicate window below ``SHORT_WINDOW_ACK_TIMEOUTS`` ack timeouts: a retried publish may be stored twice."""
+    return window_seconds < SHORT_WINDOW_ACK_TIMEOUTS * ack_timeout
 
 
 @dataclass(frozen=True, slots=True)

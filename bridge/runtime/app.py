@@ -26,7 +26,7 @@ from nats.aio.client import Client as NATS
 from bridge.core.backoff import Backoff
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
 from bridge.io import wire
-from bridge.io.aggregate import TargetSide
+from bridge.io.aggregate import TargetSide, duplicate_window_short
 from bridge.io.connect import ConnectionSettings, describe, drop_unsent_publishes, error_fields, open_connection
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.io.kv import KvBucket
@@ -585,7 +585,7 @@ class Bridge:
             return
         cfg = info.get("config", {})
         window_ns = int(cfg.get("duplicate_window", 0))
-        if window_ns and window_ns / 1e9 < 2 * side.ack_timeout:
+        if window_ns and duplicate_window_short(window_ns / 1e9, side.ack_timeout):
             self.log.warning(
                 "target.duplicate_window_short",
                 duplicate_window=window_ns / 1e9,

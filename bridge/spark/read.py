@@ -10,7 +10,7 @@ import asyncio
 import datetime as dt
 import math
 from collections.abc import AsyncIterator, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from nats.aio.client import Client as NATS
@@ -21,7 +21,7 @@ from bridge.errors import ApiError, AuditError, BridgeError
 from bridge.io.connect import open_connection
 from bridge.io.directget import StoredMessage, read_batches
 from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi
-from bridge.spark.options import ReadOptions
+from bridge.spark.options import ReadOptions, StreamOptions
 from bridge.spark.rows import BatchBuilder
 
 T = TypeVar("T")
@@ -56,19 +56,24 @@ async def stream_bounds(opts: ReadOptions) -> tuple[int, int, int]:
         await nc.close()
 
 
-async def _bounds(nc: NATS, opts: ReadOptions) -> tuple[int, int, int]:
+async def stream_info(nc: NATS, opts: StreamOptions, error: type[BridgeError], fix: str) -> dict[str, Any]:
+    """``STREAM.INFO`` of ``opts.stream``, every failure raised as ``error`` (a missing stream naming ``fix``)."""
     try:
-        info = await JsApi(nc, opts.api_prefix).stream_info(opts.stream, timeout=opts.timeout)
+        return await JsApi(nc, opts.api_prefix).stream_info(opts.stream, timeout=opts.timeout)
     except ApiError as exc:
         if exc.err_code == STREAM_NOT_FOUND:
-            raise AuditError(
+            raise error(
                 f"stream {opts.stream!r} not found on {', '.join(opts.servers)}"
                 + (f" (domain {opts.domain})" if opts.domain else "")
-                + ": check the stream and domain options"
+                + f": {fix}"
             ) from None
-        raise AuditError(f"stream {opts.stream!r}: {exc}") from None
+        raise error(f"stream {opts.stream!r}: {exc}") from None
     except BridgeError as exc:
-        raise AuditError(f"stream {opts.stream!r}: {exc}") from None
+        raise error(f"stream {opts.stream!r}: {exc}") from None
+
+
+async def _bounds(nc: NATS, opts: ReadOptions) -> tuple[int, int, int]:
+    info = await stream_info(nc, opts, AuditError, "check the stream and domain options")
     if not info.get("config", {}).get("allow_direct"):
         raise AuditError(
             f"stream {opts.stream!r} does not allow direct access, which the audit reads with: set "

@@ -73,11 +73,11 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 from bridge.config.validators import LiteralSubject, int_between
 from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import OutboundMessage
-from bridge.errors import ApiError, BridgeError
+from bridge.errors import BridgeError
 from bridge.io.connect import describe, open_connection
-from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi
 from bridge.io.target import AckOutcome, SourcePublisher, parse_pub_ack
 from bridge.spark.options import StreamOptions
+from bridge.spark.read import stream_info
 
 __all__ = [
     "BATCH_ID_PROPERTY",
@@ -506,17 +506,7 @@ async def check_stream(opts: WriteOptions) -> dict[str, Any]:
     """The stream's configuration; :class:`SinkError` when it cannot be read (missing, unreachable)."""
     nc = await open_connection(opts, name="nats-bridge-spark-sink", error_type=SinkError)
     try:
-        info = await JsApi(nc, opts.api_prefix).stream_info(opts.stream, timeout=opts.timeout)
-    except ApiError as exc:
-        if exc.err_code == STREAM_NOT_FOUND:
-            raise SinkError(
-                f"stream {opts.stream!r} not found on {', '.join(opts.servers)}"
-                + (f" (domain {opts.domain})" if opts.domain else "")
-                + ": create it, or check the stream and domain options"
-            ) from None
-        raise SinkError(f"stream {opts.stream!r}: {exc}") from None
-    except BridgeError as exc:
-        raise SinkError(f"stream {opts.stream!r}: {exc}") from None
+        info = await stream_info(nc, opts, SinkError, "create it, or check the stream and domain options")
     finally:
         await nc.close()
     config: dict[str, Any] = info.get("config", {})

@@ -18,6 +18,34 @@ __all__ = ["POLL", "assert_holds", "wait_for_value", "wait_until"]
 POLL = 0.05
 
 
+async def _poll(
+    probe: Callable[[], Any],
+    done: Callable[[Any], bool],
+    *,
+    timeout: float,
+    what: str,
+    interval: float,
+    retry_on: tuple[type[BaseException], ...],
+) -> Any:
+    """Call ``probe`` (sync or async) until ``done`` accepts its value, and return that value; AssertionError naming
+    ``what`` and the last value (or error) once ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    last: Any = "never probed"
+    while True:
+        try:
+            value = probe()
+            if inspect.isawaitable(value):
+                value = await value
+            if done(value):
+                return value
+            last = value
+        except retry_on as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
+        await anyio.sleep(interval)
+
+
 async def wait_until(
     probe: Callable[[], Any],
     *,
@@ -31,21 +59,7 @@ async def wait_until(
     Raises AssertionError naming ``what`` and the last value (or error) once ``timeout`` seconds have passed.
     Exceptions of the ``retry_on`` types count as "not yet" (e.g. a server that is restarting).
     """
-    deadline = time.monotonic() + timeout
-    last: Any = "never probed"
-    while True:
-        try:
-            value = probe()
-            if inspect.isawaitable(value):
-                value = await value
-            if value:
-                return value
-            last = value
-        except retry_on as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last: {last!r}")
-        await anyio.sleep(interval)
+    return await _poll(probe, bool, timeout=timeout, what=what, interval=interval, retry_on=retry_on)
 
 
 async def wait_for_value(
@@ -58,21 +72,14 @@ async def wait_for_value(
     retry_on: tuple[type[BaseException], ...] = (),
 ) -> None:
     """Poll ``probe`` (sync or async) until it returns ``expected``; the failure names the last value seen."""
-    deadline = time.monotonic() + timeout
-    last: Any = "never probed"
-    while True:
-        try:
-            value = probe()
-            if inspect.isawaitable(value):
-                value = await value
-            if value == expected:
-                return
-            last = value
-        except retry_on as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} == {expected!r}; last: {last!r}")
-        await anyio.sleep(interval)
+    await _poll(
+        probe,
+        lambda value: bool(value == expected),
+        timeout=timeout,
+        what=f"{what} == {expected!r}",
+        interval=interval,
+        retry_on=retry_on,
+    )
 
 
 async def assert_holds(check: Callable[[], Any], *, duration: float, what: str, interval: float = 0.1) -> int:

@@ -25,9 +25,9 @@ from bridge.commands.setup import (
     go_duration,
     minimal_subjects,
     origin_too_old,
-    pattern_covers,
 )
 from bridge.config import SourceConfig, TargetConfig
+from bridge.core.subjects import pattern_covers
 from bridge.io.consumer import desired_config
 
 NS = 1_000_000_000
