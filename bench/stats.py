@@ -1,11 +1,15 @@
-"""Pure helpers: percentiles and spreads, server timestamps, ``/proc`` parsing. No I/O here (unit-tested)."""
+"""Pure helpers: percentiles and spreads, server timestamps (parsed in ``bridge.core.times``), ``/proc`` parsing.
+
+No I/O here (unit-tested).
+"""
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from bridge.core.times import parse_rfc3339_ns  # re-exported: the bench's callers import it from here
 
 __all__ = [
     "Spread",
@@ -66,37 +70,6 @@ def spread(values: Sequence[float]) -> Spread:
     if not values:
         raise ValueError("spread of no values")
     return Spread(median(values), min(values), max(values), len(values))
-
-
-_RFC3339 = re.compile(
-    r"^(?P<date>\d{4}-\d{2}-\d{2})T(?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})(?:\.(?P<frac>\d+))?"
-    r"(?P<tz>Z|[+-]\d{2}:\d{2})$"
-)
-
-
-def parse_rfc3339_ns(text: str) -> int:
-    """Nanoseconds since the epoch of a server timestamp such as ``2026-11-22T08:13:48.657247504Z``.
-
-    Python's ``datetime`` keeps microseconds only; the server writes nanoseconds, which matter here (store
-    times of consecutive messages are microseconds apart).
-
-    Raises:
-        ValueError: not an RFC 3339 timestamp.
-    """
-    import datetime as dt
-
-    match = _RFC3339.match(text.strip())
-    if match is None:
-        raise ValueError(f"not an RFC 3339 timestamp: {text!r}")
-    date = dt.date.fromisoformat(match["date"])
-    days = (date - dt.date(1970, 1, 1)).days
-    seconds = days * 86400 + int(match["h"]) * 3600 + int(match["m"]) * 60 + int(match["s"])
-    tz = match["tz"]
-    if tz != "Z":
-        sign = 1 if tz[0] == "+" else -1
-        seconds -= sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
-    frac = (match["frac"] or "")[:9].ljust(9, "0")
-    return seconds * 1_000_000_000 + int(frac)
 
 
 def ack_info(reply: str) -> tuple[int, int]:

@@ -1,31 +1,53 @@
-"""``nats-bridge check``: connect to every server, check the aggregate stream, create or vet every consumer.
+"""``nats-bridge check``: connect to every server, check the aggregate stream, choose each source's mode, create or
+vet every consumer.
 
-Prints one verdict line per side and source; returns False when anything would keep the bridge from running.
-A managed consumer is created (or repaired) exactly as ``run`` would, so a passing check leaves the origin ready.
+Prints one verdict line per side and source (and per source the mode it will run in, and why); returns False when
+anything would keep the bridge from running. A managed consumer is created (or repaired) exactly as ``run`` would,
+so a passing check leaves the origin ready. A mode the origin's server cannot run (``mode = "flow_control"`` before
+nats-server 2.14) is a configuration error: exit 2, as for an invalid file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.config import BridgeConfig, SourceConfig, exposed_secrets, load_config
+from bridge.core.modes import ModeUnsupported, choose_mode
 from bridge.core.subjects import SubjectSet
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, ConfigError
 from bridge.io.connect import open_connection
-from bridge.io.consumer import ensure_consumer
-from bridge.io.jsapi import ApiError, JsApi
+from bridge.io.consumer import consumer_kind, ensure_consumer
+from bridge.io.jsapi import CONSUMER_NOT_FOUND, ApiError, JsApi, server_level
 from bridge.io.kv import KvBucket, parse_view
 
 
+@dataclass
+class CheckResult:
+    """What ``run_check`` found: whether the bridge can run, and the configuration errors only the servers reveal
+    (one line each, naming the key, as ``load_config`` words its own)."""
+
+    ok: bool = True
+    config_problems: list[str] = field(default_factory=list)
+
+
 def check(path: str) -> int:
-    """``nats-bridge check -c PATH``: warn about exposed secrets, then check everything."""
+    """``nats-bridge check -c PATH``: warn about exposed secrets, then check everything.
+
+    Raises :class:`~bridge.errors.ConfigError` (printed as an invalid configuration, exit 2) when a source's mode
+    does not fit its origin's server.
+    """
     config = load_config(path)
     for warning in exposed_secrets(path, config):
         print(f"WARN secrets: {warning}", flush=True)
-    return EXIT_OK if anyio.run(run_check, config) else EXIT_PROBLEM
+    result = anyio.run(run_check, config)
+    if result.config_problems:
+        raise ConfigError(result.config_problems, path)
+    return EXIT_OK if result.ok else EXIT_PROBLEM
 
 
 def _print(ok: bool, what: str, detail: str) -> None:
@@ -97,50 +119,76 @@ async def _check_coordination(config: BridgeConfig) -> bool:
     return True
 
 
-async def _check_source(src: SourceConfig) -> bool:
+async def _existing_consumer(api: JsApi, src: SourceConfig) -> dict[str, Any] | None:
+    """The source's durable as it is now, or None when it does not exist."""
+    try:
+        return await api.consumer_info(src.stream, src.consumer, timeout=TIMEOUT)
+    except ApiError as exc:
+        if exc.err_code == CONSUMER_NOT_FOUND:
+            return None
+        raise
+
+
+async def _check_source(src: SourceConfig, result: CheckResult) -> None:
     what = f"source {src.name}"
     try:
         nc = await open_connection(src, name=f"nats-bridge check {src.name}", error_type=BridgeError)
     except BridgeError as exc:
         _print(False, what, str(exc))
-        return False
+        result.ok = False
+        return
     api = JsApi(nc, src.api_prefix)
     try:
         try:
             stream = await api.stream_info(src.stream, timeout=TIMEOUT)
         except ApiError as exc:
             _print(False, what, f"origin stream {src.stream!r}: {exc.description}")
-            return False
-        info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=TIMEOUT)
+            result.ok = False
+            return
+        # auto keeps the kind of a durable that exists, as `run` does; a configured mode does not depend on it
+        # (ensure_consumer then reads or creates the durable and vets it for that mode anyway).
+        existing = await _existing_consumer(api, src) if src.mode == "auto" else None
+        level, version = server_level(stream)
+        try:
+            choice = choose_mode(src.mode, level, version, consumer_kind(existing) if existing else None)
+        except ModeUnsupported as exc:
+            problem = f"sources[{src.name}].mode: {exc}"
+            _print(False, what, problem)
+            result.config_problems.append(problem)
+            return
+        _print(True, what, f"mode {choice.mode} ({choice.reason})")
+        info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode)
     except BridgeError as exc:
         _print(False, what, str(exc))
-        return False
+        result.ok = False
+        return
     finally:
         await nc.close()
     retention = stream.get("config", {}).get("retention")
+    kind = "managed" if src.manage_consumer else "bound"
     floor = info.get("ack_floor", {}).get("stream_seq", 0)
     _print(
         True,
         what,
-        f"origin {src.stream} ({retention}), consumer {src.consumer} "
-        f"({'managed' if src.manage_consumer else 'bound'}), ack floor {floor}, pending {info.get('num_pending', 0)}",
+        f"origin {src.stream} ({retention}), consumer {src.consumer} ({kind}), ack floor {floor}, "
+        f"pending {info.get('num_pending', 0)}",
     )
-    return True
 
 
-async def run_check(config: BridgeConfig) -> bool:
-    """Check everything; True when the bridge can run."""
-    results: list[bool] = []
+async def run_check(config: BridgeConfig) -> CheckResult:
+    """Check everything; ``ok`` when the bridge can run."""
+    result = CheckResult()
 
     async def one(coro: Awaitable[bool]) -> None:
-        results.append(await coro)
+        if not await coro:
+            result.ok = False
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(one, _check_target(config))
         if config.coordination.enabled:
             tg.start_soon(one, _check_coordination(config))
         for src in config.sources:
-            tg.start_soon(one, _check_source(src))
-    ok = all(results)
+            tg.start_soon(_check_source, src, result)
+    ok = result.ok and not result.config_problems
     print("all checks passed" if ok else "some checks failed", flush=True)
-    return ok
+    return result

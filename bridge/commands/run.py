@@ -2,7 +2,8 @@
 
 Every exit after the configuration was read ends with one ``bridge.stopped`` line: the reason, the uptime, per
 source the stored watermark and the messages replicated, and the exit code (0 after a drain, 2 when the HTTP
-listener cannot bind its address, 1 on anything unexpected, whose traceback follows).
+listener cannot bind its address or a source's setting is one its server does not support, 1 on anything
+unexpected, whose traceback follows).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def run(path: str) -> int:
     code, reason = EXIT_PROBLEM, ""
     try:
         anyio.run(bridge.run)
-        code = EXIT_OK
+        code = EXIT_OK if bridge.config_error is None else EXIT_CONFIG
     except ListenError:  # logged (http.listen_failed, with the fix) where the listener was bound
         code = EXIT_CONFIG
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed: nothing was replicating yet

@@ -24,17 +24,24 @@ import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig, exposed_secrets, load_config
+from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode
 from bridge.core.subjects import pattern_covers
 from bridge.errors import ApiError, BridgeError
 from bridge.io.aggregate import SHORT_WINDOW_ACK_TIMEOUTS, duplicate_window_short
 from bridge.io.connect import open_connection
-from bridge.io.consumer import desired_config, unfit_reasons
-from bridge.io.jsapi import CONSUMER_EXISTS, CONSUMER_NOT_FOUND, STREAM_NAME_IN_USE, STREAM_NOT_FOUND, JsApi
+from bridge.io.consumer import bound_missing_fix, consumer_kind, desired_for, unfit_for
+from bridge.io.jsapi import (
+    CONSUMER_EXISTS,
+    CONSUMER_NOT_FOUND,
+    STREAM_NAME_IN_USE,
+    STREAM_NOT_FOUND,
+    JsApi,
+    server_level,
+)
 from bridge.io.kv import HISTORY, KvBucket
 
 MIN_DUPLICATE_WINDOW = 120.0  # seconds: the server's own default
 DUPLICATE_WINDOW_ACK_TIMEOUTS = 4  # the window created: this many ack timeouts, at least MIN_DUPLICATE_WINDOW
-FLOW_CONTROL_API_LEVEL = 4  # JetStream API level of nats-server 2.14.0, the first with ack_policy flow_control
 INVALID_JSON = 10025  # how a server older than 2.14 answers ack_policy "flow_control" (docs/protocol.md 1)
 # the first word of each line
 CREATED = "created"
@@ -169,10 +176,10 @@ def aggregate_differences(
     return out
 
 
-def consumer_differences(info: Mapping[str, Any], source: SourceConfig) -> list[str]:
-    """Why an existing consumer cannot serve the source (:func:`bridge.io.consumer.unfit_reasons`), and for a
-    managed one what the daemon's own update would be refused for."""
-    reasons = unfit_reasons(dict(info), source)
+def consumer_differences(info: Mapping[str, Any], source: SourceConfig, mode: Mode = Mode.FLOW_CONTROL) -> list[str]:
+    """Why an existing consumer cannot serve the source in ``mode`` (:func:`bridge.io.consumer.unfit_for`), and for
+    a managed one what the daemon's own update would be refused for."""
+    reasons = unfit_for(mode, dict(info), source)
     if source.manage_consumer:
         policy = info.get("config", {}).get("deliver_policy")
         if policy not in (None, "all"):
@@ -209,21 +216,15 @@ def bucket_differences(cfg: Mapping[str, Any], lease_ttl: float) -> list[str]:
     return out
 
 
-def origin_too_old(stream_info: Mapping[str, Any]) -> str | None:
-    """A sentence when the origin's server predates ack_policy flow_control (nats-server 2.14.0, API level 4).
+def source_mode(src: SourceConfig, stream_info: Mapping[str, Any], existing: Mapping[str, Any] | None) -> Choice:
+    """The mode the daemon will run the source in (``bridge.core.modes.choose_mode``): from the configuration, the
+    origin's server (``_nats.level``, reported since 2.11) and the durable when it exists.
 
-    Servers since 2.11 name their version and API level in every stream info (``_nats.ver``, ``_nats.level``);
-    one that does not is older still."""
-    metadata = stream_info.get("config", {}).get("metadata") or {}
-    level = str(metadata.get("_nats.level", ""))
-    version = metadata.get("_nats.ver")
-    if level.isdigit() and int(level) >= FLOW_CONTROL_API_LEVEL:
-        return None
-    runs = f"nats-server {version}" if version else "a nats-server older than 2.11"
-    return (
-        f"the origin runs {runs}; the bridge needs nats-server 2.14.0 or newer on the origin (ack_policy "
-        "flow_control): upgrade the origin's server"
-    )
+    Raises ``ModeUnsupported`` for ``mode = "flow_control"`` on an origin older than 2.14.
+    """
+    level, version = server_level(dict(stream_info))
+    kind = consumer_kind(dict(existing)) if existing is not None else None
+    return choose_mode(src.mode, level, version, kind)
 
 
 # --- reporting --------------------------------------------------------------------------------------------
@@ -256,12 +257,13 @@ def exit_code(lines: Iterable[Line]) -> int:
     return EXIT_PROBLEM if any(line.problem for line in lines) else EXIT_OK
 
 
-def _consumer_detail(src: SourceConfig) -> str:
+def _consumer_detail(src: SourceConfig, mode: Mode) -> str:
     filters = f", filter {', '.join(src.filter_subjects)}" if src.filter_subjects else ""
-    return (
-        f"ack_policy flow_control, deliver {src.deliver_subject}, max_ack_pending {src.max_ack_pending}, "
-        f"deliver_policy all{filters}"
-    )
+    if mode is Mode.PULL:
+        kind = f"pull, ack_policy explicit, ack_wait {go_duration(src.ack_wait)}"
+    else:
+        kind = f"ack_policy flow_control, deliver {src.deliver_subject}"
+    return f"{kind}, max_ack_pending {src.max_ack_pending}, deliver_policy all{filters}"
 
 
 # --- the servers ------------------------------------------------------------------------------------------
@@ -304,11 +306,13 @@ async def _setup_source(src: SourceConfig, dry_run: bool) -> SourceResult:
                     "subjects of its copies are unknown: give the source a subject_prefix",
                 )
             )
-        too_old = origin_too_old(stream)
-        if too_old:
-            result.lines.append(Line(FAIL, cwhat, too_old))
+        existing = await _lookup_consumer(api, src)
+        try:
+            choice = source_mode(src, stream, existing)
+        except ModeUnsupported as exc:
+            result.lines.append(Line(FAIL, cwhat, f"sources[{src.name}].mode: {exc}"))
             return result
-        result.lines += await _setup_consumer(api, src, cwhat, dry_run)
+        result.lines += await _setup_consumer(api, src, cwhat, dry_run, choice.mode, existing)
     except BridgeError as exc:
         result.lines.append(Line(FAIL, cwhat, str(exc)))
     finally:
@@ -325,47 +329,47 @@ async def _lookup_consumer(api: JsApi, src: SourceConfig) -> dict[str, Any] | No
         raise
 
 
-def _consumer_lines(info: Mapping[str, Any], src: SourceConfig, cwhat: str) -> list[Line]:
-    reasons = consumer_differences(info, src)
+def _consumer_lines(info: Mapping[str, Any], src: SourceConfig, cwhat: str, mode: Mode) -> list[Line]:
+    reasons = consumer_differences(info, src, mode)
     if reasons:
         return [Line(DIFFERS, cwhat, reason) for reason in reasons]
     return [Line(EXISTS, cwhat, "ok")]
 
 
-async def _setup_consumer(api: JsApi, src: SourceConfig, cwhat: str, dry_run: bool) -> list[Line]:
-    info = await _lookup_consumer(api, src)
+async def _setup_consumer(
+    api: JsApi, src: SourceConfig, cwhat: str, dry_run: bool, mode: Mode, info: Mapping[str, Any] | None
+) -> list[Line]:
     if info is not None:
-        return _consumer_lines(info, src, cwhat)
+        return _consumer_lines(info, src, cwhat, mode)
     if not src.manage_consumer:
         return [
             Line(
                 MISSING,
                 cwhat,
-                "manage_consumer = false, so the operator creates it: a durable push consumer with ack_policy "
-                f"flow_control, flow_control true, idle_heartbeat 1s, deliver_subject {src.deliver_subject}, no "
-                "inactive_threshold (or set manage_consumer = true and run setup again)",
+                f"manage_consumer = false, so the operator creates it: {bound_missing_fix(mode, src)}, "
+                "no inactive_threshold (or set manage_consumer = true and run setup again)",
             )
         ]
     if dry_run:
-        return [Line(WOULD_CREATE, cwhat, _consumer_detail(src))]
+        return [Line(WOULD_CREATE, cwhat, _consumer_detail(src, mode))]
     try:
-        await api.add_consumer(src.stream, desired_config(src), timeout=TIMEOUT)
+        await api.add_consumer(src.stream, desired_for(mode, src), timeout=TIMEOUT)
     except ApiError as exc:
         if exc.err_code == CONSUMER_EXISTS:  # a twin created it in the meantime, with another configuration
             raced = await _lookup_consumer(api, src)
             if raced is not None:
-                return _consumer_lines(raced, src, cwhat)
-        if exc.err_code == INVALID_JSON:
+                return _consumer_lines(raced, src, cwhat, mode)
+        if exc.err_code == INVALID_JSON and mode is Mode.FLOW_CONTROL:
             return [
                 Line(
                     FAIL,
                     cwhat,
-                    f"the origin refused ack_policy flow_control ({exc.description}): the bridge needs nats-server "
-                    "2.14.0 or newer on the origin",
+                    f"the origin refused ack_policy flow_control ({exc.description}): it needs nats-server 2.14.0 or "
+                    'newer; set mode = "pull" (or "auto") for this source',
                 )
             ]
         return [Line(FAIL, cwhat, f"cannot create it: {exc.description} (err_code {exc.err_code})")]
-    return [Line(CREATED, cwhat, _consumer_detail(src))]
+    return [Line(CREATED, cwhat, _consumer_detail(src, mode))]
 
 
 async def _setup_aggregate(
@@ -517,7 +521,7 @@ __all__ = [
     "exit_code",
     "go_duration",
     "minimal_subjects",
-    "origin_too_old",
     "run_setup",
     "setup",
+    "source_mode",
 ]

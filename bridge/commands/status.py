@@ -3,7 +3,8 @@
 It asks the servers themselves (consumer state on each origin, the stored watermark read back from the aggregate's
 provenance headers exactly as restart recovery does, and with leases each source's owner from the coordination
 bucket: instance, host, since) and, when the daemon's HTTP listener is reachable, adds what only the running daemon
-knows (its last error per source). It works with the daemon down; it changes nothing.
+knows (per source: the mode it replicates in and why, its last error). It works with the daemon down; it changes
+nothing.
 """
 
 from __future__ import annotations
@@ -138,8 +139,19 @@ def _daemon_view(listen: str) -> tuple[dict[str, Any] | None, str]:
     return view, url
 
 
+# What status shows of the daemon's /readyz entry for a source (the rest is what status reads from the servers).
+_DAEMON_KEYS = ("ready", "reasons", "mode", "mode_reason", "phase", "last_error", "stalled")
+
+
+def daemon_source_view(daemon: dict[str, Any] | None, source: str) -> dict[str, Any] | None:
+    """The daemon's view of ``source`` as status shows it, from its /readyz body; None when it has none (not
+    reached, or not running that source). A key an older daemon does not send is None."""
+    live = (daemon or {}).get("sources", {}).get(source) or {}
+    return {key: live.get(key) for key in _DAEMON_KEYS} if live else None
+
+
 async def collect_status(config: BridgeConfig) -> dict[str, Any]:
-    """Every source's consumer state, stored watermark, lag, and the daemon's last error (JSON-ready)."""
+    """Every source's consumer state, stored watermark, lag, and the daemon's mode and last error (JSON-ready)."""
     states: dict[str, dict[str, Any]] = {}
 
     async def one(src: SourceConfig) -> None:
@@ -162,10 +174,7 @@ async def collect_status(config: BridgeConfig) -> dict[str, Any]:
                 state["lag"] = max(0, int(state["origin_last_seq"]) - mark)
         elif mark is not None:
             state.setdefault("error", f"aggregate: {mark}")
-        live = (daemon or {}).get("sources", {}).get(src.name) or {}
-        state["daemon"] = (
-            {k: live.get(k) for k in ("ready", "reasons", "phase", "last_error", "stalled")} if live else None
-        )
+        state["daemon"] = daemon_source_view(daemon, src.name)
         if isinstance(owners, dict):
             state["owner"] = owners.get(src.name)
         sources.append({"source": src.name, **state})
@@ -181,7 +190,7 @@ def print_status(status: dict[str, Any], as_json: bool) -> bool:
     if as_json:
         print(json.dumps(status, indent=2))
         return ok
-    columns: tuple[str, ...] = ("source", "delivered", "ack_floor", "num_pending", "stored_watermark", "lag")
+    columns: tuple[str, ...] = ("source", "mode", "delivered", "ack_floor", "num_pending", "stored_watermark", "lag")
     with_owner = any("owner" in s for s in status["sources"])
     if with_owner:
         columns += ("owner", "host", "since")
@@ -206,6 +215,8 @@ def print_status(status: dict[str, Any], as_json: bool) -> bool:
 
 def _cell(state: dict[str, Any], column: str) -> object:
     owner = state.get("owner") or {}
+    if column == "mode":  # the running daemon's choice: a standby, or a daemon not reached, has none to show
+        return (state.get("daemon") or {}).get("mode") or "-"
     if column == "owner":
         return owner.get("instance") or ("none (no process owns it now)" if "owner" in state else "-")
     if column == "host":

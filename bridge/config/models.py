@@ -54,6 +54,7 @@ from bridge.config.validators import (
     lowercase,
     non_empty_secret,
     seconds_at_least,
+    seconds_between,
     show,
 )
 
@@ -201,7 +202,8 @@ class TargetConfig(BaseModel):
 
 
 class SourceConfig(BaseModel):
-    """``[[sources]]``: one edge server and stream to replicate, read through a durable push consumer."""
+    """``[[sources]]``: one edge server and stream to replicate, read through a durable consumer: a push consumer
+    with ``ack_policy: flow_control`` or a pull consumer with explicit acks (``mode``)."""
 
     model_config = _MODEL_CONFIG
 
@@ -216,6 +218,15 @@ class SourceConfig(BaseModel):
     # Declared before filter_subjects so that field's validator can see it.
     manage_consumer: bool = True
     max_ack_pending: Annotated[int, int_between(1, 1_000_000)] = 1000
+    # Which consumer model replicates the source (bridge.core.modes decides at start-up): "auto" keeps an
+    # existing durable's kind, else takes flow control where the origin's server has it (2.14+), else pull.
+    mode: Annotated[Literal["auto", "flow_control", "pull"], BeforeValidator(lowercase)] = "auto"
+    # Pull mode only: the consumer's ack_wait, after which the server redelivers a message delivered but not acked
+    # (the bridge drops the redelivery as a duplicate and acks it again). Too short costs redeliveries of messages
+    # still being stored; too long keeps a message whose ack was lost pending, counted against max_ack_pending.
+    ack_wait: Annotated[
+        float, seconds_between(1.0, 3600.0, ": the origin redelivers a message not acked within it")
+    ] = 30.0
     filter_subjects: FilterSubjects = Field(default_factory=list)
     subject_prefix: SubjectPrefix | None = None
     auth: AuthConfig | None = None

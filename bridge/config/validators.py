@@ -166,6 +166,17 @@ def seconds_at_least(bound: float, why: str = "") -> AfterValidator:
     return AfterValidator(check)
 
 
+def seconds_between(low: float, high: float, why: str = "") -> AfterValidator:
+    """A number of seconds from ``low`` to ``high``; ``why`` ends the message (``": <why it is bounded>"``)."""
+
+    def check(value: float) -> float:
+        if not math.isfinite(value) or not low <= value <= high:
+            raise fail(f"must be between {low:g} and {high:g} seconds{why} (got {show(value)})")
+        return value
+
+    return AfterValidator(check)
+
+
 def _positive_seconds(value: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise fail(f"must be a number of seconds greater than 0 (got {show(value)})")

@@ -20,6 +20,7 @@ class ResetCause(StrEnum):
     RECONNECT = "reconnect"
     EXTERNAL = "external"  # deliveries restarted at dseq 1 unasked: someone else reset (or re-created) the consumer
     STRANDED = "stranded"  # WorkQueue messages left below the ack floor (a server restart lost its pending list)
+    CONSUMER_GONE = "consumer_gone"  # pull mode: 409 Consumer Deleted (or no longer a pull consumer)
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
@@ -101,6 +102,58 @@ class ProbeStranded:
 
 
 @dataclass(frozen=True, slots=True)
+class Pull:
+    """Pull mode: ask the consumer for up to ``batch`` more messages (``CONSUMER.MSG.NEXT``), the request living
+    ``expires`` seconds, with an idle heartbeat every ``heartbeat`` seconds while it waits. Nothing is reported:
+    what the request brings arrives as deliveries and ``PullStatus``."""
+
+    batch: int
+    expires: float
+    heartbeat: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Pull mode: acknowledge stored messages, one explicit ack (an empty message) to each reply subject, in
+    origin order. Each names one message, and only ever one that the aggregate holds. Nothing is reported: a lost
+    ack comes back as a redelivery, which is acked again."""
+
+    replies: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOrigin:
+    """Pull mode: read the origin stream's messages with sequences in ``(after, through]`` within the source's
+    filters, in order (the consumer delivered them to nobody who stored them: deliveries lost in transit, or left
+    by a crash). Report ``fetched(messages, through)`` or ``fetch_failed(reason)``."""
+
+    after: int
+    through: int
+
+
+@dataclass(frozen=True, slots=True)
+class OriginMessage:
+    """One message read from the origin stream itself (``FetchOrigin``)."""
+
+    seq: int
+    subject: str
+    headers: Mapping[str, str] | None
+    payload: bytes
+    timestamp_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class PullAnchor:
+    """Pull mode: the consumer's state as read after a resync (``CONSUMER.INFO``): the delivery sequence and the
+    stream sequence of its last delivery, and whether it is still the pull consumer with explicit acks."""
+
+    last_consumer_seq: int
+    last_stream_seq: int
+    fit: bool = True  # a pull consumer with ack_policy explicit
+    created: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Notice:
     """A state change worth one log line (never per message)."""
 
@@ -109,4 +162,15 @@ class Notice:
     fields: Mapping[str, object] = field(default_factory=dict)
 
 
-Effect = Publish | AnswerFlowControl | RequestReset | VerifyStored | ReadTargetLimits | ProbeStranded | Notice
+Effect = (
+    Publish
+    | AnswerFlowControl
+    | RequestReset
+    | VerifyStored
+    | ReadTargetLimits
+    | ProbeStranded
+    | Pull
+    | Ack
+    | FetchOrigin
+    | Notice
+)

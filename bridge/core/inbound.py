@@ -1,10 +1,14 @@
-"""Telling apart what a push consumer sends to its deliver subject: data, flow-control requests, heartbeats.
+"""Telling apart what a consumer sends: data, flow-control requests, heartbeats and pull statuses.
 
 All three arrive on the one deliver subject in one ordered stream (docs/protocol.md section 2). The server's own test
 (``stream.go`` ``isControlMsg``): empty payload and a header block starting ``NATS/1.0 100``. A flow-control
 request carries a reply subject (``$JS.FC...``); an idle heartbeat does not, and carries ``Nats-Last-Consumer``,
 ``Nats-Last-Stream`` and, while a flow-control request is unanswered, ``Nats-Consumer-Stalled``.
 nats-py presents the status line as the pseudo-headers ``Status`` and ``Description``.
+
+A pull consumer (pull mode, origins older than nats-server 2.14) sends data and idle heartbeats the same way to the
+reply subject of each pull request, and ends a request with a status of its own (404, 408, 409: ``PullStatus``),
+which carries ``Nats-Pending-Messages``/``Nats-Pending-Bytes`` when the request had some left.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ DESCRIPTION = "Description"
 LAST_CONSUMER = "Nats-Last-Consumer"
 LAST_STREAM = "Nats-Last-Stream"
 CONSUMER_STALLED = "Nats-Consumer-Stalled"
+PENDING_MESSAGES = "Nats-Pending-Messages"
+PENDING_BYTES = "Nats-Pending-Bytes"
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
@@ -29,6 +35,7 @@ class Data:
     subject: str
     headers: Mapping[str, str] | None
     payload: bytes
+    reply: str = ""  # the ack subject itself: pull mode acks a stored message by publishing to it
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +55,27 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class PullStatus:
+    """A status other than 100 on a pull request's reply subject (pull mode): the request ended or was refused.
+
+    ``pending_messages``/``pending_bytes`` are what the request had left (``Nats-Pending-*``), when the server says.
+    """
+
+    code: int
+    description: str
+    request: str  # the request's reply subject
+    pending_messages: int | None = None
+    pending_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Unrecognised:
     """Something on the deliver subject that is none of the above (kept to count and log, never to act on)."""
 
     reason: str
 
 
-Inbound = Data | FlowControlRequest | Heartbeat | Unrecognised
+Inbound = Data | FlowControlRequest | Heartbeat | PullStatus | Unrecognised
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -72,7 +93,7 @@ def classify(subject: str, reply: str, headers: Mapping[str, str] | None, payloa
         # data first: an origin message may carry an application header that happens to be named "Status"
         ack = parse_ack_subject(reply)
         if ack is not None:
-            return Data(ack=ack, subject=subject, headers=headers, payload=payload)
+            return Data(ack=ack, subject=subject, headers=headers, payload=payload, reply=reply)
         return Unrecognised(f"malformed ack subject {reply!r}")
     if headers is not None and not payload and headers.get(STATUS) == "100":
         if reply:
@@ -82,6 +103,15 @@ def classify(subject: str, reply: str, headers: Mapping[str, str] | None, payloa
             last_stream=_int_or_none(headers.get(LAST_STREAM)),
             stalled=headers.get(CONSUMER_STALLED) or None,
         )
-    if headers is not None and STATUS in headers:
-        return Unrecognised(f"status {headers.get(STATUS)} {headers.get(DESCRIPTION, '')}".strip())
+    if headers is not None and STATUS in headers and not payload:
+        status = headers.get(STATUS, "")
+        if status.isascii() and status.isdigit():
+            return PullStatus(
+                int(status),
+                headers.get(DESCRIPTION, ""),
+                subject,
+                _int_or_none(headers.get(PENDING_MESSAGES)),
+                _int_or_none(headers.get(PENDING_BYTES)),
+            )
+        return Unrecognised(f"status {status} {headers.get(DESCRIPTION, '')}".strip())
     return Unrecognised(f"no JetStream ack subject (reply {reply!r})")

@@ -9,6 +9,13 @@ the pair up in ``TRANSITIONS``. Reading this module is enough to know the life c
                                   +----------------------discontinuity----------------+
     any phase but STOPPING --shutdown--> STOPPING (final)
 
+Pull mode (``bridge.core.pull``) calls its resync a reset too, and has one more phase: when the consumer delivered
+messages nobody stored (lost in transit, or left by a crash), they are read from the origin stream before
+deliveries are taken again::
+
+    RESETTING --fill--> FILLING --filled--> RUNNING
+                           +--fill_failed / discontinuity--> RESET_WAIT
+
 The rule for inputs that arrive in the wrong phase (one rule, everywhere):
 
 * **An event the table does not list for the current phase changes nothing, and the input that caused it
@@ -32,6 +39,7 @@ class Phase(Enum):
     RECOVERING = "recovering"  # waiting for the watermark recovered from the aggregate
     RESET_WAIT = "reset_wait"  # a reset is due (throttled or backing off); deliveries are not taken
     RESETTING = "resetting"  # a RESET request is in flight
+    FILLING = "filling"  # pull mode: reading from the origin stream what the consumer delivered to nobody
     RUNNING = "running"  # taking deliveries
     STOPPING = "stopping"  # shutting down: no new deliveries or publishes, in-flight acks still count
 
@@ -44,6 +52,9 @@ class Event(Enum):
     RESET_SENT = "reset_sent"  # the due reset was handed to the runtime
     RESET_DONE = "reset_done"  # the consumer was reset: a new epoch starts at delivery sequence 1
     RESET_FAILED = "reset_failed"  # the reset was refused or unanswered: it is due again after a backoff
+    FILL = "fill"  # pull mode: the resync found deliveries nobody stored; they are read from the origin stream
+    FILLED = "filled"  # pull mode: they were read and handed to the pipeline; deliveries are taken again
+    FILL_FAILED = "fill_failed"  # pull mode: the origin stream could not be read; resync again after a backoff
     SHUTDOWN = "shutdown"  # stop taking deliveries; drain what is in flight
 
 
@@ -52,7 +63,14 @@ TRANSITIONS: dict[Phase, dict[Event, Phase]] = {
     Phase.RESET_WAIT: {Event.RESET_SENT: Phase.RESETTING, Event.SHUTDOWN: Phase.STOPPING},
     Phase.RESETTING: {
         Event.RESET_DONE: Phase.RUNNING,
+        Event.FILL: Phase.FILLING,
         Event.RESET_FAILED: Phase.RESET_WAIT,
+        Event.SHUTDOWN: Phase.STOPPING,
+    },
+    Phase.FILLING: {
+        Event.FILLED: Phase.RUNNING,
+        Event.FILL_FAILED: Phase.RESET_WAIT,
+        Event.DISCONTINUITY: Phase.RESET_WAIT,
         Event.SHUTDOWN: Phase.STOPPING,
     },
     Phase.RUNNING: {Event.DISCONTINUITY: Phase.RESET_WAIT, Event.SHUTDOWN: Phase.STOPPING},

@@ -353,6 +353,10 @@ class PublishPipeline:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    def __len__(self) -> int:
+        """Entries held (not yet popped off the stored prefix): what pull mode counts against its capacity."""
+        return len(self._entries)
+
     @property
     def backlog(self) -> int:
         """Entries not yet stored (queued, sent or failed)."""

@@ -1,21 +1,29 @@
-"""Creating, repairing and vetting the origin's durable flow-control consumer.
+"""Creating, repairing and vetting the origin's durable consumer: flow control (nats-server 2.14+) or pull.
 
 A managed consumer is created (or repaired) with a *pedantic* create, so the server refuses instead of silently
-rewriting what we asked for (docs/protocol.md 1.1). A consumer the operator created is only bound to after it passes
-``unfit_reasons``: a wrong ack policy would never be acked, ``headers_only`` would replicate empty payloads, and an
-``inactive_threshold`` lets the server delete the durable while the bridge is away, which on an Interest stream
-drops the messages it was holding. Non-editable differences are never "fixed" by deleting the consumer: on an
-Interest or WorkQueue origin that would lose data, so the operator decides.
+rewriting what we asked for (docs/protocol.md 1.1; nats-server 2.10 ignores the field and creates as asked). A
+consumer the operator created is only bound to after it passes ``unfit_reasons`` (flow control) or
+``pull_unfit_reasons`` (pull): a wrong ack policy would never be acked, ``headers_only`` would replicate empty
+payloads, and an ``inactive_threshold`` lets the server delete the durable while the bridge is away, which on an
+Interest stream drops the messages it was holding. Non-editable differences are never "fixed" by deleting the
+consumer: on an Interest or WorkQueue origin that would lose data, so the operator decides.
+
+Pull mode (``.cache/pull/DESIGN.md``) reads a pull consumer with explicit acks: the bridge acks each message once
+the aggregate holds it, and one that is not acked within ``ack_wait`` is delivered again (and dropped as a
+duplicate), so ``max_deliver`` must not limit redeliveries: a message past its limit would never be acked nor
+delivered again, and on a WorkQueue it would stay for good.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import ConsumerUnfit
-from bridge.io.jsapi import CONSUMER_NOT_FOUND, ApiError, JsApi
+from bridge.io.jsapi import CONSUMER_NOT_FOUND, ApiError, JsApi, seconds_ns
 
 HEARTBEAT_NS = 1_000_000_000  # flow_control consumers must use exactly 1 s (server-enforced)
+MIN_ACK_WAIT_NS = 1_000_000_000  # below it, a publish to the aggregate and its ack may outlast the ack wait
 
 
 class ConsumerSettings(Protocol):
@@ -25,18 +33,16 @@ class ConsumerSettings(Protocol):
     deliver_subject: str
     max_ack_pending: int
     filter_subjects: list[str]
+    ack_wait: float  # seconds (pull mode)
 
 
-def desired_config(source: ConsumerSettings) -> dict[str, Any]:
-    """The consumer configuration the bridge creates for a managed source."""
+def _common_config(source: ConsumerSettings) -> dict[str, Any]:
+    """What both kinds of consumer the bridge creates have in common: every message from the start, no limit on
+    redeliveries, the source's window and filters, and metadata naming the source."""
     config: dict[str, Any] = {
         "durable_name": source.consumer,
         "description": f"nats-bridge source {source.name}",
-        "deliver_subject": source.deliver_subject,
         "deliver_policy": "all",
-        "ack_policy": "flow_control",
-        "flow_control": True,
-        "idle_heartbeat": HEARTBEAT_NS,
         "max_ack_pending": source.max_ack_pending,
         "max_deliver": -1,
         "replay_policy": "instant",
@@ -50,8 +56,47 @@ def desired_config(source: ConsumerSettings) -> dict[str, Any]:
     return config
 
 
+def desired_config(source: ConsumerSettings) -> dict[str, Any]:
+    """The flow-control consumer configuration the bridge creates for a managed source."""
+    return {
+        **_common_config(source),
+        "deliver_subject": source.deliver_subject,
+        "ack_policy": "flow_control",
+        "flow_control": True,
+        "idle_heartbeat": HEARTBEAT_NS,
+    }
+
+
+def desired_pull_config(source: ConsumerSettings) -> dict[str, Any]:
+    """The pull consumer configuration the bridge creates for a managed source in pull mode: explicit acks with
+    the source's ``ack_wait``, no deliver subject (heartbeats are asked per pull request, not configured)."""
+    return {**_common_config(source), "ack_policy": "explicit", "ack_wait": seconds_ns(source.ack_wait)}
+
+
+def consumer_kind(info: dict[str, Any]) -> ConsumerKind:
+    """What an existing consumer is, from its ``CONSUMER.INFO``: a pull consumer has no deliver subject."""
+    cfg = info.get("config", {})
+    if not cfg.get("deliver_subject"):
+        return ConsumerKind.PULL
+    if cfg.get("ack_policy") == "flow_control":
+        return ConsumerKind.FLOW_CONTROL
+    return ConsumerKind.OTHER
+
+
+def _common_reasons(cfg: dict[str, Any]) -> list[str]:
+    reasons: list[str] = []
+    if cfg.get("headers_only"):
+        reasons.append("headers_only is set: payloads would not be replicated")
+    if cfg.get("inactive_threshold"):
+        reasons.append(
+            "inactive_threshold is set: the server would delete the durable while the bridge is away (on an "
+            "Interest stream that drops its messages); create it without one"
+        )
+    return reasons
+
+
 def unfit_reasons(info: dict[str, Any], source: ConsumerSettings) -> list[str]:
-    """Why an existing consumer cannot serve this source (empty when it can)."""
+    """Why an existing consumer cannot serve this source in flow-control mode (empty when it can)."""
     cfg = info.get("config", {})
     reasons: list[str] = []
     if cfg.get("ack_policy") != "flow_control":
@@ -68,26 +113,79 @@ def unfit_reasons(info: dict[str, Any], source: ConsumerSettings) -> list[str]:
         reasons.append("flow_control is off")
     if cfg.get("deliver_group"):
         reasons.append(f"deliver_group {cfg.get('deliver_group')!r} is set; the bridge needs a plain push consumer")
-    if cfg.get("headers_only"):
-        reasons.append("headers_only is set: payloads would not be replicated")
-    if cfg.get("inactive_threshold"):
+    return reasons + _common_reasons(cfg)
+
+
+def pull_unfit_reasons(info: dict[str, Any], source: ConsumerSettings) -> list[str]:
+    """Why an existing consumer cannot serve this source in pull mode (empty when it can)."""
+    cfg = info.get("config", {})
+    reasons: list[str] = []
+    if cfg.get("deliver_subject"):
         reasons.append(
-            "inactive_threshold is set: the server would delete the durable while the bridge is away (on an "
-            "Interest stream that drops its messages); create it without one"
+            f"it is a push consumer (deliver_subject {cfg.get('deliver_subject')!r}); pull mode needs a pull "
+            'consumer: create one without a deliver_subject, or set sources.mode = "flow_control" for a '
+            "flow-control consumer on nats-server >= 2.14"
         )
-    return reasons
+    if cfg.get("ack_policy") != "explicit":
+        reasons.append(
+            f"ack_policy is {cfg.get('ack_policy')!r}; pull mode acks each stored message and needs 'explicit'"
+        )
+    max_deliver = int(cfg.get("max_deliver") or -1)
+    if max_deliver > 0:
+        reasons.append(
+            f"max_deliver is {max_deliver}: a message delivered that often before the aggregate stored it would "
+            "never be delivered nor acked again; create it with max_deliver -1"
+        )
+    ack_wait = int(cfg.get("ack_wait") or 0)
+    if 0 < ack_wait < MIN_ACK_WAIT_NS:
+        reasons.append(
+            f"ack_wait is {ack_wait / 1e9:g}s: every message would be delivered again before the aggregate's ack "
+            f"could come back; create it with ack_wait >= 1s (the bridge's is {source.ack_wait:g}s)"
+        )
+    return reasons + _common_reasons(cfg)
 
 
-async def ensure_consumer(api: JsApi, source: ConsumerSettings, *, manage: bool, timeout: float) -> dict[str, Any]:
-    """Create/repair (managed) or look up and vet (bound) the source's consumer; return its info."""
+def desired_for(mode: Mode, source: ConsumerSettings) -> dict[str, Any]:
+    """The managed consumer's configuration in ``mode``."""
+    return desired_pull_config(source) if mode is Mode.PULL else desired_config(source)
+
+
+def unfit_for(mode: Mode, info: dict[str, Any], source: ConsumerSettings) -> list[str]:
+    """Why an existing consumer cannot serve the source in ``mode`` (empty when it can)."""
+    return pull_unfit_reasons(info, source) if mode is Mode.PULL else unfit_reasons(info, source)
+
+
+def bound_missing_fix(mode: Mode, source: ConsumerSettings) -> str:
+    """The consumer a bound source needs in ``mode``, for the message when it does not exist."""
+    if mode is Mode.PULL:
+        return "a durable pull consumer (no deliver_subject) with ack_policy explicit and max_deliver -1"
+    return (
+        "a durable push consumer with ack_policy flow_control, flow_control true, idle_heartbeat 1s, "
+        f"deliver_subject {source.deliver_subject}"
+    )
+
+
+async def ensure_consumer(
+    api: JsApi, source: ConsumerSettings, *, manage: bool, timeout: float, mode: Mode
+) -> dict[str, Any]:
+    """Create/repair (managed) or look up and vet (bound) the source's consumer for ``mode``; return its info.
+
+    Raises ``ConsumerUnfit`` when it cannot be created or does not fit, and the ``bridge.errors`` API errors.
+    """
+    pull = mode is Mode.PULL
     if manage:
         try:
-            info = await api.create_consumer(source.stream, desired_config(source), pedantic=True, timeout=timeout)
+            info = await api.create_consumer(source.stream, desired_for(mode, source), pedantic=True, timeout=timeout)
         except ApiError as exc:
+            fixed = (
+                "ack_policy, deliver_policy, a push consumer's deliver_subject"
+                if pull
+                else ("ack_policy, deliver_policy, flow_control, idle_heartbeat")
+            )
             raise ConsumerUnfit(
-                f"cannot create or update consumer {source.stream}/{source.consumer}: {exc.description} "
-                f"(err_code {exc.err_code}); settings that cannot be updated (ack_policy, deliver_policy, "
-                "flow_control, idle_heartbeat) need the consumer deleted by an operator, or manage_consumer = false"
+                f"cannot create or update consumer {source.stream}/{source.consumer} for {mode} mode: "
+                f"{exc.description} (err_code {exc.err_code}); settings that cannot be updated ({fixed}) need the "
+                "consumer deleted by an operator, or manage_consumer = false"
             ) from exc
     else:
         try:
@@ -96,10 +194,12 @@ async def ensure_consumer(api: JsApi, source: ConsumerSettings, *, manage: bool,
             if exc.err_code == CONSUMER_NOT_FOUND:
                 raise ConsumerUnfit(
                     f"consumer {source.stream}/{source.consumer} does not exist and manage_consumer = false: "
-                    "create it (ack_policy flow_control, deliver_subject as configured) or set manage_consumer = true"
+                    f"create {bound_missing_fix(mode, source)}, or set manage_consumer = true"
                 ) from exc
             raise
-    reasons = unfit_reasons(info, source)
+    reasons = unfit_for(mode, info, source)
     if reasons:
-        raise ConsumerUnfit(f"consumer {source.stream}/{source.consumer} is unfit: " + "; ".join(reasons))
+        raise ConsumerUnfit(
+            f"consumer {source.stream}/{source.consumer} is unfit for {mode} mode: " + "; ".join(reasons)
+        )
     return info

@@ -7,7 +7,9 @@ Plain requests (not nats-py's JetStream context) keep the API prefix explicit (`
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,18 +17,25 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from bridge.core.effects import OriginMessage
+from bridge.core.headers import parse_header_block
+from bridge.core.times import parse_rfc3339_ns
 from bridge.errors import ApiError, ApiTimeout, ApiUnavailable
 from bridge.io.connect import describe
 
 __all__ = [
+    "ANY_SUBJECT",
     "CONSUMER_EXISTS",
     "CONSUMER_NOT_FOUND",
+    "NO_MESSAGE_FOUND",
     "STREAM_NAME_IN_USE",
     "STREAM_NOT_FOUND",
     "ApiError",
     "ApiTimeout",
     "ApiUnavailable",
     "JsApi",
+    "server_level",
+    "stored_message",
 ]
 
 # err_code values the bridge reacts to (nats-server server/errors.json)
@@ -34,6 +43,9 @@ STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
 STREAM_NAME_IN_USE = 10058  # a stream create met an existing stream with another configuration
 CONSUMER_EXISTS = 10148  # a create-only consumer create met an existing durable with another configuration
+NO_MESSAGE_FOUND = 10037  # STREAM.MSG.GET: nothing at (or after) the sequence; a missing stream is also a 404
+
+ANY_SUBJECT = ">"  # next_by_subj matching every subject: the next stored message, stepping over deleted ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +95,102 @@ class JsApi:
 
     async def first_seq_from(self, stream: str, start: int, subject_filter: str, timeout: float = 5.0) -> int:
         """The sequence of the stream's first message at or after ``start`` on ``subject_filter``; 0 when none."""
+        message = await self.get_message(stream, start, subject_filter, timeout)
+        return message.seq if message is not None else 0
+
+    async def get_message(
+        self, stream: str, seq: int, next_by_subj: str | None, timeout: float = 5.0
+    ) -> OriginMessage | None:
+        """``STREAM.MSG.GET``: the message stored at ``seq`` (``next_by_subj`` None), or the first one at or after
+        ``seq`` on the subject filter ``next_by_subj`` (:data:`ANY_SUBJECT` for any); None when there is none.
+
+        Works on every server since 2.10 and on any stream (Direct Get needs ``allow_direct``). A missing stream
+        is an :class:`ApiError`, never "no message".
+        """
+        body: dict[str, Any] = {"seq": seq}
+        if next_by_subj is not None:
+            body["next_by_subj"] = next_by_subj
+        subject = f"STREAM.MSG.GET.{stream}"
         try:
-            reply = await self.request(
-                f"STREAM.MSG.GET.{stream}", {"seq": start, "next_by_subj": subject_filter}, timeout
-            )
+            reply = await self.request(subject, body, timeout)
         except ApiError as exc:
-            if exc.code == 404:
-                return 0
+            if exc.err_code == NO_MESSAGE_FOUND:
+                return None
             raise
-        return int(reply.get("message", {}).get("seq", 0))
+        return stored_message(reply.get("message"), f"{self.prefix}.{subject}")
+
+    async def messages_between(
+        self, stream: str, after: int, through: int, filters: Sequence[str], timeout: float = 5.0
+    ) -> list[OriginMessage]:
+        """The stream's messages with sequences in ``(after, through]`` on any of ``filters`` (none: every
+        subject), in sequence order: one ``STREAM.MSG.GET`` per message, plus one per filter to find its end.
+
+        Each filter keeps its own next message; the lowest is taken and its filter read on from there, so
+        several filters merge in order without reading any message twice. Deleted sequences (a Limits or
+        WorkQueue stream) are stepped over by ``next_by_subj``.
+        """
+        if through <= after:
+            return []
+        heads = {
+            f: await self.get_message(stream, after + 1, f, timeout) for f in dict.fromkeys(filters or [ANY_SUBJECT])
+        }
+        out: list[OriginMessage] = []
+        while True:
+            due = [m for m in heads.values() if m is not None and m.seq <= through]
+            if not due:
+                return out
+            taken = min(due, key=lambda m: m.seq)
+            out.append(taken)
+            for f, head in heads.items():
+                # every filter standing at the message taken moves on: a message two overlapping filters both
+                # match (a consumer refuses such filters, a stream read need not) is still read once
+                if head is not None and head.seq == taken.seq:
+                    heads[f] = (
+                        await self.get_message(stream, taken.seq + 1, f, timeout) if taken.seq < through else None
+                    )
+
+    def next_request(
+        self, stream: str, consumer: str, *, batch: int, expires: float, heartbeat: float
+    ) -> tuple[str, bytes]:
+        """Subject and body of a pull request (``CONSUMER.MSG.NEXT``) for ``batch`` messages, living ``expires``
+        seconds with an idle heartbeat every ``heartbeat`` seconds (the server wants it at most half of
+        ``expires``). It is published with the inbox for the deliveries as its reply, never sent as a request:
+        its answers are the deliveries themselves."""
+        body = {"batch": batch, "expires": seconds_ns(expires), "idle_heartbeat": seconds_ns(heartbeat)}
+        return f"{self.prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}", json.dumps(body, separators=(",", ":")).encode()
+
+
+def seconds_ns(seconds: float) -> int:
+    """A duration in seconds as the API's integer nanoseconds."""
+    return round(seconds * 1_000_000_000)
+
+
+def stored_message(raw: Any, subject: str) -> OriginMessage:
+    """Decode the ``message`` of a ``STREAM.MSG.GET`` reply (to ``subject``): ``hdrs`` (a base64 header block,
+    absent without headers), ``data`` (base64, absent when empty), ``subject``, ``seq`` and ``time`` (RFC 3339,
+    to exact nanoseconds). Raises :class:`ApiUnavailable` for a reply that is not such a message."""
+    try:
+        block = raw.get("hdrs")
+        data = raw.get("data")
+        return OriginMessage(
+            seq=int(raw["seq"]),
+            subject=str(raw["subject"]),
+            headers=parse_header_block(base64.b64decode(block, validate=True)) if block else None,
+            payload=base64.b64decode(data, validate=True) if data else b"",
+            timestamp_ns=parse_rfc3339_ns(str(raw["time"])),
+        )
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
+        raise ApiUnavailable(f"{subject}: undecodable message {str(raw)[:200]}") from exc
+
+
+def server_level(info: Mapping[str, Any]) -> tuple[int | None, str | None]:
+    """The JetStream API level and the version of the server that answered a ``STREAM.INFO`` (``_nats.level``,
+    ``_nats.ver`` in the config's metadata, which servers since 2.11 add to every reply; ``(None, None)`` from
+    an older one)."""
+    metadata = (info.get("config") or {}).get("metadata") or {}
+    level = str(metadata.get("_nats.level", ""))
+    version = metadata.get("_nats.ver")
+    return (int(level) if level.isascii() and level.isdigit() else None), (str(version) if version else None)
 
 
 async def request_json(

@@ -1,13 +1,17 @@
-"""The origin side of one source over nats-py: its connection, stream, consumer and deliver subject.
+"""The origin side of one source over nats-py: its connection, stream, consumer, and the deliver subject
+(flow-control mode) or the pull requests' inbox (pull mode).
 
 ``OriginClient`` is the production ``bridge.runtime.ports.OriginPort``. It maps nats-py and JetStream API
-failures into ``bridge.errors`` here, once, so the runner never sees a nats-py exception.
+failures into ``bridge.errors`` here, once, so the runner never sees a nats-py exception: what cannot be sent or
+read for want of a connection is ``OriginUnavailable``; an API request answered with an error, or not answered,
+is ``ApiError``/``ApiTimeout``/``ApiUnavailable`` where the caller tells those apart (``reset``, ``anchor``,
+``fetch``, ``first_seq_from``), ``OriginUnavailable`` where it does not (``stream``, ``consumer_kind``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -15,13 +19,14 @@ from nats.aio.subscription import Subscription
 
 from bridge.config import SourceConfig
 from bridge.core import inbound
-from bridge.core.effects import AnswerFlowControl, ResetReply
+from bridge.core.effects import AnswerFlowControl, OriginMessage, Pull, PullAnchor, ResetReply
 from bridge.core.headers import parse_header_block
-from bridge.errors import OriginUnavailable
+from bridge.core.modes import ConsumerKind, Mode
+from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
 from bridge.io.connect import Callback, ErrorCallback, describe, open_connection
-from bridge.io.consumer import ensure_consumer
-from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
+from bridge.io.consumer import consumer_kind, ensure_consumer
+from bridge.io.jsapi import CONSUMER_NOT_FOUND, ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
 from bridge.runtime.ports import BoundConsumer, OriginStream
 
 PENDING_BYTES = 512 * 1024 * 1024
@@ -30,17 +35,24 @@ PENDING_BYTES = 512 * 1024 * 1024
 class OriginClient:
     """One source's connection to its origin server."""
 
-    def __init__(self, source: SourceConfig, timeout: float) -> None:
+    def __init__(self, source: SourceConfig, timeout: float, mode: Mode = Mode.FLOW_CONTROL) -> None:
         self.source = source
         self.timeout = timeout  # for every API request (the engine's reset_timeout)
+        self.mode = mode  # set by the runner once chosen, before bind (bridge.core.modes)
         self._nc: NATS | None = None
         self._api: JsApi | None = None
         self._sub: Subscription | None = None
+        self._inbox = ""  # pull mode: the subscribed inbox, the reply subject of every pull request
         self._on_message: Callable[[inbound.Inbound], None] | None = None
 
     @property
     def connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
+
+    @property
+    def inbox(self) -> str:
+        """Pull mode: the inbox of the current subscription, which every pull request names ("" when none)."""
+        return self._inbox
 
     async def connect(
         self,
@@ -73,16 +85,31 @@ class OriginClient:
         stream = self.source.stream
         try:
             info = await self._jsapi().stream_info(stream, timeout=self.timeout)
-        except ApiError as exc:
-            raise OriginUnavailable(f"origin stream {stream!r}: {exc.description}") from exc
-        except (ApiTimeout, ApiUnavailable) as exc:
-            raise OriginUnavailable(f"origin stream {stream!r}: {exc}") from exc
+        except (ApiError, ApiTimeout, ApiUnavailable) as exc:
+            raise _unavailable(f"origin stream {stream!r}", exc) from exc
         retention = info.get("config", {}).get("retention")
-        return OriginStream(retention == "workqueue", int(info.get("state", {}).get("last_seq", 0)))
+        level, version = server_level(info)
+        return OriginStream(
+            retention == "workqueue", int(info.get("state", {}).get("last_seq", 0)), api_level=level, version=version
+        )
+
+    async def consumer_kind(self) -> ConsumerKind | None:
+        src = self.source
+        try:
+            info = await self._jsapi().consumer_info(src.stream, src.consumer, timeout=self.timeout)
+        except ApiError as exc:
+            if exc.err_code == CONSUMER_NOT_FOUND:
+                return None
+            raise _unavailable(f"consumer {src.stream}/{src.consumer}", exc) from exc
+        except (ApiTimeout, ApiUnavailable) as exc:
+            raise _unavailable(f"consumer {src.stream}/{src.consumer}", exc) from exc
+        return consumer_kind(info)
 
     async def bind(self) -> BoundConsumer:
         src = self.source
-        info = await ensure_consumer(self._jsapi(), src, manage=src.manage_consumer, timeout=self.timeout)
+        info = await ensure_consumer(
+            self._jsapi(), src, manage=src.manage_consumer, timeout=self.timeout, mode=self.mode
+        )
         pending = info.get("num_pending")
         return BoundConsumer(
             created=info.get("created"),
@@ -110,22 +137,31 @@ class OriginClient:
         return first if first >= start else 0
 
     async def subscribe(self, on_message: Callable[[inbound.Inbound], None]) -> bool:
-        if self._nc is None or self._sub is not None:
-            return self._sub is not None
+        if self._nc is None:
+            return False
+        if self.mode is Mode.PULL:
+            # a fresh inbox each time: what the requests of an earlier subscription still bring (the server drops
+            # a waiting request once it sees nobody listens to its inbox, but not before) goes to a subject nobody
+            # listens to, never into this epoch
+            await self.unsubscribe()
+            subject = self._nc.new_inbox()
+        elif self._sub is not None:
+            return True
+        else:
+            subject = self.source.deliver_subject
         self._on_message = on_message
         # generous pending limits: the server never has more than max_ack_pending deliveries outstanding, and a
         # slow-consumer drop would only cost a reset
         limit = max(4 * self.source.max_ack_pending, 65536)
         try:
             self._sub = await self._nc.subscribe(
-                self.source.deliver_subject,
-                cb=self._on_msg,
-                pending_msgs_limit=limit,
-                pending_bytes_limit=PENDING_BYTES,
+                subject, cb=self._on_msg, pending_msgs_limit=limit, pending_bytes_limit=PENDING_BYTES
             )
         except Exception as exc:  # not connected: the next reset (silence) subscribes again
-            raise OriginUnavailable(f"cannot subscribe to {self.source.deliver_subject}: {describe(exc)}") from exc
+            raise OriginUnavailable(f"cannot subscribe to {subject}: {describe(exc)}") from exc
         wire.add_handler(self._nc, self._sub, self._on_wire)
+        if self.mode is Mode.PULL:
+            self._inbox = subject
         return True
 
     def _on_wire(self, subject: bytes, reply: bytes, header: bytes | None, payload: bytes) -> None:
@@ -140,6 +176,7 @@ class OriginClient:
 
     async def unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
+        self._inbox = ""  # no more pull requests until the next subscribe
         if sub is not None:
             wire.remove_handler(self._nc, sub)
             with contextlib.suppress(Exception):
@@ -163,6 +200,53 @@ class OriginClient:
         except Exception as exc:
             raise OriginUnavailable(f"flow-control answer not sent: {describe(exc)}") from exc
 
+    def _connection(self, what: str) -> NATS:
+        """The connection, when it is up: a pull request or an ack nats-py would buffer while it reconnects is
+        pointless (the reconnect resyncs, and a lost ack comes back as a redelivery) and misleading."""
+        if self._nc is None or not self._nc.is_connected:
+            raise OriginUnavailable(f"{what}: not connected to the origin")
+        return self._nc
+
+    async def pull(self, request: Pull) -> None:
+        nc = self._connection("pull request not sent")
+        if not self._inbox:
+            raise OriginUnavailable("pull request not sent: not subscribed to an inbox")
+        src = self.source
+        subject, body = self._jsapi().next_request(
+            src.stream, src.consumer, batch=request.batch, expires=request.expires, heartbeat=request.heartbeat
+        )
+        try:
+            # no flush: nats-py's flusher writes it at once, and whatever else is pending with it
+            await nc.publish(subject, body, reply=self._inbox)
+        except Exception as exc:
+            raise OriginUnavailable(f"pull request not sent: {describe(exc)}") from exc
+
+    async def ack(self, replies: Sequence[str]) -> None:
+        nc = self._connection("acks not sent")
+        try:
+            # an explicit ack is an empty message to the delivery's $JS.ACK subject; the publishes only queue
+            # them, and nats-py's flusher writes them together
+            for reply in replies:
+                await nc.publish(reply, b"")
+        except Exception as exc:
+            raise OriginUnavailable(f"acks not sent: {describe(exc)}") from exc
+
+    async def anchor(self) -> PullAnchor:
+        src = self.source
+        info = await self._jsapi().consumer_info(src.stream, src.consumer, timeout=self.timeout)
+        delivered = info.get("delivered") or {}
+        fit = consumer_kind(info) is ConsumerKind.PULL and info.get("config", {}).get("ack_policy") == "explicit"
+        return PullAnchor(
+            last_consumer_seq=int(delivered.get("consumer_seq", 0)),
+            last_stream_seq=int(delivered.get("stream_seq", 0)),
+            fit=fit,
+            created=info.get("created"),
+        )
+
+    async def fetch(self, after: int, through: int) -> list[OriginMessage]:
+        src = self.source
+        return await self._jsapi().messages_between(src.stream, after, through, src.filter_subjects, self.timeout)
+
     async def flush(self) -> None:
         if self._nc is not None and self._nc.is_connected:
             with contextlib.suppress(Exception):
@@ -172,3 +256,9 @@ class OriginClient:
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.close()
+
+
+def _unavailable(what: str, exc: BridgeError) -> OriginUnavailable:
+    """An API failure where the caller only needs to know the origin could not answer (``stream``,
+    ``consumer_kind``): the server's description of an error reply, else the failure itself."""
+    return OriginUnavailable(f"{what}: {exc.description if isinstance(exc, ApiError) else exc}")

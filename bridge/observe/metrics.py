@@ -23,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from bridge import __version__
+from bridge.core.modes import Mode
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 FC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
@@ -53,9 +54,14 @@ class SourceSnapshot:
     seconds_since_progress: float = 0.0
     last_replicated_origin_time: float | None = None  # unix seconds: origin store time of the newest copy
     last_error: str = ""
+    mode: str = ""  # the consumer model chosen (bridge.core.modes.Mode), "" until the source has connected
+    mode_reason: str = ""  # why that mode (bridge.core.modes.Choice.reason)
 
     def to_json(self) -> dict[str, Any]:
+        """The source's part of ``/readyz`` (which ``status`` shows)."""
         return {
+            "mode": self.mode or None,
+            "mode_reason": self.mode_reason or None,
             "phase": self.phase,
             "origin_connected": self.origin_connected,
             "consumer_bound": self.consumer_bound,
@@ -348,6 +354,17 @@ def _source_families(snap: BridgeSnapshot) -> Iterator[Metric]:
         "1 while the origin consumer is bound and replicating (after the first reset).",
         rows(lambda s: s.consumer_bound),
     )
+    # Every mode gets a series (0 or 1), as a Prometheus state set: a mode change flips two values instead of
+    # leaving a stale series behind, and "which sources pull" is a plain == 1. All 0 until the mode is chosen.
+    modes = GaugeMetricFamily(
+        "nats_bridge_source_mode",
+        "1 for the consumer model the source replicates through (flow_control or pull), 0 for the other.",
+        labels=["source", "mode"],
+    )
+    for s in src:
+        for mode in Mode:
+            modes.add_metric([s.source, mode.value], 1.0 if s.mode == mode else 0.0)
+    yield modes
 
 
 def _fleet_families(fleet: FleetSnapshot) -> Iterator[Metric]:

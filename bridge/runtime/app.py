@@ -91,6 +91,7 @@ class Bridge:
         # for the stop summary (bridge.stopped): when it started, why it stops, and what the runners that ended did
         self.started_at = time.monotonic()
         self.stop_reason = ""
+        self.config_error: str | None = None  # a setting the servers turned out not to support (exit code 2)
         self._stopped_logged = False
         self._closing = False  # the connections are being closed on purpose: no "disconnected" lines
         self._ended: dict[str, dict[str, Any]] = {}
@@ -246,10 +247,20 @@ class Bridge:
             observers=self.metrics.observers(source.name),
             stalled_after=self.config.http.stalled_after,
             fence=fence,
+            on_config_error=self._config_error,
         )
         task = _SourceTask(runner)
         self._tasks[source.name] = task
         self._sources_tg.start_soon(self._run_source, task)
+
+    def _config_error(self, message: str) -> None:
+        """A source found its configuration unusable against its server (``mode = "flow_control"`` on an origin
+        older than 2.14): stop everything, as a bad configuration file would have, with exit code 2."""
+        if self.config_error is None:
+            self.config_error = message
+            self.log.error("config.invalid", problem=message, exit_code=2)
+        self.stop_reason = self.stop_reason or "configuration error"
+        self.stop.set()
 
     async def _run_source(self, task: _SourceTask) -> None:
         try:

@@ -11,8 +11,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bridge.core.effects import AnswerFlowControl, ResetReply
+from bridge.core.effects import AnswerFlowControl, OriginMessage, Pull, PullAnchor, ResetReply
 from bridge.core.inbound import Inbound
+from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.pipeline import OutboundMessage, TargetLimits
 from bridge.core.recovery import Copy
 from bridge.io.target import AckOutcome
@@ -30,6 +31,8 @@ class OriginStream:
 
     workqueue: bool  # WorkQueue retention: acked messages are deleted (and can be stranded)
     last_seq: int
+    api_level: int | None = None  # the server's JetStream API level (``_nats.level``; None: older than 2.11)
+    version: str | None = None  # the server's version (``_nats.ver``), when it says
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +45,14 @@ class BoundConsumer:
 
 
 class OriginPort(Protocol):
-    """The origin server: its stream, the source's consumer and the deliver subject."""
+    """The origin server: its stream, the source's consumer and the deliver subject (flow-control mode) or the
+    pull requests' inbox (pull mode).
+
+    ``mode`` is set by the runner once it is chosen (``bridge.core.modes``), before ``bind``: it decides which
+    consumer ``bind`` creates or vets and what ``subscribe`` listens to.
+    """
+
+    mode: Mode
 
     @property
     def connected(self) -> bool: ...
@@ -59,8 +69,11 @@ class OriginPort(Protocol):
 
     async def stream(self) -> OriginStream: ...
 
+    async def consumer_kind(self) -> ConsumerKind | None:
+        """What the source's durable is, or None when it does not exist (raises ``OriginUnavailable``)."""
+
     async def bind(self) -> BoundConsumer:
-        """Create (managed) or look up and vet (bound) the consumer; raises ``ConsumerUnfit``."""
+        """Create (managed) or look up and vet (bound) the consumer for ``mode``; raises ``ConsumerUnfit``."""
 
     async def reset(self, seq: int | None) -> ResetReply: ...
 
@@ -68,8 +81,24 @@ class OriginPort(Protocol):
         """The first message at or after ``start`` within the source's filters (0: none)."""
 
     async def subscribe(self, on_message: Callable[[Inbound], None]) -> bool:
-        """Hand every message of the deliver subject, classified, to ``on_message`` (raises ``OriginUnavailable``
-        when not connected: the next reset subscribes again)."""
+        """Hand every message of the deliver subject (pull mode: of a new inbox, which ``pull`` names as the reply
+        of every request until the next ``subscribe``), classified, to ``on_message`` (raises
+        ``OriginUnavailable`` when not connected: the next reset subscribes again)."""
+
+    async def anchor(self) -> PullAnchor:
+        """Pull mode: the consumer's last delivery, from ``CONSUMER.INFO`` (raises the ``bridge.errors`` family)."""
+
+    async def pull(self, request: Pull) -> None:
+        """Pull mode: send one ``CONSUMER.MSG.NEXT`` request, replies to the current inbox (raises
+        ``OriginUnavailable`` when it cannot be sent)."""
+
+    async def ack(self, replies: Sequence[str]) -> None:
+        """Pull mode: one explicit ack (an empty message) to each reply subject, in one write (raises
+        ``OriginUnavailable`` when they cannot be sent)."""
+
+    async def fetch(self, after: int, through: int) -> list[OriginMessage]:
+        """Pull mode: the origin stream's messages in ``(after, through]`` within the source's filters, in order
+        (read with ``STREAM.MSG.GET``; raises the ``bridge.errors`` family)."""
 
     async def unsubscribe(self) -> None: ...
 

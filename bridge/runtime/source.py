@@ -40,17 +40,22 @@ from bridge.config import EngineConfig, SourceConfig
 from bridge.core import inbound
 from bridge.core.backoff import Backoff
 from bridge.core.effects import (
+    Ack,
     AnswerFlowControl,
     Effect,
+    FetchOrigin,
     Notice,
     ProbeStranded,
     Publish,
+    Pull,
     ReadTargetLimits,
     RequestReset,
     VerifyStored,
 )
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
+from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode
 from bridge.core.pipeline import EntryState, OutboundMessage
+from bridge.core.pull import PullEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.errors import ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
 from bridge.io.connect import describe, error_fields
@@ -82,7 +87,14 @@ def engine_settings(
         reset_backoff=Backoff(engine.reset_backoff_initial, engine.reset_backoff_max),
         publish_retry=Backoff(engine.publish_retry_initial, engine.publish_retry_max),
         stalled_after=stalled_after,
+        # pull mode: never more asked for or unstored than the server lets be pending, or the window can send
+        pull_capacity=max(1, min(source.max_ack_pending, target.publish_window)),
     )
+
+
+def new_engine(mode: Mode, settings: EngineSettings, now: float) -> SourceEngine | PullEngine:
+    """The engine of a consumer model."""
+    return PullEngine(settings, now) if mode is Mode.PULL else SourceEngine(settings, now)
 
 
 class SourceRunner:
@@ -99,6 +111,7 @@ class SourceRunner:
         observers: SourceObservers | None = None,
         fence: Callable[[], bool] | None = None,
         origin: OriginPort | None = None,
+        on_config_error: Callable[[str], None] | None = None,
     ):
         self.source = source
         self.engine_cfg = engine
@@ -107,9 +120,13 @@ class SourceRunner:
         self.clock = clock
         self.observers = observers
         self._fence = fence
+        self._on_config_error = on_config_error
         self.fenced = False  # the fence closed: nothing more is done for this source
         self.log = get_logger(source=source.name)
-        self.engine = SourceEngine(engine_settings(source, engine, target, stalled_after), clock())
+        # the model is chosen once connected (`mode`); until then the configured one, or flow control for auto
+        first = Mode.PULL if source.mode == "pull" else Mode.FLOW_CONTROL
+        self.engine = new_engine(first, engine_settings(source, engine, target, stalled_after), clock())
+        self.mode: Choice | None = None
         self.ready = anyio.Event()  # connected, consumer bound, first reset done
         self._effects: deque[Effect] = deque()
         self._wake = anyio.Event()
@@ -236,6 +253,8 @@ class SourceRunner:
             self._connected = self.origin_connected = True
             self.log.info("origin.connected", servers=list(src.servers), api_prefix=src.api_prefix)
         stream = await origin.stream()
+        if self.mode is None:
+            await self._choose_mode(stream)
         if not self.may_act():
             return  # abandoned: the task group is cancelled, nothing more starts
         bound = await origin.bind()
@@ -254,6 +273,24 @@ class SourceRunner:
             await self._publisher.start()
             self.target.add_after_parse(self._write_ready)  # acks free the window for more
         self._emit(self.engine.target_limits(await self.target.limits(), self.clock()))
+
+    async def _choose_mode(self, stream: OriginStream) -> None:
+        """Decide the consumer model once (``bridge.core.modes``); ``flow_control`` forced on an older server is a
+        configuration error: reported to the bridge, which stops with exit code 2."""
+        # only auto depends on the durable (CONSUMER.INFO): it keeps a pull consumer made before an upgrade to 2.14
+        kind = await self.origin.consumer_kind() if self.source.mode == "auto" else None
+        try:
+            choice = choose_mode(self.source.mode, stream.api_level, stream.version, kind)
+        except ModeUnsupported as exc:
+            message = f"sources[{self.source.name}].mode: {exc}"
+            if self._on_config_error is not None:
+                self._on_config_error(message)
+            raise ConsumerUnfit(message) from exc
+        self.mode = choice
+        self.origin.mode = choice.mode
+        if (choice.mode is Mode.PULL) != isinstance(self.engine, PullEngine):
+            self.engine = new_engine(choice.mode, self.engine.settings, self.clock())  # nothing happened in it yet
+        self.log.info("source.mode", mode=choice.mode.value, reason=choice.reason)
 
     async def _read_tail(self, floor: int) -> tuple[list[Copy], bool]:
         """This source's copies in the aggregate above ``floor`` (see ``read_source_tail``)."""
@@ -410,7 +447,9 @@ class SourceRunner:
             deliveries=engine.stats.delivered,
             duplicates=engine.stats.duplicates,
             fc_requests=engine.stats.fc_requests,
-            fc_answers=engine.ledger.answers,
+            fc_answers=engine.ledger.answers if isinstance(engine, SourceEngine) else 0,
+            mode=self.mode.mode.value if self.mode is not None else "",
+            mode_reason=self.mode.reason if self.mode is not None else "",
             resets=dict(engine.resets),
             blocked_reason=blocked.reason if blocked is not None else "",
             stalled=engine.stalled(now),
@@ -500,6 +539,12 @@ class SourceRunner:
                 self._emit(self.engine.target_limits(await self.target.limits(), self.clock()))
             case ProbeStranded():
                 self._tg.start_soon(self._probe_stranded, effect)
+            case Pull():
+                await self._pull(effect)
+            case Ack():
+                await self._ack(effect)
+            case FetchOrigin():
+                self._tg.start_soon(self._fetch, effect)
             case Notice():
                 getattr(self.log, effect.level)(effect.event, **effect.fields)
             case _:
@@ -519,7 +564,7 @@ class SourceRunner:
 
     async def _reset(self, request: RequestReset) -> None:
         self.log.info(
-            "reset.requested",
+            "resync.requested" if isinstance(self.engine, PullEngine) else "reset.requested",
             cause=request.cause.value,
             attempt=request.attempt,
             seq=request.seq,
@@ -537,8 +582,11 @@ class SourceRunner:
             await self.origin.bind()
             if not self.may_act():
                 return
-            reply = await self.origin.reset(request.seq)
-            effects = self.engine.reset_replied(reply, self.clock())
+            engine = self.engine
+            if isinstance(engine, PullEngine):  # pull mode's resync: the consumer's last delivery anchors it
+                effects = engine.resynced(await self.origin.anchor(), self.clock())
+            else:
+                effects = engine.reset_replied(await self.origin.reset(request.seq), self.clock())
         except ApiTimeout as exc:
             reason = f"{exc} (consumer leaderless, or origin unreachable)"
             self.last_error = f"reset: {reason}"
@@ -554,6 +602,36 @@ class SourceRunner:
         if self.engine.phase is Phase.RUNNING:
             self.ready.set()
 
+    async def _pull(self, request: Pull) -> None:
+        if not self.may_act():
+            return
+        try:
+            await self.origin.pull(request)
+        except OriginUnavailable as exc:  # the connection is down: its return resyncs, which pulls again
+            self.log.debug("pull.failed", error=str(exc))
+
+    async def _ack(self, request: Ack) -> None:
+        if not self.may_act():
+            return
+        try:
+            await self.origin.ack(request.replies)
+        except OriginUnavailable as exc:  # a lost ack comes back as a redelivery, acked again
+            self.log.debug("ack.failed", error=str(exc), acks=len(request.replies))
+
+    async def _fetch(self, request: FetchOrigin) -> None:
+        engine = self.engine
+        assert isinstance(engine, PullEngine)
+        try:
+            messages = await self.origin.fetch(request.after, request.through)
+        except (BridgeError, OSError) as exc:
+            self._emit(engine.fetch_failed(str(exc), self.clock()))
+            return
+        if self.fenced:
+            return
+        self._emit(engine.fetched(messages, request.through, self.clock()))
+        if engine.phase is Phase.RUNNING:
+            self.ready.set()
+
     async def _verify(self, request: VerifyStored) -> None:
         wanted = set(request.stream_seqs)
         try:
@@ -565,13 +643,15 @@ class SourceRunner:
         self._emit(self.engine.verified(request.generation, present, self.clock()))
 
     async def _probe_stranded(self, probe: ProbeStranded) -> None:
+        engine = self.engine
+        assert isinstance(engine, SourceEngine)  # a flow-control question (pull mode is acked per message)
         try:
             first = await self.origin.first_seq_from(probe.start)
         except (BridgeError, OSError) as exc:
             self.log.debug("stranded.check_failed", error=str(exc))
-            self._emit(self.engine.stranded_probe_failed(str(exc), self.clock()))
+            self._emit(engine.stranded_probe_failed(str(exc), self.clock()))
             return
-        self._emit(self.engine.stranded_probed(first, self.clock()))
+        self._emit(engine.stranded_probed(first, self.clock()))
 
     async def _subscribe(self) -> None:
         try:

@@ -1,32 +1,50 @@
 """In-memory stand-ins for the runner's ports (``bridge.runtime.ports``), for unit tests of ``SourceRunner``.
 
-They model just enough of a flow-control consumer to drive the runner: a stream of messages, a consumer whose
-delivery sequence restarts at 1 on every RESET, answers that move the ack floor (and, on a WorkQueue, delete what
-they cover), and an aggregate that stores by ``Nats-Msg-Id``. Every call is recorded in ``ops`` in order, so a test
-can check what the runner did and when. The behaviour of real servers is tested against real servers
-(``tests/integration``); these fakes only answer what the runner asks.
+They model just enough of a consumer to drive the runner: a stream of messages, a consumer whose delivery sequence
+restarts at 1 on every RESET, answers that move the ack floor (and, on a WorkQueue, delete what they cover), and an
+aggregate that stores by ``Nats-Msg-Id``. Every call is recorded in ``ops`` in order, so a test can check what the
+runner did and when. The behaviour of real servers is tested against real servers (``tests/integration``); these
+fakes only answer what the runner asks.
+
+In pull mode (``FakeOrigin.mode``) the consumer delivers only what pull requests asked for, oldest request first,
+to the inbox each request named: a request made before the latest ``subscribe`` still takes deliveries, which are
+lost (nobody listens to its inbox), as on a real server until it notices (or the request ends): the worst case,
+made explicit. ``max_ack_pending`` is not modelled. Explicit acks move the ack floor over what is acked
+contiguously (and, on a WorkQueue, delete each acked message). ``anchor()`` and ``fetch()`` answer from that state
+unless a test scripts their answers (``anchors``, ``fetches``); ``end_requests()`` and ``heartbeat()`` send what
+a waiting request gets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bridge.core import headers as hdr
-from bridge.core.ackreply import AckInfo
-from bridge.core.effects import AnswerFlowControl, ResetReply
-from bridge.core.inbound import Data, FlowControlRequest, Inbound
+from bridge.core.ackreply import parse_ack_subject
+from bridge.core.effects import AnswerFlowControl, OriginMessage, Pull, PullAnchor, ResetReply
+from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus
+from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy
-from bridge.errors import OriginUnavailable
+from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
 from bridge.io.connect import Callback, ErrorCallback
 from bridge.io.target import AckOutcome
 from bridge.runtime.ports import BoundConsumer, Failures, OriginStream, Sends
 
 
 @dataclass
+class WaitingRequest:
+    """A pull request the fake consumer holds: ``remaining`` more messages for ``inbox``."""
+
+    inbox: str
+    request: Pull
+    remaining: int
+
+
+@dataclass
 class FakeOrigin:
-    """An origin stream of ``messages`` (seq -> subject, payload) and one flow-control consumer."""
+    """An origin stream of ``messages`` (seq -> subject, payload) and one consumer, flow control or pull (``mode``)."""
 
     stream_name: str = "ORDERS"
     consumer: str = "BRIDGE"
@@ -40,9 +58,25 @@ class FakeOrigin:
     ack_floor: int = 0
     next_seq: int = 1
     dseq: int = 0
+    # the server as stream() reports it: a current one (flow control) unless a test says otherwise
+    api_level: int | None = 5
+    version: str | None = "2.15.1"
+    mode: Mode = Mode.FLOW_CONTROL
+    kind: ConsumerKind | None = None  # what the durable is (None: it does not exist); bind() creates it
+    pulls: list[Pull] = field(default_factory=list)  # every pull request, in order
+    acks: list[str] = field(default_factory=list)  # every ack's reply subject, in order
+    fetched: list[tuple[int, int]] = field(default_factory=list)  # every fetch's (after, through)
+    waiting: list[WaitingRequest] = field(default_factory=list)  # pull requests not yet filled, oldest first
+    # scripted answers, taken first to last before the fake's own (an exception is raised instead)
+    anchors: list[PullAnchor | BridgeError] = field(default_factory=list)
+    fetches: list[list[OriginMessage] | BridgeError] = field(default_factory=list)
+    inbox: str = ""  # pull mode: the inbox of the current subscription
+    lost: list[int] = field(default_factory=list)  # pull mode: stream sequences delivered to a stale inbox
     _on_message: Callable[[Inbound], None] | None = None
     _connected: bool = False
     _fc: int = 0
+    _inboxes: int = 0
+    _acked: set[int] = field(default_factory=set)
 
     def publish(self, count: int, subject: str = "orders.new") -> None:
         """Messages arrive in the stream."""
@@ -50,16 +84,36 @@ class FakeOrigin:
         for seq in range(start, start + count):
             self.messages[seq] = (subject, f"payload-{seq}".encode())
 
+    def timestamp_ns(self, seq: int) -> int:
+        """The store time of message ``seq`` (what its deliveries and fetches say)."""
+        return seq * 1_000_000
+
     # -- what the test drives -------------------------------------------------------------------------------
 
     @property
     def subscribed(self) -> bool:
         return self._on_message is not None
 
+    @property
+    def last_delivered(self) -> int:
+        """The stream sequence of the consumer's last delivery (lost or not); 0 before the first."""
+        return self.next_seq - 1
+
     def deliver(self, count: int | None = None) -> int:
-        """Push up to ``count`` (default: all) of the next messages to the subscriber; returns how many."""
+        """Deliver up to ``count`` (default: all) of the next messages; returns how many were delivered.
+
+        Flow-control mode pushes them to the subscriber. Pull mode delivers only what waiting requests asked
+        for, subscribed or not; what goes to an inbox other than the current one is lost (``lost``)."""
         sent = 0
-        while self._on_message is not None and (count is None or sent < count):
+        while count is None or sent < count:
+            if self.mode is Mode.PULL:
+                if not self.waiting:
+                    break
+                waiting: WaitingRequest | None = self.waiting[0]
+            elif self._on_message is None:
+                break
+            else:
+                waiting = None
             seq = next((s for s in sorted(self.messages) if s >= self.next_seq), None)
             if seq is None:
                 break
@@ -67,9 +121,18 @@ class FakeOrigin:
             self.next_seq = seq + 1
             subject, payload = self.messages[seq]
             pending = sum(1 for s in self.messages if s > seq)
-            ack = AckInfo(self.stream_name, self.consumer, 1, seq, self.dseq, seq * 1_000_000, pending)
-            self._on_message(Data(ack, subject, None, payload))
+            reply = f"$JS.ACK.{self.stream_name}.{self.consumer}.1.{seq}.{self.dseq}.{self.timestamp_ns(seq)}.{pending}"
+            ack = parse_ack_subject(reply)
+            assert ack is not None
             sent += 1
+            if waiting is not None:
+                waiting.remaining -= 1
+                if waiting.remaining == 0:
+                    self.waiting.pop(0)
+            if self._on_message is None or (waiting is not None and waiting.inbox != self.inbox):
+                self.lost.append(seq)  # pull mode: the request's inbox is nobody's any more
+                continue
+            self._on_message(Data(ack, subject, None, payload, reply))
         return sent
 
     def skip_delivery(self) -> None:
@@ -84,6 +147,20 @@ class FakeOrigin:
         if self._on_message is not None:
             self._on_message(FlowControlRequest(subject))
         return subject
+
+    def heartbeat(self) -> None:
+        """Pull mode: an idle heartbeat of the oldest waiting request on the current inbox (none: nothing)."""
+        if self._on_message is not None and any(w.inbox == self.inbox for w in self.waiting):
+            self._on_message(Heartbeat(self.dseq, self.last_delivered, None))
+
+    def end_requests(self, code: int = 408, description: str = "Request Timeout") -> int:
+        """Pull mode: every waiting request ends (expired by default), each answered with a status carrying what it
+        had left, when its inbox is the current one; returns how many ended."""
+        ended, self.waiting = self.waiting, []
+        for waiting in ended:
+            if self._on_message is not None and waiting.inbox == self.inbox:
+                self._on_message(PullStatus(code, description, waiting.inbox, waiting.remaining, 0))
+        return len(ended)
 
     # -- OriginPort -------------------------------------------------------------------------------------------
 
@@ -107,10 +184,19 @@ class FakeOrigin:
 
     async def stream(self) -> OriginStream:
         self.ops.append("stream")
-        return OriginStream(self.workqueue, max(self.messages, default=0))
+        return OriginStream(self.workqueue, max(self.messages, default=0), self.api_level, self.version)
+
+    async def consumer_kind(self) -> ConsumerKind | None:
+        self.ops.append("consumer_kind")
+        return self.kind
 
     async def bind(self) -> BoundConsumer:
         self.ops.append("bind")
+        wanted = ConsumerKind.PULL if self.mode is Mode.PULL else ConsumerKind.FLOW_CONTROL
+        if self.kind is not None and self.kind is not wanted:
+            # the server refuses to turn one kind into the other
+            raise ConsumerUnfit(f"consumer {self.stream_name}/{self.consumer} is a {self.kind} consumer, not {wanted}")
+        self.kind = wanted
         pending = sum(1 for s in self.messages if s > self.ack_floor)
         return BoundConsumer(self.created, self.ack_floor, pending)
 
@@ -129,15 +215,64 @@ class FakeOrigin:
     async def subscribe(self, on_message: Callable[[Inbound], None]) -> bool:
         self.ops.append("subscribe")
         self._on_message = on_message
+        if self.mode is Mode.PULL:
+            self._inboxes += 1
+            self.inbox = f"_INBOX.fake{self._inboxes}"
         return True
 
     async def unsubscribe(self) -> None:
         self.ops.append("unsubscribe")
         self._on_message = None
+        self.inbox = ""
+
+    async def anchor(self) -> PullAnchor:
+        self.ops.append("anchor")
+        if self.anchors:
+            scripted = self.anchors.pop(0)
+            if isinstance(scripted, BridgeError):
+                raise scripted
+            return scripted
+        return PullAnchor(self.dseq, self.last_delivered, self.kind is ConsumerKind.PULL, self.created)
+
+    async def pull(self, request: Pull) -> None:
+        self.ops.append(f"pull {request.batch}")
+        if not self._connected or not self.inbox:
+            raise OriginUnavailable("pull request not sent: not subscribed to an inbox")
+        self.pulls.append(request)
+        self.waiting.append(WaitingRequest(self.inbox, request, request.batch))
+
+    async def ack(self, replies: Sequence[str]) -> None:
+        self.ops.append(f"ack {len(replies)}")
+        if not self._connected:
+            raise OriginUnavailable("acks not sent: not connected to the origin")
+        for reply in replies:
+            self.acks.append(reply)
+            info = parse_ack_subject(reply)
+            assert info is not None, reply
+            self._acked.add(info.stream_seq)
+            if self.workqueue:
+                self.messages.pop(info.stream_seq, None)
+        while self.ack_floor + 1 in self._acked:
+            self.ack_floor += 1
+
+    async def fetch(self, after: int, through: int) -> list[OriginMessage]:
+        self.ops.append(f"fetch {after} {through}")
+        self.fetched.append((after, through))
+        if self.fetches:
+            scripted = self.fetches.pop(0)
+            if isinstance(scripted, BridgeError):
+                raise scripted
+            return scripted
+        return [
+            OriginMessage(seq, subject, None, payload, self.timestamp_ns(seq))
+            for seq, (subject, payload) in sorted(self.messages.items())
+            if after < seq <= through
+        ]
 
     def detach(self) -> None:
         self.ops.append("detach")
         self._on_message = None
+        self.inbox = ""
 
     async def answer(self, effect: AnswerFlowControl) -> None:
         self.ops.append(f"answer {effect.last_consumer} {effect.last_stream}")

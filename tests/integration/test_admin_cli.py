@@ -100,12 +100,15 @@ async def test_status_adds_the_running_daemons_view_and_reset_without_seq_goes_t
         assert status["daemon"] == f"http://127.0.0.1:{port}/readyz"
         (source,) = status["sources"]
         assert source["stored_watermark"] == first.seqs[-1] and source["lag"] == 0
-        assert source["daemon"] == {
+        daemon = dict(source["daemon"])
+        assert daemon.pop("mode_reason").endswith("which has ack_policy flow_control")  # names the server's version
+        assert daemon == {
             "ready": True,
             "reasons": [],
             "phase": "running",
             "last_error": None,
             "stalled": False,
+            "mode": "flow_control",
         }
 
         # the running daemon adopts an operator's reset to the ack floor: nothing skipped, nothing doubled

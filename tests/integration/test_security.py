@@ -375,11 +375,14 @@ class Permissions:
 def origin_permissions(
     stream: str, consumer: str, deliver_subject: str, *, managed: bool = True, api: str = "$JS.API"
 ) -> Permissions:
-    """What the bridge's user needs on the server it reaches the origin stream through."""
+    """What the bridge's user needs on the server it reaches the origin stream through (``mode = "auto"`` reads the
+    durable's kind with ``CONSUMER.INFO``, managed or not)."""
+    create = (f"{api}.CONSUMER.CREATE.{stream}.{consumer}",) if managed else ()
     return Permissions(
         publish=(
             f"{api}.STREAM.INFO.{stream}",
-            f"{api}.CONSUMER.CREATE.{stream}.{consumer}" if managed else f"{api}.CONSUMER.INFO.{stream}.{consumer}",
+            f"{api}.CONSUMER.INFO.{stream}.{consumer}",
+            *create,
             f"{api}.CONSUMER.RESET.{stream}.{consumer}",
             f"$JS.FC.{stream}.{consumer}.*",
         ),
@@ -411,6 +414,7 @@ def leaf_link_permissions(stream: str, consumer: str, deliver_subject: str, *, l
         publish=(deliver_subject, "_INBOX.>"),
         subscribe=(
             f"{api}.STREAM.INFO.{stream}",
+            f"{api}.CONSUMER.INFO.{stream}.{consumer}",
             f"{api}.CONSUMER.CREATE.{stream}.{consumer}",
             f"{api}.CONSUMER.RESET.{stream}.{consumer}",
             f"$JS.FC.{stream}.{consumer}.*",

@@ -148,6 +148,7 @@ def test_minimal_config_gets_documented_defaults(write: Callable[[dict[str, Any]
     assert source.deliver_subject == "nats-bridge.deliver.edge-a"
     assert source.manage_consumer is True and source.max_ack_pending == 1000
     assert source.filter_subjects == [] and source.subject_prefix is None
+    assert (source.mode, source.ack_wait) == ("auto", 30.0)
     assert (source.domain, source.auth, source.tls, source.api_prefix) == (None, None, None, "$JS.API")
 
 
@@ -175,6 +176,33 @@ def test_all_schemes_domain_and_files_accepted(write: Callable[[dict[str, Any]],
     assert config.target.api_prefix == "$JS.hub.API"
     assert config.target.tls is not None and config.target.tls.key_file == pem
     assert config.log.level == "debug"
+
+
+@pytest.mark.parametrize(
+    ("mode", "ack_wait", "expected"),
+    [
+        ("auto", 30, ("auto", 30.0)),
+        ("flow_control", 1, ("flow_control", 1.0)),
+        ("pull", 3600, ("pull", 3600.0)),
+        ("PULL", 12.5, ("pull", 12.5)),  # like log.level, any case
+    ],
+)
+def test_mode_and_ack_wait_accepted(
+    write: Callable[[dict[str, Any]], Path], mode: str, ack_wait: float, expected: tuple[str, float]
+) -> None:
+    config = load_config(write(with_changes(("sources.0.mode", mode), ("sources.0.ack_wait", ack_wait))), environ={})
+    assert (config.sources[0].mode, config.sources[0].ack_wait) == expected
+
+
+def test_mode_and_ack_wait_from_the_environment(write: Callable[[dict[str, Any]], Path]) -> None:
+    environ = {"NATS_BRIDGE_SOURCES__0__MODE": "pull", "NATS_BRIDGE_SOURCES__0__ACK_WAIT": "45"}
+    config = load_config(write(MINIMAL), environ=environ)
+    assert (config.sources[0].mode, config.sources[0].ack_wait) == ("pull", 45.0)
+    problems = problems_of(write(MINIMAL), {"NATS_BRIDGE_SOURCES__0__MODE": "fc"})
+    assert problems == [
+        "sources[edge-a].mode: must be one of 'auto', 'flow_control' or 'pull' (got 'fc') "
+        "[from environment variable NATS_BRIDGE_SOURCES__0__MODE]"
+    ]
 
 
 # --- one rule, one line naming its key --------------------------------------------------------------------
@@ -230,6 +258,20 @@ RULES: list[tuple[tuple[tuple[str, Any], ...], str]] = [
         "sources[edge-a].filter_subjects: only allowed with manage_consumer = true: the filters of a "
         "pre-created consumer are the operator's",
     ),
+    (
+        (("sources.0.mode", "push"),),
+        "sources[edge-a].mode: must be one of 'auto', 'flow_control' or 'pull' (got 'push')",
+    ),
+    ((("sources.0.mode", 2),), "sources[edge-a].mode: must be one of 'auto', 'flow_control' or 'pull' (got 2)"),
+    (
+        (("sources.0.ack_wait", 0.5),),
+        "sources[edge-a].ack_wait: must be between 1 and 3600 seconds: the origin redelivers a message not acked "
+        "within it (got 0.5)",
+    ),
+    ((("sources.0.ack_wait", 3600.5),), "sources[edge-a].ack_wait: must be between 1 and 3600 seconds"),
+    ((("sources.0.ack_wait", -30),), "sources[edge-a].ack_wait: must be between 1 and 3600 seconds"),
+    ((("sources.0.ack_wait", float("inf")),), "sources[edge-a].ack_wait: must be between 1 and 3600 seconds"),
+    ((("sources.0.ack_wait", "30s"),), "sources[edge-a].ack_wait: must be a number (got '30s')"),
     ((("sources.0.filter_subjects", ["a.b*"]),), "sources[edge-a].filter_subjects[0]: '*' must be a whole token"),
     ((("sources.0.filter_subjects", ["a.>.b"]),), "sources[edge-a].filter_subjects[0]: '>' must be the whole last"),
     ((("sources.0.filter_subjects", ["a", "a"]),), "sources[edge-a].filter_subjects: 'a' is listed twice"),

@@ -1,7 +1,10 @@
-"""``bridge.core.inbound.classify``: data, FC requests, heartbeats and everything else on the deliver subject.
+"""``bridge.core.inbound.classify``: data, FC requests, heartbeats, pull statuses and everything else on the
+deliver subject (or a pull request's inbox).
 
 Inputs are shaped as nats-py hands them to a plain subscription (docs/protocol.md section 9): the status line
-becomes the pseudo-headers ``Status``/``Description``; a data message's reply is its ``$JS.ACK`` subject.
+becomes the pseudo-headers ``Status``/``Description``; a data message's reply is its ``$JS.ACK`` subject; a pull
+consumer's status (nats-server ``consumer.go``: ``408 Request Timeout`` with ``Nats-Pending-Messages``/
+``Nats-Pending-Bytes``, ``409 Consumer Deleted``...) arrives on the request's inbox without a reply.
 """
 
 from __future__ import annotations
@@ -9,11 +12,12 @@ from __future__ import annotations
 import pytest
 
 from bridge.core.ackreply import parse_ack_subject
-from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Unrecognised, classify
+from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, PullStatus, Unrecognised, classify
 
 ACK = "$JS.ACK.ORDERS.BRIDGE.1.57.12.1700.3"
 FC = "$JS.FC.ORDERS.BRIDGE.aB3x"
 FC_HEADERS = {"Status": "100", "Description": "FlowControl Request"}
+INBOX = "_INBOX.aJ5lq0Vv2zHmF3kOe9tWcR"
 
 
 def heartbeat_headers(**extra: str) -> dict[str, str]:
@@ -24,7 +28,10 @@ def heartbeat_headers(**extra: str) -> dict[str, str]:
 @pytest.mark.parametrize("payload", [b"", b"hello"])
 def test_data_message(headers: dict[str, str] | None, payload: bytes) -> None:
     msg = classify("orders.new", ACK, headers, payload)
-    assert msg == Data(ack=parse_ack_subject(ACK), subject="orders.new", headers=headers, payload=payload)  # type: ignore[arg-type]
+    ack = parse_ack_subject(ACK)
+    assert ack is not None
+    # the reply is kept whole: pull mode acks the message by publishing to it
+    assert msg == Data(ack=ack, subject="orders.new", headers=headers, payload=payload, reply=ACK)
 
 
 def test_v2_data_message() -> None:
@@ -63,20 +70,62 @@ def test_heartbeat_with_missing_or_bad_headers(extra: dict[str, str], expected: 
     assert classify("deliver.x", "", heartbeat_headers(**extra), b"") == expected
 
 
+def test_heartbeat_of_a_pull_request() -> None:
+    """A pull consumer's idle heartbeat comes to the request's inbox (its subject), without a reply."""
+    headers = heartbeat_headers(**{"Nats-Last-Consumer": "20", "Nats-Last-Stream": "41"})
+    assert classify(INBOX, "", headers, b"") == Heartbeat(last_consumer=20, last_stream=41, stalled=None)
+
+
 @pytest.mark.parametrize(
-    ("headers", "payload"),
+    ("headers", "expected"),
     [
-        ({"Status": "404", "Description": "No Messages"}, b""),
-        ({"Status": "408", "Description": "Request Timeout"}, b""),
-        ({"Status": "409", "Description": "Consumer Deleted"}, b""),
-        ({"Status": "503"}, b""),
-        (FC_HEADERS, b"not empty"),  # a control message has no payload
+        ({"Status": "404", "Description": "No Messages"}, PullStatus(404, "No Messages", INBOX)),
+        (
+            {
+                "Status": "408",
+                "Description": "Request Timeout",
+                "Nats-Pending-Messages": "7",
+                "Nats-Pending-Bytes": "0",
+            },
+            PullStatus(408, "Request Timeout", INBOX, 7, 0),
+        ),
+        (
+            {
+                "Status": "409",
+                "Description": "Message Size Exceeds MaxBytes",
+                "Nats-Pending-Messages": "3",
+                "Nats-Pending-Bytes": "1024",
+            },
+            PullStatus(409, "Message Size Exceeds MaxBytes", INBOX, 3, 1024),
+        ),
+        ({"Status": "409", "Description": "Consumer Deleted"}, PullStatus(409, "Consumer Deleted", INBOX)),
+        ({"Status": "409", "Description": "Exceeded MaxWaiting"}, PullStatus(409, "Exceeded MaxWaiting", INBOX)),
+        ({"Status": "503"}, PullStatus(503, "", INBOX)),  # no description at all
+        (  # unparsable pending counts are unknown, not zero
+            {"Status": "408", "Description": "Request Timeout", "Nats-Pending-Messages": "x", "Nats-Pending-Bytes": ""},
+            PullStatus(408, "Request Timeout", INBOX, None, None),
+        ),
     ],
 )
-def test_other_status_messages_are_unrecognised(headers: dict[str, str], payload: bytes) -> None:
-    msg = classify("deliver.x", FC, headers, payload)
+def test_pull_statuses(headers: dict[str, str], expected: PullStatus) -> None:
+    """A status other than 100 without payload ends or refuses a pull request: its code, description, the request
+    (the inbox it arrived on) and what the request had left."""
+    assert classify(INBOX, "", headers, b"") == expected
+
+
+@pytest.mark.parametrize(
+    ("headers", "payload", "reason"),
+    [
+        ({"Status": "active", "Description": "x"}, b"", "status active x"),  # not a numeric status
+        ({"Status": "1OO"}, b"", "status 1OO"),
+        ({"Status": "408", "Description": "Request Timeout"}, b"body", "ack subject"),  # a status has no payload
+        (FC_HEADERS, b"not empty", "ack subject"),  # a control message has no payload either
+    ],
+)
+def test_other_status_messages_are_unrecognised(headers: dict[str, str], payload: bytes, reason: str) -> None:
+    msg = classify("deliver.x", "", headers, payload)
     assert isinstance(msg, Unrecognised)
-    assert headers["Status"] in msg.reason
+    assert reason in msg.reason
 
 
 @pytest.mark.parametrize("reply", ["", "_INBOX.abc", "$JS.ACK.ORDERS.BRIDGE.1.2", "$JS.FC.ORDERS.BRIDGE.x"])

@@ -70,6 +70,33 @@ def test_scrape_reads_every_source_snapshot() -> None:
     assert ("nats_bridge_build_info", (("version", __import__("bridge").__version__),)) in s
 
 
+def test_the_mode_is_a_state_set_per_source() -> None:
+    """One series per mode and source: 1 for the mode the source runs in, 0 for the other; all 0 until chosen."""
+    metrics = Metrics()
+    snap = BridgeSnapshot(
+        target_connected=True,
+        sources=(_source("a", mode="pull", mode_reason="configured"), _source("b", mode="flow_control"), _source("c")),
+        now=1000.0,
+    )
+    metrics.read_from(lambda: snap)
+    modes = {labels: value for (name, labels), value in _samples(metrics).items() if name == "nats_bridge_source_mode"}
+    assert modes == {
+        (("mode", "flow_control"), ("source", "a")): 0,
+        (("mode", "pull"), ("source", "a")): 1,
+        (("mode", "flow_control"), ("source", "b")): 1,
+        (("mode", "pull"), ("source", "b")): 0,
+        (("mode", "flow_control"), ("source", "c")): 0,
+        (("mode", "pull"), ("source", "c")): 0,
+    }
+
+
+def test_the_mode_and_its_reason_are_in_the_readyz_view() -> None:
+    chosen = _source("a", mode="pull", mode_reason="the durable consumer exists as a pull consumer").to_json()
+    assert (chosen["mode"], chosen["mode_reason"]) == ("pull", "the durable consumer exists as a pull consumer")
+    unknown = _source("a").to_json()  # the source has not connected yet: nothing chosen
+    assert (unknown["mode"], unknown["mode_reason"]) == (None, None)
+
+
 def test_per_event_metrics_are_labelled_by_source() -> None:
     metrics = Metrics()
     observers = metrics.observers("a")

@@ -12,6 +12,7 @@ import pytest
 
 from bridge.config import EngineConfig, HttpConfig, SourceConfig
 from bridge.core.engine import Phase
+from bridge.core.modes import Mode
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
 from bridge.runtime.source import SourceRunner
 from bridge.testing.fakes import FakeOrigin, FakeTarget
@@ -62,7 +63,7 @@ async def test_replicates_in_order_and_answers_flow_control_only_with_what_is_st
     origin.publish(5)
     async with running(origin, target) as (runner, _):
         await until(runner.ready.is_set, "the start reset is done")
-        assert origin.ops[:6] == ["connect", "stream", "bind", "unsubscribe", "bind", "reset None"]
+        assert origin.ops[:7] == ["connect", "stream", "consumer_kind", "bind", "unsubscribe", "bind", "reset None"]
         assert origin.deliver() == 5
         subject = origin.request_flow_control()
         await until(lambda: len(target.held) == 5, "five publishes sent")
@@ -175,3 +176,72 @@ async def test_setup_is_retried_until_the_origin_is_reachable() -> None:
         await until(lambda: "connection refused" in runner.last_error, "the failure recorded")
         await until(runner.ready.is_set, "connected on the retry")
         assert origin.ops.count("connect") == 2
+
+
+# -- pull mode ----------------------------------------------------------------------------------------------
+
+
+def pull_origin(**kwargs: object) -> FakeOrigin:
+    """An origin on nats-server 2.12 (API level 3): ``auto`` chooses pull mode."""
+    origin = FakeOrigin(api_level=3, version="2.12.8", **kwargs)  # type: ignore[arg-type]
+    origin.mode = Mode.PULL  # what deliver() follows; the runner sets the same once it has chosen
+    return origin
+
+
+async def test_auto_chooses_pull_mode_on_an_old_origin_and_acks_only_what_is_stored() -> None:
+    origin, target = pull_origin(workqueue=True), FakeTarget(hold_acks=True)
+    origin.publish(5)
+    async with running(origin, target) as (runner, _):
+        await until(runner.ready.is_set, "the start resync is done")
+        assert runner.mode is not None and runner.mode.mode is Mode.PULL
+        assert runner.snapshot().mode == "pull"
+        assert origin.ops[:7] == ["connect", "stream", "consumer_kind", "bind", "unsubscribe", "bind", "anchor"]
+        await until(lambda: bool(origin.pulls), "a pull request")
+        assert origin.deliver() == 5
+        await until(lambda: len(target.held) == 5, "five publishes sent")
+        assert origin.acks == []  # nothing stored yet: nothing acked
+        target.release_acks()
+        await until(lambda: len(origin.acks) == 5, "five acks")
+        assert target.seqs("edge1") == [1, 2, 3, 4, 5]
+        assert origin.messages == {}  # a WorkQueue origin ends empty
+
+
+async def test_pull_mode_fills_a_gap_from_the_stream_without_publishing_twice() -> None:
+    origin, target = pull_origin(), FakeTarget()
+    origin.publish(6)
+    async with running(origin, target) as (runner, _):
+        await until(lambda: bool(origin.pulls), "a pull request")
+        assert origin.deliver(2) == 2
+        origin.skip_delivery()  # delivery 3 (message 3) is lost on the way
+        assert origin.deliver(1) == 1  # message 4 shows the jump
+        await until(lambda: bool(origin.fetched), "the resync reads the stream")
+        assert origin.fetched == [(2, 4)]  # what the consumer delivered above what the bridge took
+        await until(lambda: len(origin.pulls) >= 2, "pulling again after the resync")
+        # the server drops a waiting request whose inbox lost its subscriber (docs/protocol.md 10)
+        origin.waiting = [w for w in origin.waiting if w.inbox == origin.inbox]
+        origin.deliver()
+        await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6], "every message once, in order")
+        assert runner.engine.resets["gap"] == 1
+
+
+async def test_flow_control_forced_on_an_old_origin_is_a_configuration_error() -> None:
+    origin, target = pull_origin(), FakeTarget()
+    problems: list[str] = []
+    source = SOURCE.model_copy(update={"mode": "flow_control"})
+    runner = SourceRunner(
+        source,
+        ENGINE,
+        target,
+        Clock(),
+        stalled_after=HttpConfig().stalled_after,
+        origin=origin,
+        on_config_error=problems.append,
+    )
+    stop = anyio.Event()
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run, stop)
+            await until(lambda: bool(problems), "the configuration error is reported")
+            stop.set()
+    assert problems[0].startswith('sources[edge1].mode: mode = "flow_control" needs nats-server 2.14.0 or later')
+    assert "bind" not in origin.ops  # nothing was created on the origin

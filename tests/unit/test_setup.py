@@ -24,11 +24,12 @@ from bridge.commands.setup import (
     exit_code,
     go_duration,
     minimal_subjects,
-    origin_too_old,
+    source_mode,
 )
 from bridge.config import SourceConfig, TargetConfig
+from bridge.core.modes import Mode, ModeUnsupported
 from bridge.core.subjects import pattern_covers
-from bridge.io.consumer import desired_config
+from bridge.io.consumer import desired_config, desired_pull_config
 
 NS = 1_000_000_000
 
@@ -184,21 +185,29 @@ def test_the_coordination_buckets_differences() -> None:
 
 
 @pytest.mark.parametrize(
-    ("metadata", "too_old"),
+    ("metadata", "mode"),
     [
-        ({"_nats.level": "4", "_nats.ver": "2.14.0"}, None),
-        ({"_nats.level": "5", "_nats.ver": "2.15.1"}, None),
-        ({"_nats.level": "2", "_nats.ver": "2.12.3"}, "the origin runs nats-server 2.12.3; "),
-        (None, "the origin runs a nats-server older than 2.11; "),
+        ({"_nats.level": "4", "_nats.ver": "2.14.0"}, Mode.FLOW_CONTROL),
+        ({"_nats.level": "5", "_nats.ver": "2.15.1"}, Mode.FLOW_CONTROL),
+        ({"_nats.level": "3", "_nats.ver": "2.12.8"}, Mode.PULL),
+        (None, Mode.PULL),  # 2.10 reports no level
     ],
 )
-def test_an_origin_older_than_2_14_is_named(metadata: dict[str, str] | None, too_old: str | None) -> None:
-    found = origin_too_old({"config": {"metadata": metadata}})
-    if too_old is None:
-        assert found is None
-    else:
-        assert found is not None and found.startswith(too_old)
-        assert "needs nats-server 2.14.0 or newer on the origin" in found
+def test_setup_chooses_the_mode_the_daemon_will_run(metadata: dict[str, str] | None, mode: Mode) -> None:
+    info = {"config": {"metadata": metadata}}
+    assert source_mode(source(), info, None).mode is mode
+    # an existing pull consumer is kept on a 2.14+ origin (made before an upgrade)
+    assert source_mode(source(), info, {"config": desired_pull_config(source())}).mode is Mode.PULL
+    if mode is Mode.PULL:
+        with pytest.raises(ModeUnsupported, match=r"needs nats-server 2\.14\.0 or later"):
+            source_mode(source(mode="flow_control"), info, None)
+
+
+def test_a_pull_consumer_is_judged_for_pull_mode() -> None:
+    managed = source(mode="pull")
+    assert consumer_differences({"config": desired_pull_config(managed)}, managed, Mode.PULL) == []
+    reasons = consumer_differences({"config": desired_config(managed)}, managed, Mode.PULL)
+    assert reasons and "it is a push consumer" in reasons[0]
 
 
 def test_lines_and_the_exit_code() -> None:

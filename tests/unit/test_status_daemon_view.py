@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from bridge.commands.status import _daemon_view
+from bridge.commands.status import _daemon_view, daemon_source_view, print_status
 
 
 def serving(status: int, body: bytes) -> Iterator[int]:
@@ -47,3 +47,48 @@ def test_the_daemon_view_is_its_json_or_a_reason(status: int, body: bytes, ok: b
         view, note = _daemon_view(f"127.0.0.1:{port}")
         assert (view is not None) is ok, note
         assert f":{port}/readyz" in note
+
+
+READYZ = {
+    "ready": True,
+    "sources": {
+        "edge1": {
+            "ready": True,
+            "reasons": [],
+            "role": "owner",
+            "mode": "pull",
+            "mode_reason": "the origin runs nats-server 2.12.8 (API level 2), older than 2.14",
+            "phase": "running",
+            "last_error": None,
+            "stalled": False,
+            "watermark": 12,
+        },
+        "edge2": {"ready": True, "reasons": [], "role": "standby", "owner": "other-1"},
+    },
+}
+
+
+def test_the_daemons_mode_and_reason_are_carried_per_source() -> None:
+    view = daemon_source_view(READYZ, "edge1")
+    assert view is not None
+    assert view["mode"] == "pull" and view["mode_reason"].startswith("the origin runs nats-server 2.12.8")
+    assert "watermark" not in view  # status reads that from the servers itself
+    standby = daemon_source_view(READYZ, "edge2")
+    assert standby is not None and standby["mode"] is None  # a standby runs nothing, so has no mode
+    assert daemon_source_view(READYZ, "edge3") is None and daemon_source_view(None, "edge1") is None
+
+
+def test_the_table_has_a_mode_column(capsys: pytest.CaptureFixture[str]) -> None:
+    status = {
+        "target_stream": "AGG",
+        "daemon": "http://127.0.0.1:9464/readyz",
+        "sources": [
+            {"source": "edge1", "delivered": 12, "daemon": daemon_source_view(READYZ, "edge1")},
+            {"source": "edge2", "delivered": 0, "daemon": daemon_source_view(READYZ, "edge2")},
+            {"source": "edge3", "delivered": 0, "daemon": None},
+        ],
+    }
+    assert print_status(status, as_json=False)
+    header, *rows = capsys.readouterr().out.splitlines()[:4]
+    assert header.split()[:3] == ["source", "mode", "delivered"]
+    assert [row.split()[:2] for row in rows] == [["edge1", "pull"], ["edge2", "-"], ["edge3", "-"]]

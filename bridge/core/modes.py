@@ -1,0 +1,79 @@
+"""Which consumer model a source replicates through: flow control (nats-server 2.14+) or pull (any server).
+
+``sources[].mode`` is ``auto`` (the default), ``flow_control`` or ``pull``. ``auto`` keeps the kind of a durable
+that already exists (a server upgraded to 2.14 does not turn a pull consumer into a push one, which the server
+refuses anyway), and otherwise takes flow control where the origin's server has it: JetStream API level 4
+(nats-server 2.14.0) or higher. Servers from 2.11 on report their API level in every stream info
+(``_nats.level``); a server that reports none is older than 2.11.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+FLOW_CONTROL_API_LEVEL = 4  # JetStream API level of nats-server 2.14.0, the first with ack_policy flow_control
+
+
+class Mode(StrEnum):
+    """How a source reads its origin (also a metrics label)."""
+
+    FLOW_CONTROL = "flow_control"
+    PULL = "pull"
+
+
+class ConsumerKind(StrEnum):
+    """What an existing durable of the source's name is."""
+
+    FLOW_CONTROL = "flow_control"  # push, ack_policy flow_control
+    PULL = "pull"  # no deliver subject
+    OTHER = "other"  # push with another ack policy: fits neither mode
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The mode a source runs in and the reason, as logged (``source.mode``) and shown by ``check``/``status``."""
+
+    mode: Mode
+    reason: str
+
+
+class ModeUnsupported(Exception):
+    """``mode = "flow_control"`` on an origin server that predates it: a configuration error."""
+
+
+def supports_flow_control(api_level: int | None) -> bool:
+    """The origin's server has ``ack_policy: flow_control`` (API level 4, nats-server 2.14.0, or later)."""
+    return api_level is not None and api_level >= FLOW_CONTROL_API_LEVEL
+
+
+def describe_server(api_level: int | None, version: str | None) -> str:
+    """``nats-server 2.12.8 (API level 2)``, or what is known of it."""
+    if api_level is None:
+        return "a nats-server older than 2.11 (it reports no API level)"
+    name = f"nats-server {version}" if version else "nats-server"
+    return f"{name} (API level {api_level})"
+
+
+def choose_mode(configured: str, api_level: int | None, version: str | None, existing: ConsumerKind | None) -> Choice:
+    """The mode for a source, from its configuration, the origin's server and the durable if it exists.
+
+    Raises ``ModeUnsupported`` for ``flow_control`` on a server older than 2.14.
+    """
+    server = describe_server(api_level, version)
+    if configured == Mode.FLOW_CONTROL:
+        if not supports_flow_control(api_level):
+            raise ModeUnsupported(
+                f'mode = "flow_control" needs nats-server 2.14.0 or later on the origin, which runs {server}: '
+                'set mode = "auto" (or "pull") to replicate through a pull consumer, or upgrade the origin'
+            )
+        return Choice(Mode.FLOW_CONTROL, "configured")
+    if configured == Mode.PULL:
+        return Choice(Mode.PULL, "configured")
+    if existing is ConsumerKind.PULL:
+        return Choice(Mode.PULL, "the durable consumer exists as a pull consumer")
+    if existing is ConsumerKind.FLOW_CONTROL:
+        return Choice(Mode.FLOW_CONTROL, "the durable consumer exists with ack_policy flow_control")
+    if supports_flow_control(api_level):
+        return Choice(Mode.FLOW_CONTROL, f"the origin runs {server}, which has ack_policy flow_control")
+    return Choice(Mode.PULL, f"the origin runs {server}, older than 2.14: no ack_policy flow_control")

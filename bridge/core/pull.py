@@ -1,0 +1,429 @@
+"""Pull mode: the same replication over a durable pull consumer with explicit acks (origins before 2.14).
+
+nats-server before 2.14 has no ``ack_policy: flow_control`` and no ``CONSUMER.RESET``. ``PullEngine`` reads a
+pull consumer with ``ack_policy: explicit`` (WorkQueue streams accept no other) by the continuous-consume algorithm
+of the simplified client API (ADR-37): it keeps pull requests outstanding for at most ``pull_capacity`` messages
+minus what is already unstored (``PullCredits``), refilling once half of it is free, each request with
+``expires`` and idle heartbeats. What the pipeline has not stored is never asked for beyond that, so a target
+outage stops the pulls: the server sends nothing, redeliveries included, while nobody asks.
+
+How each of the promises is kept (docs/design.md, "Pull mode"):
+
+1. **Safety.** An explicit ack names exactly one message. ``AckLedger`` holds the ack subject of each message
+   taken and releases it only once the watermark (the contiguous prefix of publish acks) covers that message, so
+   no ack ever names a message the aggregate does not hold.
+2. **No duplicates.** The same ``accepted`` check as flow-control mode: a delivery at or below it is dropped. A
+   redelivery (the ack wait expired, the bridge restarted, the server restarted and lost an ack) of a stored
+   message is acked again at once; of a message still in flight, once it is stored.
+3. **Order.** An *epoch* starts at a resync, anchored at the consumer's last delivery ``(dseq, sseq)``
+   (``CONSUMER.INFO``): every message the consumer delivered up to ``sseq`` that the bridge has not taken is read
+   from the origin stream itself and taken first, in order (``FetchOrigin``; the FILLING phase). From then on,
+   every delivery must carry the next delivery sequence; a first delivery then is the stream's next message for
+   this consumer, and nothing the consumer has pending is above ``accepted``, so a redelivery above it means
+   someone else moved the consumer: a discontinuity.
+4. **Liveness.** A delivery-sequence jump or rewind, a heartbeat naming another last delivery, silence while a
+   request is outstanding, ``409 Consumer Deleted``, an origin reconnect: a resync (throttled and backed off by
+   the same scheduler as flow-control resets). The messages lost in transit are still pending on the server; the
+   resync reads them from the stream instead of waiting out ``ack_wait``, and their redeliveries are dropped and
+   acked.
+5. **Shutdown.** No new pulls; acks for everything stored before the connection closes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from bridge.core.effects import Ack, Effect, FetchOrigin, Notice, OriginMessage, Pull, PullAnchor, ResetCause
+from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, Unrecognised
+from bridge.core.phases import Event, Phase
+from bridge.core.replication import EngineSettings, Replication
+
+__all__ = ["AckLedger", "PullCredits", "PullEngine", "pull_heartbeat"]
+
+# statuses that end a pull request and say what it had left: the request is simply replaced
+_REQUEST_ENDED = frozenset({404, 408})
+_EXPIRY_GRACE = 2.0  # seconds past a request's expiry after which its unanswered remainder is written off
+
+
+def pull_heartbeat(silence_timeout: float) -> float:
+    """The idle heartbeat asked of every pull request: half the silence that counts as a lost link (ADR-37: at
+    least 0.5 s, at most 30 s), so one missed heartbeat is not yet silence."""
+    return min(30.0, max(0.5, silence_timeout / 2))
+
+
+class AckLedger:
+    """The ack subjects of messages taken but not yet acked, in origin order; released as the watermark passes.
+
+    A message read from the origin stream by a resync has no ack subject yet: it is acked when the consumer
+    redelivers it (as a duplicate, at or below the watermark by then).
+    """
+
+    __slots__ = ("_order", "_replies", "acked", "acked_stream_seq")
+
+    def __init__(self) -> None:
+        self._order: deque[int] = deque()  # origin sequences taken, ascending
+        self._replies: dict[int, str] = {}  # origin sequence -> newest ack subject seen for it
+        self.acked = 0
+        self.acked_stream_seq = 0  # the highest origin sequence any ack of this process named
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def taken(self, sseq: int, reply: str | None) -> None:
+        """``sseq`` was taken (the newest taken so far); ``reply`` acks it once it is stored."""
+        self._order.append(sseq)
+        if reply:
+            self._replies[sseq] = reply
+
+    def redelivered(self, sseq: int, reply: str) -> None:
+        """A redelivery of ``sseq``, taken earlier and not stored yet: ack it with this subject once stored."""
+        if reply:
+            self._replies[sseq] = reply
+
+    def covered(self, watermark: int) -> tuple[str, ...]:
+        """The ack subjects of every message at or below ``watermark`` (each released once)."""
+        order, replies = self._order, self._replies
+        out: list[str] = []
+        while order and order[0] <= watermark:
+            reply = replies.pop(order.popleft(), None)
+            if reply is not None:
+                out.append(reply)
+        return self.sent(out, watermark) if out else ()
+
+    def sent(self, replies: list[str], through: int) -> tuple[str, ...]:
+        """Count ``replies`` as acks naming messages up to ``through`` (all stored)."""
+        self.acked += len(replies)
+        if through > self.acked_stream_seq:
+            self.acked_stream_seq = through
+        return tuple(replies)
+
+
+class PullCredits:
+    """Messages asked for and not yet delivered, counted as ADR-37's continuous consume does (no per-request
+    bookkeeping: a delivery takes one, a request's end gives back what it had left)."""
+
+    __slots__ = ("expires_at", "requested")
+
+    def __init__(self) -> None:
+        self.requested = 0
+        self.expires_at = 0.0  # when the newest request expires (every older one expires before it)
+
+    def pulled(self, batch: int, now: float, expires: float) -> None:
+        self.requested += batch
+        self.expires_at = now + expires
+
+    def delivered(self) -> None:
+        if self.requested:
+            self.requested -= 1
+
+    def released(self, count: int) -> None:
+        self.requested = max(0, self.requested - count)
+
+    def expire(self, now: float) -> None:
+        """Every request has expired and its end never came (lost with a connection): nothing is asked for."""
+        if self.requested and now > self.expires_at + _EXPIRY_GRACE:
+            self.requested = 0
+
+    def clear(self) -> None:
+        self.requested = 0
+
+
+class PullEngine(Replication):
+    """Replication of one source through a pull consumer. Every input returns the effects to carry out."""
+
+    def __init__(self, settings: EngineSettings, now: float) -> None:
+        super().__init__(settings, now)
+        self.acks = AckLedger()
+        self.credits = PullCredits()
+        self.heartbeat_interval = pull_heartbeat(settings.silence_timeout)
+        self.anchor_seq = 0  # the stream sequence of the consumer's last delivery when this epoch began
+        self._refused_until = 0.0  # a pull request was refused (409 Exceeded ...): none before this time
+        self._refusals = 0
+
+    @property
+    def acked_stream_seq(self) -> int:
+        """The highest origin sequence any ack of this process named."""
+        return self.acks.acked_stream_seq
+
+    # -- consumer side ------------------------------------------------------------------------------------
+
+    def receive(self, message: Inbound, now: float) -> list[Effect]:
+        """Dispatch one message from the pull requests' inbox."""
+        match message:
+            case Data():
+                return self.data(message, now)
+            case Heartbeat():
+                return self.heartbeat(message, now)
+            case PullStatus():
+                return self.pull_status(message, now)
+            case FlowControlRequest():
+                return self.unrecognised(Unrecognised(f"flow-control request {message.reply} in pull mode"))
+            case Unrecognised():
+                return self.unrecognised(message)
+
+    def data(self, msg: Data, now: float) -> list[Effect]:
+        """A delivered origin message (a first delivery or a redelivery)."""
+        self._last_activity = now
+        ack = msg.ack
+        self.stats.last_delivered = ack.stream_seq
+        self.origin_pending = ack.pending
+        self.credits.delivered()
+        effects: list[Effect] = []
+        if not self._phases.takes_deliveries:
+            # a reply to a request of an epoch being replaced: only a stored message may be acked again
+            self._ack_if_stored(ack.stream_seq, msg.reply, effects)
+            return effects + self._consumer_alive(now)
+        if ack.stream != self.settings.stream or ack.consumer != self.settings.consumer:
+            return self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
+        dseq, sseq = ack.consumer_seq, ack.stream_seq
+        if dseq != self.last_dseq + 1:
+            if dseq > self.last_dseq + 1:
+                cause = ResetCause.GAP
+            elif dseq == 1:
+                cause = ResetCause.EXTERNAL  # the consumer was re-created under us
+            else:
+                cause = ResetCause.REWIND
+            self._ack_if_stored(sseq, msg.reply, effects)
+            effects.append(
+                Notice(
+                    "discontinuity",
+                    level="warning",
+                    fields={"cause": cause.value, "expected_dseq": self.last_dseq + 1, "dseq": dseq, "sseq": sseq},
+                )
+            )
+            return effects + self._discontinuity(cause, now)
+        self.last_dseq = dseq
+        self.stats.delivered += 1
+        if sseq <= self.accepted:
+            self.stats.duplicates += 1
+            if not self._ack_if_stored(sseq, msg.reply, effects):
+                self.acks.redelivered(sseq, msg.reply)
+        elif ack.delivered > 1:
+            # nothing this epoch left pending is above `accepted`: somebody else took deliveries of this consumer
+            effects.append(
+                Notice(
+                    "discontinuity",
+                    level="warning",
+                    fields={"cause": ResetCause.GAP.value, "redelivered": sseq, "accepted": self.accepted},
+                )
+            )
+            return effects + self._discontinuity(ResetCause.GAP, now)
+        else:
+            self._take(sseq, msg.subject, msg.headers, msg.payload, ack.timestamp_ns)
+            self.acks.taken(sseq, msg.reply)
+        self._cover(effects, now)
+        self._pump(now, effects)
+        return effects
+
+    def heartbeat(self, beat: Heartbeat, now: float) -> list[Effect]:
+        """An idle heartbeat of a waiting request: it names the consumer's last delivery, which must be ours."""
+        self._last_activity = now
+        self.stats.heartbeats += 1
+        if not self._phases.takes_deliveries:
+            return self._consumer_alive(now)
+        if beat.last_consumer is not None and beat.last_consumer != self.last_dseq:
+            notice = Notice(
+                "discontinuity",
+                level="warning",
+                fields={
+                    "cause": ResetCause.HEARTBEAT_MISMATCH.value,
+                    "last_dseq": self.last_dseq,
+                    "server_last_dseq": beat.last_consumer,
+                },
+            )
+            return [notice, *self._discontinuity(ResetCause.HEARTBEAT_MISMATCH, now)]
+        return []
+
+    def pull_status(self, status: PullStatus, now: float) -> list[Effect]:
+        """A pull request ended or was refused (ADR-37's status handling)."""
+        self._last_activity = now
+        code, description = status.code, status.description
+        if status.pending_messages is not None:
+            self.credits.released(status.pending_messages)
+        effects: list[Effect] = []
+        if code in _REQUEST_ENDED:
+            pass
+        elif code == 409 and description.startswith(("Consumer Deleted", "Consumer is push based")):
+            if self._phases.takes_deliveries:
+                effects.append(
+                    Notice("discontinuity", "warning", {"cause": ResetCause.CONSUMER_GONE.value, "status": description})
+                )
+                effects += self._discontinuity(ResetCause.CONSUMER_GONE, now)
+            return effects
+        elif code == 409 and description.startswith("Exceeded"):
+            # the consumer's max_waiting, max_batch, max_expires or max_bytes refuses the request: it never asks
+            # for more than the configured capacity, so an operator set one of them lower
+            self.credits.clear()
+            self._refusals += 1
+            self._refused_until = now + self.settings.reset_backoff.delay(self._refusals)
+            effects.append(
+                Notice(
+                    "pull.refused",
+                    "error",
+                    {
+                        "status": f"{code} {description}",
+                        "consumer": self.settings.consumer,
+                        "hint": "the consumer's max_waiting / max_batch / max_expires / max_bytes is below what the "
+                        "bridge asks for: raise it, or lower max_ack_pending",
+                        "retry_in": round(self._refused_until - now, 3),
+                    },
+                )
+            )
+            return effects
+        elif code == 409:
+            pass  # Message Size Exceeds MaxBytes, Batch Completed, Leadership Change, Server Shutdown: ask again
+        else:
+            self.credits.clear()
+            return self.unrecognised(Unrecognised(f"pull status {code} {description}".strip()))
+        self._pull(now, effects)
+        return effects
+
+    def source_reconnected(self, now: float) -> list[Effect]:
+        """The origin connection came back: whatever was on its way is lost, and the requests may be too."""
+        self.credits.clear()
+        if self._phases.takes_deliveries:
+            return [
+                Notice("discontinuity", "warning", {"cause": ResetCause.RECONNECT.value}),
+                *self._discontinuity(ResetCause.RECONNECT, now),
+            ]
+        return self._consumer_alive(now)
+
+    # -- resync ---------------------------------------------------------------------------------------------
+
+    def resynced(self, anchor: PullAnchor, now: float) -> list[Effect]:
+        """The consumer was bound again and its last delivery read; a new epoch starts after it."""
+        if not self._phases.can(Event.RESET_DONE):
+            return []
+        if not anchor.fit:
+            stream, consumer = self.settings.stream, self.settings.consumer
+            return self.reset_failed(
+                f"consumer {stream}/{consumer} is no longer a pull consumer with explicit acks", now
+            )
+        effects: list[Effect] = []
+        if anchor.created is not None and anchor.created != self._consumer_created:
+            if self._consumer_created is not None:
+                effects.append(
+                    Notice(
+                        "consumer.recreated", "warning", {"consumer": self.settings.consumer, "created": anchor.created}
+                    )
+                )
+            self._consumer_created = anchor.created
+        self._resets.succeeded()
+        self.epoch += 1
+        self.last_dseq = anchor.last_consumer_seq
+        self.anchor_seq = anchor.last_stream_seq
+        self.credits.clear()
+        self._last_activity = now
+        fields: dict[str, object] = {
+            "cause": self._resets.cause.value,
+            "epoch": self.epoch,
+            "last_dseq": anchor.last_consumer_seq,
+            "last_sseq": anchor.last_stream_seq,
+            "watermark": self.watermark,
+        }
+        if anchor.last_stream_seq > self.accepted:
+            self._phases.process(Event.FILL)
+            fields["fetch_from"] = self.accepted + 1
+            fields["fetch_to"] = anchor.last_stream_seq
+            effects.append(Notice("resync.fetching", fields=fields))
+            effects.append(FetchOrigin(self.accepted, anchor.last_stream_seq))
+            return effects
+        self._phases.process(Event.RESET_DONE)
+        effects.append(Notice("resync.done", fields=fields))
+        self._pump(now, effects)
+        return effects
+
+    def fetched(self, messages: Iterable[OriginMessage], through: int, now: float) -> list[Effect]:
+        """The origin stream's messages up to ``through`` that the consumer delivered to nobody, in order."""
+        if not self._phases.process(Event.FILLED):
+            return []
+        count = 0
+        for message in messages:
+            if self._take(message.seq, message.subject, message.headers, message.payload, message.timestamp_ns):
+                self.acks.taken(message.seq, None)
+                count += 1
+        self.stats.fetched += count
+        self._last_activity = now
+        effects: list[Effect] = [
+            Notice(
+                "resync.done",
+                fields={"cause": self._resets.cause.value, "epoch": self.epoch, "fetched": count, "through": through},
+            )
+        ]
+        self._cover(effects, now)
+        self._pump(now, effects)
+        return effects
+
+    def fetch_failed(self, reason: str, now: float) -> list[Effect]:
+        """The origin stream could not be read: resync again after a backoff."""
+        if not self._phases.process(Event.FILL_FAILED):
+            return []
+        delay = self._resets.failed(now)
+        return [
+            Notice(
+                "resync.fetch_failed",
+                level="warning",
+                fields={"reason": reason, "failures": self._resets.failures, "retry_in": round(delay, 3)},
+            )
+        ]
+
+    # -- time -----------------------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Effect]:
+        """Advance timers: publish ack timeouts, retries, silence, due resyncs, request expiry, stall state."""
+        self.credits.expire(now)
+        effects: list[Effect] = []
+        self._tick(now, effects)
+        self._pump(now, effects)
+        self._watch_progress(now, effects)
+        return effects
+
+    def _expects_traffic(self) -> bool:
+        # the server sends heartbeats only while a request waits: with none outstanding, quiet is normal
+        return self.credits.requested > 0
+
+    # -- shutdown -------------------------------------------------------------------------------------------
+
+    def begin_shutdown(self, now: float) -> list[Effect]:
+        """Stop pulling and sending new publishes; in-flight publish acks still lead to acks."""
+        if not self._phases.process(Event.SHUTDOWN):
+            return []
+        self.credits.clear()
+        return [Notice("stopping", fields={"in_flight": self.pipeline.in_flight, "watermark": self.watermark})]
+
+    def final_answer(self) -> list[Effect]:
+        """Nothing is held back in pull mode: every stored message was acked as the watermark passed it."""
+        return []
+
+    # -- internals ------------------------------------------------------------------------------------------
+
+    def _ack_if_stored(self, sseq: int, reply: str, effects: list[Effect]) -> bool:
+        if sseq > self.watermark or not reply or self.phase is Phase.RECOVERING:
+            return False
+        effects.append(Ack(self.acks.sent([reply], sseq)))
+        return True
+
+    def _cover(self, effects: list[Effect], now: float) -> None:
+        replies = self.acks.covered(self.watermark)
+        if replies:
+            effects.append(Ack(replies))
+        super()._cover(effects, now)
+
+    def _pump(self, now: float, effects: list[Effect]) -> None:
+        super()._pump(now, effects)
+        self._pull(now, effects)
+
+    def _pull(self, now: float, effects: list[Effect]) -> None:
+        """Ask for more once at least half the capacity is free (ADR-37's threshold), never while blocked."""
+        if not self._phases.takes_deliveries or now < self._refused_until or self.pipeline.degraded:
+            return
+        capacity = self.settings.pull_capacity
+        free = capacity - self.credits.requested - len(self.pipeline)
+        if free < max(1, capacity // 2):
+            return
+        if not self.credits.requested:
+            self._last_activity = now  # silence is counted from the first request that should bring something
+        self.credits.pulled(free, now, self.settings.pull_expires)
+        self.stats.pulls += 1
+        effects.append(Pull(free, self.settings.pull_expires, self.heartbeat_interval))

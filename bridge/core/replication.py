@@ -1,0 +1,426 @@
+"""What both consumer models share: one source's replication into the aggregate, whatever reads the origin.
+
+``Replication`` is the base of the two engines: ``bridge.core.engine.SourceEngine`` (a push consumer with
+``ack_policy: flow_control``, acked by flow-control answers, repaired by ``CONSUMER.RESET``) and
+``bridge.core.pull.PullEngine`` (a pull consumer with explicit acks, for origins older than nats-server 2.14,
+repaired by a resync). Both take origin messages in origin order and hand them to the same publish pipeline, with
+the same provenance headers, duplicate check, recovery, verification of ambiguous failures, target limits, stall
+watch and reset scheduling; each decides for itself what to ack and when (``_cover``) and how deliveries are
+checked for gaps. Time is always an argument; nothing here performs I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from bridge.core import headers as hdr
+from bridge.core.backoff import Backoff
+from bridge.core.effects import Effect, Notice, Publish, ReadTargetLimits, ResetCause, VerifyStored
+from bridge.core.inbound import Unrecognised
+from bridge.core.phases import Event, Phase, PhaseMachine
+from bridge.core.pipeline import OutboundMessage, PublishPipeline, TargetLimits
+from bridge.core.resets import ResetScheduler
+from bridge.core.watch import StallWatch
+
+__all__ = ["EngineSettings", "EngineStats", "Replication"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """The engine's knobs; plain values so the core does not depend on the configuration layer."""
+
+    source: str
+    stream: str
+    consumer: str
+    # mirrored from the configuration, whose defaults are the only ones (bridge.config)
+    publish_window: int
+    ack_timeout: float
+    silence_timeout: float
+    reset_backoff: Backoff
+    publish_retry: Backoff
+    stalled_after: float  # no watermark progress for this long, with work waiting: the source is stalled
+    # the core's own
+    subject_prefix: str | None = None
+    reconnect_silence: float = 2.0
+    reset_min_interval: float = 2.0
+    limits_refresh: float = 5.0  # seconds between reads of the target's limits while the source is blocked
+    blocked_notice_interval: float = 30.0  # a blocked publish is reported when it blocks, then at most this often
+    # pull mode only: messages asked for or unstored at most (the server's max_ack_pending and the publish
+    # window bound it), and how long one pull request lives
+    pull_capacity: int = 1000
+    pull_expires: float = 30.0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters for metrics and the demo; never used for decisions."""
+
+    delivered: int = 0
+    duplicates: int = 0
+    published: int = 0
+    fc_requests: int = 0
+    heartbeats: int = 0
+    unrecognised: int = 0
+    pulls: int = 0  # pull mode: pull requests sent
+    fetched: int = 0  # pull mode: messages read from the origin stream by a resync
+    last_delivered: int = 0  # origin sequence of the newest delivery seen
+
+
+class Replication:
+    """Replication state of one source shared by both consumer models; subclasses take the deliveries."""
+
+    def __init__(self, settings: EngineSettings, now: float) -> None:
+        self.settings = settings
+        self._phases = PhaseMachine()
+        self.pipeline = PublishPipeline(
+            window=settings.publish_window, ack_timeout=settings.ack_timeout, retry=settings.publish_retry
+        )
+        self._resets = ResetScheduler(settings.reset_min_interval, settings.reset_backoff)
+        self.stall = StallWatch(settings.stalled_after, now)
+        self.epoch = 0
+        self.last_dseq = 0
+        self.accepted = 0
+        self.origin_pending = 0  # messages the origin says are left after the newest delivery
+        self.stats = EngineStats()
+        self.refusal: str | None = None  # why the source cannot start (recovery refused it), for the operator
+        self._present: set[int] = set()
+        self._last_activity = now
+        self._skip_note: str | None = None  # "<first>-<last>" of a skipped range, for the next copy's Bridge-Skipped
+        self._consumer_created: str | None = None
+        self._uncaptured: set[str] = set()  # subjects already warned about (bounded)
+        self._verifying = False
+        self._verify_due = 0.0
+        self._verify_failures = 0
+        self._limits_read_at = now
+        self._was_blocked = False
+        self._blocked_notice_at = -math.inf
+        self._blocked_suppressed = 0
+
+    # -- views --------------------------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        return self._phases.phase
+
+    @property
+    def watermark(self) -> int:
+        """Highest origin sequence known stored in the aggregate (or intentionally skipped), contiguously."""
+        return self.pipeline.watermark
+
+    @property
+    def resets(self) -> Counter[str]:
+        """Resets sent, by cause."""
+        return self._resets.counts
+
+    @property
+    def drained(self) -> bool:
+        """Nothing is in flight to the aggregate."""
+        return self.pipeline.in_flight == 0
+
+    def stalled(self, now: float) -> bool:
+        """The source waits for progress longer than ``stalled_after`` (see ``StallWatch``)."""
+        return self.stall.is_stalled(now)
+
+    # -- start ----------------------------------------------------------------------------------------------
+
+    def consumer_bound(self, created: str | None) -> None:
+        """The consumer was created or looked up at start; ``created`` tells a later re-creation apart."""
+        self._consumer_created = created
+
+    def target_limits(self, limits: TargetLimits, now: float) -> list[Effect]:
+        """What the target takes (read at start and on ``ReadTargetLimits``)."""
+        self.pipeline.limit(limits)
+        effects: list[Effect] = []
+        self._pump(now, effects)
+        return effects
+
+    def recovered(
+        self,
+        watermark: int,
+        present: Iterable[int],
+        now: float,
+        *,
+        workqueue: bool = False,
+        origin_last_seq: int | None = None,
+    ) -> list[Effect]:
+        """The aggregate holds this source contiguously up to ``watermark``, plus the copies in ``present``.
+
+        ``origin_last_seq`` is the origin stream's last sequence: below the watermark, the origin was recreated,
+        and replicating would drop every new message up to the old watermark as a "duplicate". The source then
+        stays in RECOVERING with ``refusal`` set: an operator has to decide.
+        """
+        if origin_last_seq is not None and watermark > origin_last_seq:
+            self.refusal = (
+                f"origin stream {self.settings.stream!r} ends at sequence {origin_last_seq} but the aggregate "
+                f"already holds this source up to {watermark}: the origin stream was recreated or reset. Give the "
+                "source a new name (new dedupe ids and provenance) or remove its old copies from the aggregate"
+            )
+            return []
+        if not self._phases.process(Event.RECOVERED):
+            return []
+        self.refusal = None
+        self.pipeline.watermark = watermark
+        self.accepted = watermark
+        self._present = {seq for seq in present if seq > watermark}
+        self._limits_read_at = now
+        self._recovered(workqueue, now)
+        effects: list[Effect] = [
+            Notice("recovered", fields={"watermark": watermark, "present_above": len(self._present)})
+        ]
+        self._resets.schedule(ResetCause.START, now)
+        effects += self._reset_if_due(now)
+        return effects
+
+    def _recovered(self, workqueue: bool, now: float) -> None:
+        """What a consumer model does once the watermark is known (nothing by default)."""
+
+    # -- consumer side ------------------------------------------------------------------------------------
+
+    def _take(
+        self,
+        sseq: int,
+        subject: str,
+        headers: Mapping[str, str] | None,
+        payload: bytes,
+        timestamp_ns: int,
+    ) -> bool:
+        """Hand one origin message, the next in origin order, to the pipeline; False when it is a duplicate.
+
+        At or below ``accepted`` it is a duplicate (never published twice, whatever the target's duplicate
+        window); a copy found in the aggregate at recovery is recorded as stored; anything else is published with
+        its provenance headers, ``Bridge-Prev`` naming the previous message taken.
+        """
+        if sseq <= self.accepted:
+            self.stats.duplicates += 1
+            return False
+        if sseq in self._present:
+            self._present.discard(sseq)
+            self.accepted = sseq
+            self.pipeline.add_stored(sseq)
+            return True
+        block = hdr.build_header_block(
+            headers,
+            source=self.settings.source,
+            stream=self.settings.stream,
+            stream_seq=sseq,
+            prev_seq=self.accepted,
+            subject=subject,
+            timestamp_ns=timestamp_ns,
+            skipped=self._skip_note,
+        )
+        self._skip_note = None
+        self.pipeline.add(
+            sseq,
+            OutboundMessage(hdr.aggregate_subject(subject, self.settings.subject_prefix), block, payload, timestamp_ns),
+        )
+        self.accepted = sseq
+        return True
+
+    def unrecognised(self, message: Unrecognised) -> list[Effect]:
+        """Something else on the deliver subject: counted, never acted upon."""
+        self.stats.unrecognised += 1
+        if self.stats.unrecognised in (1, 10, 100, 1000) or self.stats.unrecognised % 10000 == 0:
+            return [Notice("unrecognised", "warning", {"reason": message.reason, "count": self.stats.unrecognised})]
+        return []
+
+    # -- resets ---------------------------------------------------------------------------------------------
+
+    def _discontinuity(self, cause: ResetCause, now: float) -> list[Effect]:
+        if not self._phases.process(Event.DISCONTINUITY):
+            return []  # a reset is pending already (or the engine stops): the one rule, nothing changes
+        self._resets.schedule(cause, now)
+        return self._reset_if_due(now)
+
+    def _reset_if_due(self, now: float) -> list[Effect]:
+        if not self._phases.can(Event.RESET_SENT) or not self._resets.is_due(now):
+            return []
+        self._phases.process(Event.RESET_SENT)
+        return [self._resets.send(now)]
+
+    def _consumer_alive(self, now: float) -> list[Effect]:
+        # something arrived while a reset backs off: the consumer (or link) is back, retry without waiting
+        if self._phases.can(Event.RESET_SENT) and self._resets.consumer_alive():
+            return self._reset_if_due(now)
+        return []
+
+    def reset_failed(self, reason: str, now: float) -> list[Effect]:
+        """The RESET got an error or no reply; try again after a backoff."""
+        if not self._phases.process(Event.RESET_FAILED):
+            return []
+        delay = self._resets.failed(now)
+        return [
+            Notice(
+                "reset.failed",
+                level="warning",
+                fields={"reason": reason, "failures": self._resets.failures, "retry_in": round(delay, 3)},
+            )
+        ]
+
+    # -- aggregate side -------------------------------------------------------------------------------------
+
+    def publish_stored(self, order: int, attempt: int, now: float) -> list[Effect]:
+        """The aggregate acknowledged (or already had) entry ``order``."""
+        effects: list[Effect] = []
+        if self.pipeline.stored(order, attempt):
+            self._cover(effects, now)
+        self._pump(now, effects)
+        return effects
+
+    def publish_failed(self, order: int, attempt: int, reason: str, now: float) -> list[Effect]:
+        """The aggregate refused entry ``order`` or the publish could not be made."""
+        before = self.pipeline.failures
+        self.pipeline.failed(order, attempt, reason, now)
+        effects: list[Effect] = []
+        if self.pipeline.failures != before:
+            self._note_blocked(effects, now)
+        self._pump(now, effects)
+        return effects
+
+    def verified(self, generation: int, present: Iterable[int], now: float) -> list[Effect]:
+        """The aggregate was read after an ambiguous failure: ``present`` are the sequences it holds."""
+        self._verifying = False
+        self._verify_failures = 0
+        found = set(present)
+        effects: list[Effect] = [Notice("publish.verified", fields={"present": len(found)})]
+        if self.pipeline.verified(generation, found):
+            self._cover(effects, now)
+        self._pump(now, effects)
+        return effects
+
+    def verify_failed(self, reason: str, now: float) -> list[Effect]:
+        """The aggregate could not be read; try again after a backoff."""
+        self._verifying = False
+        self._verify_failures += 1
+        delay = self.settings.publish_retry.delay(self._verify_failures)
+        self._verify_due = now + delay
+        return [Notice("publish.verify_failed", "warning", {"reason": reason, "retry_in": round(delay, 3)})]
+
+    def target_reconnected(self, now: float) -> list[Effect]:
+        """The connection to the aggregate came back: what was in flight is presumed lost, probe again now."""
+        effects: list[Effect] = []
+        if self.pipeline.fail_in_flight("target connection lost", now):
+            self._note_blocked(effects, now)
+        self.pipeline.retry_now()
+        self._verify_due = 0.0
+        self._pump(now, effects)
+        return effects
+
+    def _note_blocked(self, effects: list[Effect], now: float) -> None:
+        # reported when the source blocks, then (each failed retry would be one) at most once per interval
+        blocked = self.pipeline.blocked
+        if blocked is None:
+            return
+        self._was_blocked = True
+        if now - self._blocked_notice_at < self.settings.blocked_notice_interval:
+            self._blocked_suppressed += 1
+            return
+        suppressed, self._blocked_suppressed, self._blocked_notice_at = self._blocked_suppressed, 0, now
+        effects.append(
+            Notice(
+                "publish.blocked",
+                level="error",
+                fields={
+                    "origin_seq": blocked.stream_seq,
+                    "reason": blocked.reason,
+                    "attempts": blocked.attempts,
+                    "blocked_for": round(now - blocked.since, 3),
+                    "retry_in": round(max(0.0, (self.pipeline.next_deadline() or now) - now), 3),
+                    "similar_suppressed": suppressed,
+                },
+            )
+        )
+
+    # -- time -----------------------------------------------------------------------------------------------
+
+    def _tick(self, now: float, effects: list[Effect]) -> None:
+        """What every tick does: publish ack timeouts, silence, due resets, the target's limits while blocked."""
+        if self.pipeline.expire(now):
+            self._note_blocked(effects, now)
+        if (
+            self._phases.takes_deliveries
+            and self._expects_traffic()
+            and now - self._last_activity > self.settings.silence_timeout
+        ):
+            effects.append(
+                Notice(
+                    "discontinuity",
+                    level="warning",
+                    fields={"cause": ResetCause.SILENCE.value, "silent_for": round(now - self._last_activity, 3)},
+                )
+            )
+            effects += self._discontinuity(ResetCause.SILENCE, now)
+        effects += self._reset_if_due(now)
+        if (
+            self.pipeline.degraded
+            and self.phase is not Phase.STOPPING
+            and now - self._limits_read_at >= self.settings.limits_refresh
+        ):
+            self._limits_read_at = now
+            effects.append(ReadTargetLimits())
+
+    def _expects_traffic(self) -> bool:
+        """The consumer should be sending something (data or heartbeats) right now, so silence means trouble."""
+        return True
+
+    def _watch_progress(self, now: float, effects: list[Effect]) -> None:
+        pipeline = self.pipeline
+        idle = self.origin_pending == 0 and pipeline.empty and pipeline.blocked is None
+        last_progress = self.stall.since
+        change = self.stall.observe(now, self.watermark, idle)
+        if change is True:
+            blocked = pipeline.blocked
+            fields: dict[str, object] = {
+                "watermark": self.watermark,
+                "seconds_without_progress": round(now - self.stall.since, 1),
+                "stalled_after": self.settings.stalled_after,
+                "origin_pending": self.origin_pending,
+                "backlog": pipeline.backlog,
+                "blocked": blocked.reason if blocked is not None else None,
+            }
+            effects.append(Notice("source.stalled", "warning", fields))
+        elif change is False:
+            fields = {"watermark": self.watermark, "seconds_without_progress": round(now - last_progress, 1)}
+            effects.append(Notice("source.recovered", fields={**fields, "idle": idle}))
+
+    # -- internals ------------------------------------------------------------------------------------------
+
+    def _cover(self, effects: list[Effect], now: float) -> None:
+        """The watermark may have moved: ack what it covers (each consumer model its own way)."""
+        if self._was_blocked and not self.pipeline.degraded:
+            self._was_blocked = False
+            self._blocked_notice_at = -math.inf  # the next block is news again
+            self._blocked_suppressed = 0
+            effects.append(Notice("publish.unblocked", fields={"watermark": self.watermark}))
+
+    def _pump(self, now: float, effects: list[Effect]) -> None:
+        if self.phase is Phase.STOPPING:
+            return
+        generation = self.pipeline.unverified
+        if generation and not self._verifying and now >= self._verify_due:
+            self._verifying = True
+            effects.append(VerifyStored(generation, tuple(self.pipeline.unverified_seqs())))
+        failures, barriers = self.pipeline.failures, self.pipeline.barriers
+        sends = self.pipeline.take_sendable(now)
+        for send in sends:
+            self.stats.published += 1
+            effects.append(Publish(send.entry, send.attempt))
+        if self.pipeline.barriers != barriers and sends and sends[-1].entry.message is not None:
+            subject = sends[-1].entry.message.subject
+            if subject not in self._uncaptured and len(self._uncaptured) < 1000:
+                self._uncaptured.add(subject)
+                effects.append(
+                    Notice(
+                        "publish.subject_not_captured",
+                        "warning",
+                        {
+                            "subject": subject,
+                            "hint": "the aggregate stream's subjects do not seem to capture it; "
+                            "sending such messages one at a time to keep origin order",
+                        },
+                    )
+                )
+        if self.pipeline.failures != failures:
+            self._note_blocked(effects, now)

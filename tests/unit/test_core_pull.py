@@ -1,0 +1,238 @@
+"""``bridge.core.pull.PullEngine``: pull mode's scenarios driven by hand, one input at a time, effects checked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import TypeVar
+
+from bridge.core.ackreply import AckInfo
+from bridge.core.effects import (
+    Ack,
+    Effect,
+    FetchOrigin,
+    Notice,
+    OriginMessage,
+    Publish,
+    Pull,
+    PullAnchor,
+    RequestReset,
+    ResetCause,
+)
+from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, PullStatus
+from bridge.core.phases import Phase
+from bridge.core.pull import AckLedger, PullCredits, PullEngine, pull_heartbeat
+from tests.unit.test_core_engine import CONSUMER, SETTINGS, STREAM
+
+E = TypeVar("E")
+PULL_SETTINGS = replace(SETTINGS, pull_capacity=8, pull_expires=30.0)
+
+
+def reply(sseq: int, dseq: int, delivered: int = 1) -> str:
+    return f"$JS.ACK.{STREAM}.{CONSUMER}.{delivered}.{sseq}.{dseq}.{1000 * sseq}.0"
+
+
+def data(dseq: int, sseq: int, *, delivered: int = 1) -> Data:
+    info = AckInfo(STREAM, CONSUMER, delivered, sseq, dseq, 1000 * sseq, 0)
+    return Data(info, f"orders.{sseq}", None, b"x", reply(sseq, dseq, delivered))
+
+
+def of(effects: Iterable[Effect], kind: type[E]) -> list[E]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def published(effects: Iterable[Effect]) -> list[int]:
+    return [p.entry.stream_seq for p in of(effects, Publish)]
+
+
+def acked(effects: Iterable[Effect]) -> list[int]:
+    return [int(r.split(".")[5]) for a in of(effects, Ack) for r in a.replies]
+
+
+def phase(engine: PullEngine) -> Phase:
+    return engine.phase
+
+
+def store_all(engine: PullEngine, effects: Iterable[Effect], now: float = 1.0) -> list[Effect]:
+    """Acknowledge every publish in ``effects`` (and those it leads to), in order."""
+    out: list[Effect] = []
+    pending = list(of(effects, Publish))
+    while pending:
+        publish = pending.pop(0)
+        more = engine.publish_stored(publish.entry.order, publish.attempt, now)
+        out += more
+        pending += of(more, Publish)
+    return out
+
+
+def running(watermark: int = 0, anchor: tuple[int, int] = (0, 0)) -> tuple[PullEngine, list[Effect]]:
+    """An engine past recovery and its first resync, at ``anchor`` with nothing to fetch."""
+    engine = PullEngine(PULL_SETTINGS, 0.0)
+    effects = engine.recovered(watermark, [], 0.0)
+    assert of(effects, RequestReset)[0].cause is ResetCause.START
+    effects = engine.resynced(PullAnchor(*anchor), 0.0)
+    assert phase(engine) is Phase.RUNNING
+    return engine, effects
+
+
+def test_first_resync_pulls_the_capacity_with_heartbeats() -> None:
+    _, effects = running()
+    assert of(effects, Pull) == [Pull(8, 30.0, pull_heartbeat(SETTINGS.silence_timeout))]
+    assert [n.event for n in of(effects, Notice)] == ["resync.done"]
+
+
+def test_acks_name_only_stored_messages_in_order() -> None:
+    engine, _ = running()
+    effects = engine.data(data(1, 1), 0.1) + engine.data(data(2, 2), 0.1) + engine.data(data(3, 3), 0.1)
+    assert published(effects) == [1, 2, 3]
+    assert acked(effects) == []
+    publishes = of(effects, Publish)
+    # the third is stored first: it acks nothing, the first two are not stored
+    assert acked(engine.publish_stored(publishes[2].entry.order, 1, 0.2)) == []
+    assert acked(engine.publish_stored(publishes[0].entry.order, 1, 0.2)) == [1]
+    assert acked(engine.publish_stored(publishes[1].entry.order, 1, 0.2)) == [2, 3]
+    assert engine.acked_stream_seq == 3
+
+
+def test_redelivery_of_a_stored_message_is_acked_again_never_published() -> None:
+    engine, _ = running()
+    effects = engine.data(data(1, 1), 0.1)
+    store_all(engine, effects)
+    again = engine.data(data(2, 1, delivered=2), 0.2)
+    assert published(again) == [] and acked(again) == [1]
+    assert engine.stats.duplicates == 1
+
+
+def test_redelivery_of_an_unstored_message_is_acked_once_it_is_stored() -> None:
+    engine, _ = running()
+    effects = engine.data(data(1, 1), 0.1)
+    again = engine.data(data(2, 1, delivered=2), 0.2)
+    assert published(again) == [] and acked(again) == []
+    stored = store_all(engine, effects)
+    assert acked(stored) == [1]
+    assert of(stored, Ack)[0].replies == (reply(1, 2, 2),)  # the newest ack subject of that message
+
+
+def test_a_gap_resyncs_and_fetches_what_the_consumer_delivered_to_nobody() -> None:
+    engine, _ = running()
+    store_all(engine, engine.data(data(1, 1), 0.1))
+    effects = engine.data(data(4, 4), 0.2)  # deliveries 2 and 3 were lost in transit
+    assert published(effects) == [] and acked(effects) == []
+    assert of(effects, Notice)[0].fields["cause"] == "gap"
+    assert phase(engine) is not Phase.RUNNING
+    reset = engine.tick(2.5)
+    assert of(reset, RequestReset)[0].cause is ResetCause.GAP
+    effects = engine.resynced(PullAnchor(last_consumer_seq=4, last_stream_seq=4), 2.6)
+    assert of(effects, FetchOrigin) == [FetchOrigin(1, 4)]
+    assert of(effects, Pull) == []  # nothing new is asked for before the hole is filled
+    assert phase(engine) is Phase.FILLING
+    fetched = [OriginMessage(s, f"orders.{s}", None, b"x", 1000 * s) for s in (2, 3, 4)]
+    effects = engine.fetched(fetched, 4, 2.7)
+    assert published(effects) == [2, 3, 4]
+    assert of(effects, Pull)
+    stored = store_all(engine, effects)
+    assert acked(stored) == []  # read from the stream: no ack subject until the consumer redelivers them
+    # the redeliveries come after ack_wait: duplicates, acked at once
+    redelivered = engine.data(data(5, 2, delivered=2), 40.0) + engine.data(data(6, 3, delivered=2), 40.0)
+    assert published(redelivered) == [] and acked(redelivered) == [2, 3]
+    assert published(engine.data(data(7, 5), 40.1)) == [5]
+
+
+def test_a_heartbeat_naming_another_last_delivery_resyncs() -> None:
+    engine, _ = running()
+    engine.data(data(1, 1), 0.1)
+    assert engine.heartbeat(Heartbeat(1, 1, None), 0.5) == []
+    effects = engine.heartbeat(Heartbeat(3, 3, None), 1.0)
+    assert of(effects, Notice)[0].fields["cause"] == ResetCause.HEARTBEAT_MISMATCH.value
+
+
+def test_silence_counts_only_while_a_request_is_outstanding() -> None:
+    engine, _ = running()
+    assert engine.credits.requested == 8
+    effects = engine.tick(SETTINGS.silence_timeout + 0.5)
+    assert of(effects, Notice)[0].fields["cause"] == ResetCause.SILENCE.value
+    idle, _ = running()
+    idle.pull_status(PullStatus(408, "Request Timeout", "_INBOX.x", 8, 0), 0.5)
+    idle.credits.clear()  # nothing asked for (say the pipeline is full)
+    assert not [n for n in of(idle.tick(SETTINGS.silence_timeout + 0.6), Notice) if n.event == "discontinuity"]
+
+
+def test_a_request_end_gives_back_its_remainder_and_asks_again() -> None:
+    engine, _ = running()
+    engine.data(data(1, 1), 0.1)
+    assert engine.credits.requested == 7
+    effects = engine.pull_status(PullStatus(408, "Request Timeout", "_INBOX.x", 7, 0), 30.0)
+    # one message unstored: 7 free, at least half the capacity, so a new request for 7
+    assert of(effects, Pull) == [Pull(7, 30.0, pull_heartbeat(SETTINGS.silence_timeout))]
+
+
+def test_nothing_is_pulled_while_the_pipeline_is_full_or_blocked() -> None:
+    engine, _ = running()
+    effects: list[Effect] = []
+    for i in range(1, 9):
+        effects += engine.data(data(i, i), 0.1)
+    assert of(effects, Pull) == []  # 8 unstored: no room
+    publishes = of(effects, Publish)
+    store_all(engine, publishes[1:])  # room again behind the first, which fails: the source blocks
+    engine.publish_failed(publishes[0].entry.order, 1, "no space", 0.2)
+    assert engine.pipeline.degraded
+    assert of(engine.tick(0.3), Pull) == []
+
+
+def test_consumer_deleted_resyncs_and_a_recreated_consumer_is_noticed() -> None:
+    engine, _ = running()
+    engine.consumer_bound("t1")
+    effects = engine.pull_status(PullStatus(409, "Consumer Deleted", "_INBOX.x"), 1.0)
+    assert of(effects, Notice)[0].fields["cause"] == ResetCause.CONSUMER_GONE.value
+    engine.tick(3.0)
+    effects = engine.resynced(PullAnchor(0, 0, created="t2"), 3.1)
+    assert [n.event for n in of(effects, Notice)] == ["consumer.recreated", "resync.done"]
+
+
+def test_a_redelivery_above_accepted_in_a_clean_epoch_means_someone_else_pulled() -> None:
+    engine, _ = running()
+    effects = engine.data(data(1, 5, delivered=3), 0.1)
+    assert published(effects) == []
+    assert of(effects, Notice)[0].event == "discontinuity"
+
+
+def test_an_unfit_anchor_fails_the_resync() -> None:
+    engine = PullEngine(PULL_SETTINGS, 0.0)
+    engine.recovered(0, [], 0.0)
+    effects = engine.resynced(PullAnchor(0, 0, fit=False), 0.0)
+    assert [n.event for n in of(effects, Notice)] == ["reset.failed"]
+    assert phase(engine) is Phase.RESET_WAIT
+
+
+def test_flow_control_requests_are_not_pull_traffic() -> None:
+    engine, _ = running()
+    assert [n.event for n in of(engine.receive(FlowControlRequest("$JS.FC.x"), 0.1), Notice)] == ["unrecognised"]
+
+
+def test_shutdown_stops_pulling_and_acks_what_gets_stored() -> None:
+    engine, _ = running()
+    effects = engine.data(data(1, 1), 0.1)
+    engine.begin_shutdown(0.2)
+    assert engine.credits.requested == 0
+    stored = store_all(engine, effects)
+    assert acked(stored) == [1] and of(stored, Pull) == []
+    assert engine.final_answer() == []
+
+
+def test_ack_ledger_and_credits() -> None:
+    ledger = AckLedger()
+    ledger.taken(1, "a")
+    ledger.taken(2, None)
+    ledger.taken(3, "c")
+    ledger.redelivered(2, "b")
+    assert ledger.covered(2) == ("a", "b")
+    assert ledger.covered(3) == ("c",) and len(ledger) == 0
+    credits = PullCredits()
+    credits.pulled(10, 0.0, 5.0)
+    credits.delivered()
+    credits.released(4)
+    assert credits.requested == 5
+    credits.expire(6.0)
+    assert credits.requested == 5  # within the grace after expiry: its end may still come
+    credits.expire(8.0)
+    assert credits.requested == 0
