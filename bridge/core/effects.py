@@ -145,12 +145,14 @@ class OriginMessage:
 @dataclass(frozen=True, slots=True)
 class PullAnchor:
     """Pull mode: the consumer's state as read after a resync (``CONSUMER.INFO``): the delivery sequence and the
-    stream sequence of its last delivery, and whether it is still the pull consumer with explicit acks."""
+    stream sequence of its last delivery, its ack floor, and whether it is still the pull consumer with explicit
+    acks."""
 
     last_consumer_seq: int
     last_stream_seq: int
     fit: bool = True  # a pull consumer with ack_policy explicit
     created: str | None = None
+    ack_floor: int = 0  # the stream sequence below which everything was acked (by anyone)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,6 @@ class SourceEngine(Replication):
         self.ledger = FlowControlLedger()
         self._stranded = StrandedProbe()
         self._epoch_last_sseq = 0
-        self.skipped_through = 0  # the end of the newest range a forward reset skipped (never replicated)
 
     # -- views --------------------------------------------------------------------------------------------
 
@@ -206,21 +205,7 @@ class SourceEngine(Replication):
             "reset_seq": reset_seq,
             "watermark": self.watermark,
         }
-        if floor > self.accepted:
-            # the ack floor is beyond anything we hold: someone reset forward, or the aggregate no longer has
-            # copies the origin saw acked. Either way those messages are not ours to replicate.
-            fields["skipped_from"] = self.accepted + 1
-            fields["skipped_to"] = floor
-            # the next copy's Bridge-Prev names `floor`, which the aggregate never holds: say why, in the copy
-            self._skip_note = (
-                f"{self.accepted + 1}-{floor}"
-                if self._skip_note is None
-                else f"{self._skip_note.partition('-')[0]}-{floor}"
-            )
-            self.skipped_through = floor
-            self.accepted = floor
-            self._present = {seq for seq in self._present if seq > floor}
-            self.pipeline.add_stored(floor)
+        self._skip_to(floor, fields)
         effects.append(Notice("reset.done", fields=fields))
         # RESET does not clear an outstanding FC request: answer it now, with new-epoch positions only
         answer = self.ledger.answer_held()

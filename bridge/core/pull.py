@@ -322,6 +322,7 @@ class PullEngine(Replication):
             "last_sseq": anchor.last_stream_seq,
             "watermark": self.watermark,
         }
+        self._skip_to(min(anchor.ack_floor, anchor.last_stream_seq), fields)
         if anchor.last_stream_seq > self.accepted:
             self._phases.process(Event.FILL)
             fields["fetch_from"] = self.accepted + 1

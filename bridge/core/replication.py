@@ -88,6 +88,7 @@ class Replication:
         self.refusal: str | None = None  # why the source cannot start (recovery refused it), for the operator
         self._present: set[int] = set()
         self._last_activity = now
+        self.skipped_through = 0  # the end of the newest range a forward reset skipped (never replicated)
         self._skip_note: str | None = None  # "<first>-<last>" of a skipped range, for the next copy's Bridge-Skipped
         self._consumer_created: str | None = None
         self._uncaptured: set[str] = set()  # subjects already warned about (bounded)
@@ -227,6 +228,25 @@ class Replication:
         return []
 
     # -- resets ---------------------------------------------------------------------------------------------
+
+    def _skip_to(self, floor: int, fields: dict[str, object]) -> None:
+        """The consumer's ack floor after a reset or resync; above ``accepted``, adopted as an intentional skip."""
+        if floor <= self.accepted:
+            return
+        # the ack floor is beyond anything we hold: someone reset forward, or the aggregate no longer has
+        # copies the origin saw acked. Either way those messages are not ours to replicate.
+        fields["skipped_from"] = self.accepted + 1
+        fields["skipped_to"] = floor
+        # the next copy's Bridge-Prev names `floor`, which the aggregate never holds: say why, in the copy
+        self._skip_note = (
+            f"{self.accepted + 1}-{floor}"
+            if self._skip_note is None
+            else f"{self._skip_note.partition('-')[0]}-{floor}"
+        )
+        self.skipped_through = floor
+        self.accepted = floor
+        self._present = {seq for seq in self._present if seq > floor}
+        self.pipeline.add_stored(floor)
 
     def _discontinuity(self, cause: ResetCause, now: float) -> list[Effect]:
         if not self._phases.process(Event.DISCONTINUITY):

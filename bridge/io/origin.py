@@ -241,6 +241,7 @@ class OriginClient:
             last_stream_seq=int(delivered.get("stream_seq", 0)),
             fit=fit,
             created=info.get("created"),
+            ack_floor=int((info.get("ack_floor") or {}).get("stream_seq", 0)),
         )
 
     async def fetch(self, after: int, through: int) -> list[OriginMessage]:

@@ -232,7 +232,7 @@ class FakeOrigin:
             if isinstance(scripted, BridgeError):
                 raise scripted
             return scripted
-        return PullAnchor(self.dseq, self.last_delivered, self.kind is ConsumerKind.PULL, self.created)
+        return PullAnchor(self.dseq, self.last_delivered, self.kind is ConsumerKind.PULL, self.created, self.ack_floor)
 
     async def pull(self, request: Pull) -> None:
         self.ops.append(f"pull {request.batch}")

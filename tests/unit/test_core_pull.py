@@ -236,3 +236,17 @@ def test_ack_ledger_and_credits() -> None:
     assert credits.requested == 5  # within the grace after expiry: its end may still come
     credits.expire(8.0)
     assert credits.requested == 0
+
+
+def test_an_ack_floor_above_what_was_taken_is_adopted_as_a_skip() -> None:
+    """Acked by someone else (or the aggregate lost the copies): not ours to replicate, as in flow-control mode."""
+    engine = PullEngine(PULL_SETTINGS, 0.0)
+    engine.recovered(3, [], 0.0)
+    effects = engine.resynced(PullAnchor(last_consumer_seq=9, last_stream_seq=12, ack_floor=10), 0.0)
+    assert of(effects, FetchOrigin) == [FetchOrigin(10, 12)]  # only what was delivered above the floor
+    assert of(effects, Notice)[0].fields["skipped_from"] == 4
+    fetched = [OriginMessage(s, f"orders.{s}", None, b"x", 1000 * s) for s in (11, 12)]
+    publishes = of(engine.fetched(fetched, 12, 0.1), Publish)
+    assert [p.entry.stream_seq for p in publishes] == [11, 12]
+    message = publishes[0].entry.message
+    assert message is not None and message.headers["Bridge-Skipped"] == "4-10"
