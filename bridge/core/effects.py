@@ -21,6 +21,7 @@ class ResetCause(StrEnum):
     EXTERNAL = "external"  # deliveries restarted at dseq 1 unasked: someone else reset (or re-created) the consumer
     STRANDED = "stranded"  # WorkQueue messages left below the ack floor (a server restart lost its pending list)
     CONSUMER_GONE = "consumer_gone"  # pull mode: 409 Consumer Deleted (or no longer a pull consumer)
+    UNAVAILABLE = "unavailable"  # pull mode: 503, nobody serves the pull request (the consumer or its server is gone)
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
@@ -153,6 +154,7 @@ class PullAnchor:
     fit: bool = True  # a pull consumer with ack_policy explicit
     created: str | None = None
     ack_floor: int = 0  # the stream sequence below which everything was acked (by anyone)
+    filtered: bool = False  # the consumer delivers only some subjects of the stream
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ messages nobody stored (lost in transit, or left by a crash), they are read from
 deliveries are taken again::
 
     RESETTING --fill--> FILLING --filled--> RUNNING
+    RUNNING   --fill--> FILLING       (a delivery skipped stream sequences: what lies between is read first)
                            +--fill_failed / discontinuity--> RESET_WAIT
 
 The rule for inputs that arrive in the wrong phase (one rule, everywhere):
@@ -52,7 +53,8 @@ class Event(Enum):
     RESET_SENT = "reset_sent"  # the due reset was handed to the runtime
     RESET_DONE = "reset_done"  # the consumer was reset: a new epoch starts at delivery sequence 1
     RESET_FAILED = "reset_failed"  # the reset was refused or unanswered: it is due again after a backoff
-    FILL = "fill"  # pull mode: the resync found deliveries nobody stored; they are read from the origin stream
+    FILL = "fill"  # pull mode: messages the consumer delivered to nobody (a resync), or that a delivery skipped
+    # over (sequences missing before it), are read from the origin stream
     FILLED = "filled"  # pull mode: they were read and handed to the pipeline; deliveries are taken again
     FILL_FAILED = "fill_failed"  # pull mode: the origin stream could not be read; resync again after a backoff
     SHUTDOWN = "shutdown"  # stop taking deliveries; drain what is in flight
@@ -73,7 +75,7 @@ TRANSITIONS: dict[Phase, dict[Event, Phase]] = {
         Event.DISCONTINUITY: Phase.RESET_WAIT,
         Event.SHUTDOWN: Phase.STOPPING,
     },
-    Phase.RUNNING: {Event.DISCONTINUITY: Phase.RESET_WAIT, Event.SHUTDOWN: Phase.STOPPING},
+    Phase.RUNNING: {Event.DISCONTINUITY: Phase.RESET_WAIT, Event.FILL: Phase.FILLING, Event.SHUTDOWN: Phase.STOPPING},
     Phase.STOPPING: {},
 }
 

@@ -140,6 +140,10 @@ class PullEngine(Replication):
         self.anchor_seq = 0  # the stream sequence of the consumer's last delivery when this epoch began
         self._refused_until = 0.0  # a pull request was refused (409 Exceeded ...): none before this time
         self._refusals = 0
+        self._filtered = False  # the consumer delivers some subjects only: sequence gaps between deliveries are normal
+        self._read_through = 0  # the origin stream was read for this source up to here (a fill)
+        self._held: list[Data] = []  # deliveries that arrived while a fill reads the stream: taken after it
+        self._gap_fill = False  # the fill under way checks a gap within the epoch (not a resync's)
 
     @property
     def acked_stream_seq(self) -> int:
@@ -169,7 +173,14 @@ class PullEngine(Replication):
         self.stats.last_delivered = ack.stream_seq
         self.origin_pending = ack.pending
         self.credits.delivered()
+        return self._deliver(msg, now)
+
+    def _deliver(self, msg: Data, now: float) -> list[Effect]:
+        ack = msg.ack
         effects: list[Effect] = []
+        if self.phase is Phase.FILLING:
+            self._held.append(msg)  # after what the fill reads, in delivery order
+            return effects
         if not self._phases.takes_deliveries:
             # a reply to a request of an epoch being replaced: only a stored message may be acked again
             self._ack_if_stored(ack.stream_seq, msg.reply, effects)
@@ -209,6 +220,17 @@ class PullEngine(Replication):
                 )
             )
             return effects + self._discontinuity(ResetCause.GAP, now)
+        elif not self._filtered and sseq > max(self.accepted, self._read_through) + 1:
+            # The stream has sequences between the last message taken and this one. On a consumer of the whole
+            # stream that is a deleted message, or deliveries lost from a consumer re-created under the bridge
+            # whose delivery sequences happen to line up with ours: read what lies between, then take this one.
+            self.last_dseq = dseq - 1  # sequenced again when it is taken after the fill
+            self.stats.delivered -= 1
+            self._phases.process(Event.FILL)
+            self._gap_fill = True
+            self._held.append(msg)
+            effects.append(FetchOrigin(max(self.accepted, self._read_through), sseq - 1))
+            return effects
         else:
             self._take(sseq, msg.subject, msg.headers, msg.payload, ack.timestamp_ns)
             self.acks.taken(sseq, msg.reply)
@@ -244,12 +266,13 @@ class PullEngine(Replication):
         effects: list[Effect] = []
         if code in _REQUEST_ENDED:
             pass
-        elif code == 409 and description.startswith(("Consumer Deleted", "Consumer is push based")):
+        elif code == 503 or (code == 409 and description.startswith(("Consumer Deleted", "Consumer is push based"))):
+            # 503: no responders, nobody serves CONSUMER.MSG.NEXT (the consumer was deleted while no request waited,
+            # or its server is going away); either way a resync binds it again (re-creating a managed one)
             if self._phases.takes_deliveries:
-                effects.append(
-                    Notice("discontinuity", "warning", {"cause": ResetCause.CONSUMER_GONE.value, "status": description})
-                )
-                effects += self._discontinuity(ResetCause.CONSUMER_GONE, now)
+                cause = ResetCause.UNAVAILABLE if code == 503 else ResetCause.CONSUMER_GONE
+                effects.append(Notice("discontinuity", "warning", {"cause": cause.value, "status": description}))
+                effects += self._discontinuity(cause, now)
             return effects
         elif code == 409 and description.startswith("Exceeded"):
             # the consumer's max_waiting, max_batch, max_expires or max_bytes refuses the request: it never asks
@@ -313,6 +336,9 @@ class PullEngine(Replication):
         self.epoch += 1
         self.last_dseq = anchor.last_consumer_seq
         self.anchor_seq = anchor.last_stream_seq
+        self._filtered = anchor.filtered
+        self._held.clear()
+        self._gap_fill = False
         self.credits.clear()
         self._last_activity = now
         fields: dict[str, object] = {
@@ -323,6 +349,7 @@ class PullEngine(Replication):
             "watermark": self.watermark,
         }
         self._skip_to(min(anchor.ack_floor, anchor.last_stream_seq), fields)
+        self._read_through = self.accepted  # what a fill reads next starts above what was taken
         if anchor.last_stream_seq > self.accepted:
             self._phases.process(Event.FILL)
             fields["fetch_from"] = self.accepted + 1
@@ -345,13 +372,19 @@ class PullEngine(Replication):
                 self.acks.taken(message.seq, None)
                 count += 1
         self.stats.fetched += count
+        self._read_through = max(self._read_through, through)
         self._last_activity = now
-        effects: list[Effect] = [
-            Notice(
-                "resync.done",
-                fields={"cause": self._resets.cause.value, "epoch": self.epoch, "fetched": count, "through": through},
-            )
-        ]
+        effects: list[Effect] = []
+        held, self._held = self._held, []
+        if self._gap_fill:  # a fill within the epoch: the deliveries that waited for it follow
+            self._gap_fill = False
+            if count:
+                effects.append(Notice("gap.filled", "warning", {"fetched": count, "through": through}))
+        else:
+            fields = {"cause": self._resets.cause.value, "epoch": self.epoch, "fetched": count, "through": through}
+            effects.append(Notice("resync.done", fields=fields))
+        for msg in held:
+            effects += self._deliver(msg, now)
         self._cover(effects, now)
         self._pump(now, effects)
         return effects
@@ -360,6 +393,8 @@ class PullEngine(Replication):
         """The origin stream could not be read: resync again after a backoff."""
         if not self._phases.process(Event.FILL_FAILED):
             return []
+        self._held.clear()  # still pending on the server: the resync reads or redelivers them
+        self._gap_fill = False
         delay = self._resets.failed(now)
         return [
             Notice(

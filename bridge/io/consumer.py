@@ -83,6 +83,16 @@ def consumer_kind(info: dict[str, Any]) -> ConsumerKind:
     return ConsumerKind.OTHER
 
 
+def consumer_filters(info: dict[str, Any]) -> list[str]:
+    """The subjects a consumer delivers, from its ``CONSUMER.INFO`` (empty: the whole stream)."""
+    cfg = info.get("config", {})
+    filters = list(cfg.get("filter_subjects") or [])
+    single = cfg.get("filter_subject")
+    if single and single not in filters:
+        filters.append(single)
+    return [f for f in filters if f and f != ">"]
+
+
 def _common_reasons(cfg: dict[str, Any]) -> list[str]:
     reasons: list[str] = []
     if cfg.get("headers_only"):

@@ -25,7 +25,7 @@ from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
 from bridge.io.connect import Callback, ErrorCallback, describe, open_connection
-from bridge.io.consumer import consumer_kind, ensure_consumer
+from bridge.io.consumer import consumer_filters, consumer_kind, ensure_consumer
 from bridge.io.jsapi import CONSUMER_NOT_FOUND, ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
 from bridge.runtime.ports import BoundConsumer, OriginStream
 
@@ -42,6 +42,7 @@ class OriginClient:
         self._nc: NATS | None = None
         self._api: JsApi | None = None
         self._sub: Subscription | None = None
+        self._filters: list[str] = list(source.filter_subjects)  # the consumer's, once bound
         self._inbox = ""  # pull mode: the subscribed inbox, the reply subject of every pull request
         self._on_message: Callable[[inbound.Inbound], None] | None = None
 
@@ -110,6 +111,7 @@ class OriginClient:
         info = await ensure_consumer(
             self._jsapi(), src, manage=src.manage_consumer, timeout=self.timeout, mode=self.mode
         )
+        self._filters = consumer_filters(info)
         pending = info.get("num_pending")
         return BoundConsumer(
             created=info.get("created"),
@@ -128,8 +130,8 @@ class OriginClient:
 
     async def first_seq_from(self, start: int) -> int:
         src, api = self.source, self._jsapi()
-        if src.filter_subjects:
-            found = [await api.first_seq_from(src.stream, start, f, self.timeout) for f in src.filter_subjects]
+        if self._filters:
+            found = [await api.first_seq_from(src.stream, start, f, self.timeout) for f in self._filters]
             return min((seq for seq in found if seq), default=0)
         # the stream's first message (STREAM.INFO, which the bridge may use anyway)
         state = (await api.stream_info(src.stream, timeout=self.timeout)).get("state", {})
@@ -242,11 +244,13 @@ class OriginClient:
             fit=fit,
             created=info.get("created"),
             ack_floor=int((info.get("ack_floor") or {}).get("stream_seq", 0)),
+            filtered=bool(consumer_filters(info)),
         )
 
     async def fetch(self, after: int, through: int) -> list[OriginMessage]:
         src = self.source
-        return await self._jsapi().messages_between(src.stream, after, through, src.filter_subjects, self.timeout)
+        # the consumer's own filters: a bound consumer's are the operator's, not in the configuration
+        return await self._jsapi().messages_between(src.stream, after, through, self._filters, self.timeout)
 
     async def flush(self) -> None:
         if self._nc is not None and self._nc.is_connected:
