@@ -62,6 +62,9 @@ class RequestReset:
     cause: ResetCause
     attempt: int
     seq: int | None = None
+    # pull mode: once unsubscribed, wait until this time (the engine's clock) before reading the consumer, so that
+    # the requests of the old inbox are gone (docs/protocol.md 10: served to nobody for 2 s after they were sent)
+    settle_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

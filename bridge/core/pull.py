@@ -31,10 +31,22 @@ How each of the promises is kept (docs/design.md, "Pull mode"):
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import replace
 
-from bridge.core.effects import Ack, Effect, FetchOrigin, Notice, OriginMessage, Pull, PullAnchor, ResetCause
+from bridge.core.effects import (
+    Ack,
+    Effect,
+    FetchOrigin,
+    Notice,
+    OriginMessage,
+    Pull,
+    PullAnchor,
+    RequestReset,
+    ResetCause,
+)
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, Unrecognised
 from bridge.core.phases import Event, Phase
 from bridge.core.replication import EngineSettings, Replication
@@ -44,6 +56,9 @@ __all__ = ["AckLedger", "PullCredits", "PullEngine", "pull_heartbeat"]
 # statuses that end a pull request and say what it had left: the request is simply replaced
 _REQUEST_ENDED = frozenset({404, 408})
 _EXPIRY_GRACE = 2.0  # seconds past a request's expiry after which its unanswered remainder is written off
+# a server with leaf nodes or gateways serves a waiting request whose reply subject lost interest for this long
+# after it received it (nats-server defaultGatewayRecentSubExpiration), delivering to nobody (docs/protocol.md 10)
+REQUEST_INTEREST_GRACE = 2.0
 
 
 def pull_heartbeat(silence_timeout: float) -> float:
@@ -144,6 +159,7 @@ class PullEngine(Replication):
         self._read_through = 0  # the origin stream was read for this source up to here (a fill)
         self._held: list[Data] = []  # deliveries that arrived while a fill reads the stream: taken after it
         self._gap_fill = False  # the fill under way checks a gap within the epoch (not a resync's)
+        self._last_pull_at = -math.inf
 
     @property
     def acked_stream_seq(self) -> int:
@@ -415,6 +431,15 @@ class PullEngine(Replication):
         self._watch_progress(now, effects)
         return effects
 
+    def _reset_if_due(self, now: float) -> list[Effect]:
+        # the resync reads the consumer only once the old inbox's requests are gone, or their deliveries to nobody
+        # would make the new epoch start with a jump (and a second resync)
+        settle = self._last_pull_at + REQUEST_INTEREST_GRACE
+        return [
+            replace(e, settle_until=settle) if isinstance(e, RequestReset) and settle > now else e
+            for e in super()._reset_if_due(now)
+        ]
+
     def _expects_traffic(self) -> bool:
         # the server sends heartbeats only while a request waits: with none outstanding, quiet is normal
         return self.credits.requested > 0
@@ -461,5 +486,6 @@ class PullEngine(Replication):
         if not self.credits.requested:
             self._last_activity = now  # silence is counted from the first request that should bring something
         self.credits.pulled(free, now, self.settings.pull_expires)
+        self._last_pull_at = now
         self.stats.pulls += 1
         effects.append(Pull(free, self.settings.pull_expires, self.heartbeat_interval))

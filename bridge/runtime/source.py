@@ -572,6 +572,8 @@ class SourceRunner:
             last_dseq=self.engine.last_dseq,
         )
         await self.origin.unsubscribe()
+        if request.settle_until is not None:  # pull mode: the old inbox's requests die first (the engine's wait)
+            await anyio.sleep(max(0.0, min(request.settle_until - self.clock(), 5.0)))
         effects: list[Effect]
         try:
             if not self.may_act():
