@@ -1,16 +1,38 @@
-"""Command line: ``python -m chaos list`` and ``python -m chaos run (--smoke | --all | --scenario NAME...)``."""
+"""Command line: ``python -m chaos list`` and ``python -m chaos run (--smoke | --all | --scenario NAME...)``.
+
+``--origin-server PATH`` runs the leaf (the origins) on another ``nats-server`` than the hub; on one older than 2.14
+the bridge runs in pull mode and the fault kinds that cannot apply there are skipped and named in the report.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 import time
 from pathlib import Path
 
-from chaos.faults import FAULTS
+from bridge.testing.servers import (
+    ServerStartError,
+    checked_binary,
+    find_nats_server,
+    origin_mode_expected,
+    origin_server_binary,
+    server_version,
+)
+from chaos.faults import FAULTS, inapplicable
 from chaos.report import format_table, write_report
-from chaos.runner import FULL_PROFILE, SMOKE_PROFILE, ScenarioSpec, full_set, run_all, smoke_set, workdir
+from chaos.runner import (
+    FULL_PROFILE,
+    SMOKE_PROFILE,
+    ScenarioSpec,
+    applicable,
+    full_set,
+    run_all,
+    smoke_set,
+    workdir,
+)
 
 DEFAULT_SEED = 1
 
@@ -34,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="report directory (default chaos-results/<time>)")
     run.add_argument("--keep", action="store_true", help="keep every scenario's servers' data and logs")
     run.add_argument(
+        "--origin-server",
+        metavar="PATH",
+        help="the leaf's (origins') nats-server, e.g. one older than 2.14 for pull mode "
+        "(default: $NATS_ORIGIN_SERVER_BIN, else the hub's)",
+    )
+    run.add_argument(
         "--audit",
         action="store_true",
         help="afterwards, run nats-bridge audit on each aggregate and require it to agree with the checker",
@@ -48,29 +76,64 @@ def main(argv: list[str] | None = None) -> int:
             print(name)
         return 0
     command = "python -m chaos run"
+    try:
+        hub_binary = find_nats_server()
+        origin_binary = _origin_binary(args.origin_server)
+        mode = origin_mode_expected(origin_binary)
+        if origin_binary != hub_binary:
+            # the replay commands must run the same origin
+            command += f" --origin-server {shlex.quote(origin_binary)}"
+            print(f"chaos: origin nats-server {origin_binary} (v{server_version(origin_binary)})", flush=True)
+    except ServerStartError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
+    skipped = inapplicable(mode)
     if args.smoke:
-        specs = smoke_set()
+        specs = smoke_set(skip=skipped)
         parallel = args.parallel or 3
         label = f"{command} --smoke --seed {args.seed}"
     elif args.all:
         duration = args.duration or 600.0
-        specs = full_set(duration)
+        specs = full_set(duration, skip=skipped)
         parallel = args.parallel or 1
         label = f"{command} --all --duration {duration:g} --seed {args.seed}"
     else:
         duration = args.duration or 10.0
         profile = SMOKE_PROFILE if args.smoke_profile else FULL_PROFILE
-        faults = {name: (tuple(FAULTS) if name == "nemesis" else (name,)) for name in args.scenario}
+        faults = {
+            name: (applicable(skipped) if name == "nemesis" else (name,))
+            for name in args.scenario
+            if name not in skipped
+        }
         specs = [ScenarioSpec(name, f, duration, not args.once, profile) for name, f in faults.items()]
         parallel = args.parallel or 1
-        label = f"{command} " + " ".join(f"--scenario {n}" for n in faults) + f" --seed {args.seed}"
+        label = f"{command} " + " ".join(f"--scenario {n}" for n in dict.fromkeys(args.scenario))
+        label += f" --seed {args.seed}"
     if parallel < 1:
         print("--parallel must be >= 1", file=sys.stderr)
         return 2
+    if not specs:  # only kinds that cannot apply were named: a run would check nothing
+        names = ", ".join(f"{kind} ({skipped[kind]})" for kind in dict.fromkeys(args.scenario))
+        print(f"chaos: nothing to run in {mode} mode: {names}", file=sys.stderr)
+        return 2
     out = args.out or Path("chaos-results") / time.strftime("%Y%m%d-%H%M%S")
     print(f"chaos: {len(specs)} scenario(s), seed {args.seed}, {parallel} at a time, report in {out}", flush=True)
+    if skipped:
+        print(f"chaos: {mode} mode on this origin; fault kinds skipped:", flush=True)
+        for kind, reason in skipped.items():
+            print(f"  {kind}: {reason}", flush=True)
     keep = args.keep or args.audit  # the audit reads each aggregate's store after the scenarios
-    results = asyncio.run(run_all(specs, seed=args.seed, out=out, parallel=parallel, command=command, keep=keep))
+    results = asyncio.run(
+        run_all(
+            specs,
+            seed=args.seed,
+            out=out,
+            parallel=parallel,
+            command=command,
+            origin_binary=origin_binary,
+            keep=keep,
+        )
+    )
     if args.audit:
         from chaos.audit import audit_results
 
@@ -80,7 +143,17 @@ def main(argv: list[str] | None = None) -> int:
             seconds = r.audit["seconds"] if r.audit else "-"
             verdict = "agrees" if r.audit and not any(p.startswith("audit") for p in r.problems) else "DISAGREES"
             print(f"  {r.name:<24} audit {verdict} ({seconds}s)", flush=True)
-    print(format_table(results))
-    path = write_report(out, results, command=label, seed=args.seed)
+    print(format_table(results, mode=mode, skipped=skipped))
+    path = write_report(out, results, command=label, seed=args.seed, mode=mode, skipped=skipped)
     print(f"report: {path}")
     return 0 if all(r.ok for r in results) else 1
+
+
+def _origin_binary(option: str | None) -> str:
+    """The leaf's binary: ``--origin-server`` (it must name an executable file), else
+    :func:`~bridge.testing.servers.origin_server_binary` (``$NATS_ORIGIN_SERVER_BIN``, else the hub's).
+
+    Raises:
+        ServerStartError: the option names no executable file, or no binary was found.
+    """
+    return origin_server_binary() if option is None else checked_binary(option, "--origin-server")

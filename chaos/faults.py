@@ -4,6 +4,9 @@ Each fault draws its parameters (which source, how long, which sequence) from th
 generator and writes what it did to the run's timeline, so a failing run can be replayed and read. The holds
 (``asyncio.sleep``) are the fault's duration, chosen on purpose; every wait for a *condition* polls against a
 deadline.
+
+Every kind applies to both of the bridge's modes except those in :data:`FLOW_CONTROL_ONLY`: against an origin older
+than nats-server 2.14 (pull mode) :func:`inapplicable` names them with the reason, and the runner skips them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.core.modes import Mode
 from bridge.testing.processes import BridgeProcess
 from chaos.model import Excuse, FaultEvent
 from chaos.reader import stream_state
@@ -398,3 +402,15 @@ def _registry() -> dict[str, Fault]:
 
 
 FAULTS: dict[str, Fault] = _registry()
+
+# Fault kinds that only exist where the origin has flow control, and why. An outside CONSUMER.RESET is the API of
+# nats-server 2.14 (it came with ack_policy flow_control); an older origin does not answer it at all (2.10.26 and
+# 2.12.8 let the request time out), so the fault would inject nothing and a pass would prove nothing.
+_NO_RESET_API = "CONSUMER.RESET exists from nats-server 2.14 on; a pull-mode origin (older) has none to inject"
+FLOW_CONTROL_ONLY: dict[str, str] = {name: _NO_RESET_API for name in FAULTS if name.startswith("reset-")}
+
+
+def inapplicable(mode: str) -> dict[str, str]:
+    """The fault kinds that cannot apply when the bridge runs in ``mode`` (``"pull"`` or ``"flow_control"``), each
+    with the reason, for the run to skip and its report to name."""
+    return dict(FLOW_CONTROL_ONLY) if mode == Mode.PULL else {}

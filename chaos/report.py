@@ -1,9 +1,13 @@
-"""A chaos run's report: a text table for people, a JSON summary for tools, both written side by side."""
+"""A chaos run's report: a text table for people, a JSON summary for tools, both written side by side.
+
+Both name the fault kinds the run left out because they cannot apply in the bridge's mode (pull mode has no
+``CONSUMER.RESET`` to inject), with the reason, so a pass is never read as covering them.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,10 +33,13 @@ _FINDINGS: Final = ("lost", "duplicated", "reordered", "unexpected", "deleted_be
 _TOTALS: Final = ("attempted", "acked", "stored", *_FINDINGS[:4], "excused", *_FINDINGS[4:])
 
 
-def format_table(results: Sequence[ScenarioResult]) -> str:
+def format_table(
+    results: Sequence[ScenarioResult], *, mode: str | None = None, skipped: Mapping[str, str] | None = None
+) -> str:
     """The run as fixed-width text: one row per scenario and source and a TOTAL row, then, for each failing
-    scenario, its problems, findings with examples, seed, replay command and fault timeline, and last an
-    ``OVERALL: OK (...)`` or ``OVERALL: FAIL (...)`` line."""
+    scenario, its problems, findings with examples, seed, replay command and fault timeline, then the fault kinds
+    ``skipped`` in the bridge's ``mode`` (kind -> reason), and last an ``OVERALL: OK (...)`` or
+    ``OVERALL: FAIL (...)`` line."""
     rows: list[list[str]] = []
     for result in results:
         # a scenario that produced no verdict (it failed before the check) still gets its row
@@ -58,14 +65,27 @@ def format_table(results: Sequence[ScenarioResult]) -> str:
             lines.append("")
             lines.extend(_failure(result))
 
+    if skipped:
+        lines.append("")
+        lines.append(f"skipped fault kinds ({mode or '?'} mode), not covered by this run:")
+        lines.extend(f"  {kind}: {reason}" for kind, reason in skipped.items())
+
     lines.append("")
     lines.append(_overall(results))
     return "\n".join(lines) + "\n"
 
 
-def summary(results: Sequence[ScenarioResult], *, command: str, seed: int) -> dict[str, Any]:
-    """The run as JSON-ready data: the command and seed that reproduce it, whether it passed, totals over all
-    scenarios, the distinct faults injected, and every scenario's own record."""
+def summary(
+    results: Sequence[ScenarioResult],
+    *,
+    command: str,
+    seed: int,
+    mode: str | None = None,
+    skipped: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The run as JSON-ready data: the command and seed that reproduce it, the bridge's mode on the origin (when
+    known), whether it passed, totals over all scenarios, the distinct faults injected, the kinds skipped as
+    inapplicable in that mode (kind -> reason), and every scenario's own record."""
     totals: dict[str, Any] = {"scenarios": len(results), "faults": sum(r.faults for r in results)}
     for name in _TOTALS:
         totals[name] = sum(r.total(name) for r in results)
@@ -75,20 +95,31 @@ def summary(results: Sequence[ScenarioResult], *, command: str, seed: int) -> di
     return {
         "command": command,
         "seed": seed,
+        "mode": mode,
         "ok": _run_ok(results),
         "totals": totals,
         "fault_kinds": sorted(kinds),
+        "skipped_fault_kinds": dict(skipped or {}),
         "scenarios": [r.to_json() for r in results],
     }
 
 
-def write_report(directory: Path, results: Sequence[ScenarioResult], *, command: str, seed: int) -> Path:
+def write_report(
+    directory: Path,
+    results: Sequence[ScenarioResult],
+    *,
+    command: str,
+    seed: int,
+    mode: str | None = None,
+    skipped: Mapping[str, str] | None = None,
+) -> Path:
     """Write ``report.json`` (:func:`summary`) and ``report.txt`` (:func:`format_table`) into ``directory``,
     creating it; return the JSON file's path."""
     directory.mkdir(parents=True, exist_ok=True)
     json_path = directory / "report.json"
-    json_path.write_text(json.dumps(summary(results, command=command, seed=seed), indent=2) + "\n", encoding="utf-8")
-    (directory / "report.txt").write_text(format_table(results), encoding="utf-8")
+    data = summary(results, command=command, seed=seed, mode=mode, skipped=skipped)
+    json_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (directory / "report.txt").write_text(format_table(results, mode=mode, skipped=skipped), encoding="utf-8")
     return json_path
 
 

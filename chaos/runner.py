@@ -4,6 +4,9 @@ A scenario is a name, the fault kinds its nemesis draws from, and a workload dur
 one fault kind (once in the smoke set); the ``nemesis`` scenario draws from all of them. Every random choice comes
 from ``Random(f"{seed}:{name}")``, so ``--seed`` and ``--scenario`` replay a scenario's schedule whatever else ran
 beside it.
+
+In pull mode (an origin older than nats-server 2.14) the fault kinds that cannot apply there
+(:func:`chaos.faults.inapplicable`) are left out of the sets, the nemesis's draw included; the caller reports them.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import contextlib
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,31 +48,47 @@ SMOKE_PROFILE = Profile(concurrency=1, trickle_rate=25.0, burst_seconds=(0.3, 0.
 FULL_PROFILE = Profile(concurrency=8, trickle_rate=40.0, burst_seconds=(1.5, 4.0), trickle_seconds=(0.5, 1.5))
 
 
-def smoke_set(duration: float = 6.0) -> list[ScenarioSpec]:
-    """Every fault kind once, plus a short random nemesis."""
-    specs = [ScenarioSpec(name, (name,), duration, False, SMOKE_PROFILE) for name in FAULTS]
-    specs.append(ScenarioSpec("nemesis", tuple(FAULTS), 20.0, True, SMOKE_PROFILE))
+def applicable(skip: Collection[str] = ()) -> tuple[str, ...]:
+    """The fault kinds, in registry order, but those in ``skip``."""
+    return tuple(name for name in FAULTS if name not in skip)
+
+
+def smoke_set(duration: float = 6.0, *, skip: Collection[str] = ()) -> list[ScenarioSpec]:
+    """Every fault kind but those in ``skip`` once, plus a short random nemesis drawing from the same kinds."""
+    kinds = applicable(skip)
+    specs = [ScenarioSpec(name, (name,), duration, False, SMOKE_PROFILE) for name in kinds]
+    specs.append(ScenarioSpec("nemesis", kinds, 20.0, True, SMOKE_PROFILE))
     return specs
 
 
-def full_set(total: float) -> list[ScenarioSpec]:
-    """Every fault kind repeated over its share of ``total`` seconds, and the random nemesis over a fifth."""
+def full_set(total: float, *, skip: Collection[str] = ()) -> list[ScenarioSpec]:
+    """Every fault kind but those in ``skip`` repeated over its share of ``total`` seconds, and the random nemesis
+    (drawing from the same kinds) over a fifth."""
+    kinds = applicable(skip)
     nemesis = total / 5
-    each = (total - nemesis) / len(FAULTS)
-    specs = [ScenarioSpec(name, (name,), each, True, FULL_PROFILE) for name in FAULTS]
-    specs.append(ScenarioSpec("nemesis", tuple(FAULTS), nemesis, True, FULL_PROFILE))
+    each = (total - nemesis) / len(kinds)
+    specs = [ScenarioSpec(name, (name,), each, True, FULL_PROFILE) for name in kinds]
+    specs.append(ScenarioSpec("nemesis", kinds, nemesis, True, FULL_PROFILE))
     return specs
 
 
 class Scenario:
     """One run of one :class:`ScenarioSpec` in ``workdir`` (kept on failure, or with ``keep``)."""
 
-    def __init__(self, spec: ScenarioSpec, seed: int, workdir: Path, command: str, binary: str | None) -> None:
+    def __init__(
+        self,
+        spec: ScenarioSpec,
+        seed: int,
+        workdir: Path,
+        command: str,
+        binary: str | None,
+        origin_binary: str | None = None,
+    ) -> None:
         self.spec = spec
         self.seed = seed
         self.workdir = workdir
         self.rng = random.Random(f"{seed}:{spec.name}")
-        self.topo = ChaosTopology(workdir, binary=binary)
+        self.topo = ChaosTopology(workdir, binary=binary, origin_binary=origin_binary)
         self.result = ScenarioResult(spec.name, seed, command)
         self.logs = {s.name: PublishLog(s.name) for s in self.topo.sources}
         self.samples: list[DeletionSample] = []
@@ -227,10 +246,12 @@ async def run_all(
     parallel: int,
     command: str,
     binary: str | None = None,
+    origin_binary: str | None = None,
     keep: bool = False,
 ) -> list[ScenarioResult]:
     """Run ``specs``, at most ``parallel`` at a time; results in the order of ``specs``. Scenario ``name`` works in
-    :func:`workdir` ``(out, name)``."""
+    :func:`workdir` ``(out, name)``. ``binary`` is the hub's ``nats-server``, ``origin_binary`` the leaf's (default:
+    the hub's)."""
     limit = asyncio.Semaphore(parallel)
     results: list[ScenarioResult | None] = [None] * len(specs)
 
@@ -241,7 +262,7 @@ async def run_all(
                 replay += " --once"
             if spec.profile == SMOKE_PROFILE:
                 replay += " --smoke-profile"
-            scenario = Scenario(spec, seed, workdir(out, spec.name), replay, binary)
+            scenario = Scenario(spec, seed, workdir(out, spec.name), replay, binary, origin_binary)
             result = await scenario.run(keep=keep)
             results[i] = result
             verdict = "OK" if result.ok else "FAIL"

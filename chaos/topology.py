@@ -12,6 +12,10 @@ Each process reaches the lease bucket through a KV proxy of its own (``coordinat
 through the environment, as a host would), so one process can be cut off from the bucket while its links to the
 origin and the target stay up. The chaos process itself talks to both servers directly (publishing, resetting,
 reading), never through a proxy, so a link fault hits only the bridges.
+
+The leaf (the origins) may run another ``nats-server`` than the hub (``--origin-server``): on one older than 2.14
+the bridge's sources run in pull mode (``mode`` is left at its default, ``auto``, which picks it), and the config
+gives every source a short ``ack_wait`` so that redeliveries then come within a scenario's deadlines.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from bridge.testing.processes import BridgeProcess
-from bridge.testing.servers import Topology, free_ports, start_topology
+from bridge.testing.servers import PULL_TEST_ACK_WAIT, Topology, free_ports, start_topology
 from chaos.proxy import FaultProxy
 
 AGGREGATE = "AGG"
@@ -68,7 +72,7 @@ SOURCES = (Source("wq", "WQ", "workqueue"), Source("interest", "INT", "interest"
 
 
 def bridge_config(sources: tuple[Source, ...], leaf_url: str, hub_url: str) -> str:
-    """The bridge's TOML: defaults everywhere except where a test topology needs a name."""
+    """The bridge's TOML: defaults everywhere except where a test topology needs a name, and a short ``ack_wait``."""
     lines = [
         "# written by the chaos suite",
         "[log]",
@@ -94,6 +98,10 @@ def bridge_config(sources: tuple[Source, ...], leaf_url: str, hub_url: str) -> s
             f'servers = ["{leaf_url}"]',
             f'stream = "{source.stream}"',
             f'subject_prefix = "{source.aggregate_prefix}"',
+            "# mode: the default, auto: flow control on an origin of nats-server 2.14 or later, pull before",
+            "# pull mode only (auto decides): the default, 30 s, would put the redeliveries that follow a crash or a",
+            "# lost ack beyond a scenario's deadlines",
+            f"ack_wait = {PULL_TEST_ACK_WAIT}",
         ]
     return "\n".join(lines) + "\n"
 
@@ -116,12 +124,23 @@ async def _connect(url: str, name: str) -> Client:
 
 
 class ChaosTopology:
-    """Starts, exposes and stops everything one scenario runs on; every process is stopped by its PID."""
+    """Starts, exposes and stops everything one scenario runs on; every process is stopped by its PID.
 
-    def __init__(self, workdir: Path, sources: tuple[Source, ...] = SOURCES, binary: str | None = None) -> None:
+    ``binary`` is the hub's ``nats-server`` (default :func:`~bridge.testing.servers.find_nats_server`),
+    ``origin_binary`` the leaf's (default: the hub's).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        sources: tuple[Source, ...] = SOURCES,
+        binary: str | None = None,
+        origin_binary: str | None = None,
+    ) -> None:
         self.workdir = workdir
         self.sources = sources
         self.binary = binary
+        self.origin_binary = origin_binary
         self.servers: Topology | None = None
         self.leaf_proxy: FaultProxy | None = None
         self.hub_proxy: FaultProxy | None = None
@@ -137,7 +156,11 @@ class ChaosTopology:
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.servers = await asyncio.to_thread(
-            start_topology, self.workdir / "servers", binary=self.binary, max_file_store=MAX_FILE_STORE
+            start_topology,
+            self.workdir / "servers",
+            binary=self.binary,
+            leaf_binary=self.origin_binary,
+            max_file_store=MAX_FILE_STORE,
         )
         hub, leaf = self.servers.hub, self.servers.leaf
         # ports claimed like the servers': a proxy binding port 0 could take a killed server's port meanwhile

