@@ -341,7 +341,9 @@ class PullEngine(Replication):
             )
         effects: list[Effect] = []
         if anchor.created is not None and anchor.created != self._consumer_created:
-            if self._consumer_created is not None:
+            # nats-server before 2.12 reports a slightly different creation time after a restart: a re-created
+            # consumer also starts its delivery sequences again, below where this one had got
+            if self._consumer_created is not None and anchor.last_consumer_seq < self.last_dseq:
                 effects.append(
                     Notice(
                         "consumer.recreated", "warning", {"consumer": self.settings.consumer, "created": anchor.created}

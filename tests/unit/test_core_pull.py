@@ -182,11 +182,24 @@ def test_nothing_is_pulled_while_the_pipeline_is_full_or_blocked() -> None:
 def test_consumer_deleted_resyncs_and_a_recreated_consumer_is_noticed() -> None:
     engine, _ = running()
     engine.consumer_bound("t1")
+    engine.data(data(1, 1), 0.5)
     effects = engine.pull_status(PullStatus(409, "Consumer Deleted", "_INBOX.x"), 1.0)
     assert of(effects, Notice)[0].fields["cause"] == ResetCause.CONSUMER_GONE.value
     engine.tick(3.0)
     effects = engine.resynced(PullAnchor(0, 0, created="t2"), 3.1)
     assert [n.event for n in of(effects, Notice)] == ["consumer.recreated", "resync.done"]
+
+
+def test_a_restarted_server_reporting_another_creation_time_is_not_a_recreation() -> None:
+    """nats-server 2.10 and 2.11 report a slightly different ``created`` after a restart; the delivery sequence
+    goes on where it was, which a re-created consumer's cannot."""
+    engine, _ = running()
+    engine.consumer_bound("t1")
+    engine.data(data(1, 1), 0.5)
+    engine.source_reconnected(1.0)
+    engine.tick(3.0)
+    effects = engine.resynced(PullAnchor(1, 1, created="t1+0.2ms"), 3.1)
+    assert [n.event for n in of(effects, Notice)] == ["resync.done"]
 
 
 def test_a_redelivery_above_accepted_in_a_clean_epoch_means_someone_else_pulled() -> None:
