@@ -103,7 +103,8 @@ async def test_flow_control_on_an_old_origin_exits_2_naming_the_key(
         done = await anyio.to_thread.run_sync(lambda: run_cli("check", "-c", str(config)))
         assert done.returncode == 2, done.stdout + done.stderr
         assert f"nats-bridge: invalid configuration ({config})" in done.stderr
-        assert '  sources[edge1].mode: mode = "flow_control" needs nats-server 2.14.0 or later on the origin' in done.stderr
+        wanted = '  sources[edge1].mode: mode = "flow_control" needs nats-server 2.14.0 or later on the origin'
+        assert wanted in done.stderr
         assert 'FAIL source edge1: sources[edge1].mode: mode = "flow_control"' in done.stdout
         async with connect(origin.url) as nc:
             names = await nc.request(f"$JS.API.CONSUMER.NAMES.{ORIGIN}", b"", timeout=5)
