@@ -1,5 +1,5 @@
 """Command line: ``python -m bench run [--quick] [--reps 3] [--sizes 256,1024,16384] [--retention workqueue,limits]
-[--backlog 1000000] ...``; ``--help`` lists every option.
+[--backlog 1000000] [--mode auto|flow_control|pull] [--origin-server PATH] ...``; ``--help`` lists every option.
 """
 
 from __future__ import annotations
@@ -18,11 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from bench import audit, publish_modes, report, stream
-from bench.model import BRIDGE, BRIDGE_EDGE, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
+from bench.model import BRIDGE, BRIDGE_EDGE, MODES, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
 from bench.procs import git_revision, machine
 from bench.runner import Options, bridge_config, latency, throughput
-from bridge.testing.servers import ServerStartError, find_nats_server, server_version
+from bridge.core.modes import Mode
+from bridge.testing.servers import (
+    ServerStartError,
+    find_nats_server,
+    origin_binary_option,
+    origin_mode_expected,
+    server_version,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SIZES = (256, 1024, 16384)
@@ -124,6 +131,20 @@ def _parser() -> argparse.ArgumentParser:
         help="max_ack_pending of the origin consumer, the same on both paths (default 1000, the bridge's default)",
     )
     run.add_argument(
+        "--mode",
+        choices=MODES,
+        default="auto",
+        help="the bridge source's `mode`: auto (the bridge chooses: flow_control on nats-server 2.14+), "
+        "flow_control (a push consumer, ack_policy flow_control) or pull (a pull consumer with explicit acks) "
+        "(default auto)",
+    )
+    run.add_argument(
+        "--origin-server",
+        metavar="PATH",
+        help="the leaf's (the origin's) nats-server, e.g. one older than 2.14, where only pull mode runs and the "
+        "native path is skipped (default: $NATS_ORIGIN_SERVER_BIN, else the hub's)",
+    )
+    run.add_argument(
         "--no-edge",
         action="store_true",
         help="skip the extra throughput run per repetition with the bridge in the edge position (source connected "
@@ -163,11 +184,15 @@ def _describe(r: ThroughputRun | LatencyRun) -> str:
         text += f", preload {r.preload_msgs_per_s:,.0f} msg/s"
         if r.bridge_peak_rss_bytes is not None:
             text += f", peak RSS {r.bridge_peak_rss_bytes / 1e6:.1f} MB, CPU {r.bridge_cpu_s_per_million or 0:.1f} s/1M"
-        return text
-    text = f"p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, max {r.max_ms:.2f} ms over {r.messages} msgs"
-    text += f" at {r.achieved_rate:,.0f} msg/s (publish rtt p50 {r.publish_rtt_p50_ms:.2f} ms)"
-    if r.origin_store_p50_ms is not None and r.origin_store_p99_ms is not None:
-        text += f"; from origin store time p50 {r.origin_store_p50_ms:.2f} / p99 {r.origin_store_p99_ms:.2f} ms"
+    else:
+        text = f"p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, max {r.max_ms:.2f} ms over {r.messages} msgs"
+        text += f" at {r.achieved_rate:,.0f} msg/s (publish rtt p50 {r.publish_rtt_p50_ms:.2f} ms)"
+        if r.origin_store_p50_ms is not None and r.origin_store_p99_ms is not None:
+            text += f"; from origin store time p50 {r.origin_store_p50_ms:.2f} / p99 {r.origin_store_p99_ms:.2f} ms"
+    if r.path != NATIVE:
+        text += f"; {r.bridge_mode or 'unknown'} mode"
+        if r.bridge_warnings:
+            text += ", log warnings: " + ", ".join(f"{name} x{n}" for name, n in r.bridge_warnings.items())
     return text
 
 
@@ -197,14 +222,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_ack_pending < 1:
         print("--max-ack-pending must be >= 1", file=sys.stderr)
         return 2
+    mode: str = args.mode
     try:
         binary = find_nats_server()
         version = server_version(binary)
+        origin_binary = origin_binary_option(args.origin_server)
+        origin_version = server_version(origin_binary)
+        # native sourcing binds an ack_policy flow_control consumer on the origin: nats-server 2.14+ only
+        with_native = origin_mode_expected(origin_binary) == Mode.FLOW_CONTROL
     except ServerStartError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
+    if mode == Mode.FLOW_CONTROL and not with_native:
+        print(f"bench: --mode flow_control needs an origin on nats-server 2.14+, not {origin_version}", file=sys.stderr)
+        return 2
 
     command = "python -m bench " + " ".join(shlex.quote(a) for a in argv)
+    if origin_binary != binary and args.origin_server is None:  # from $NATS_ORIGIN_SERVER_BIN: say so
+        command += f" --origin-server {shlex.quote(origin_binary)}"
     started = dt.datetime.now(dt.UTC)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     info = machine()
@@ -215,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine=info,
         revision=git_revision(REPO_ROOT),
         server_version=version,
+        origin_server_version=origin_version if origin_binary != binary else "",
         settings={
             "quick": quick,
             "reps": reps,
@@ -229,20 +265,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             "latency_reps": args.latency_reps,
             "max_ack_pending": args.max_ack_pending,
             "edge": not args.no_edge,
+            "native": with_native,
+            "mode": mode,
             "native_consumer": native_consumer_config(args.max_ack_pending),
             "native_aggregate": aggregate_config(native=True),
             "bridge_aggregate": aggregate_config(native=False),
-            "bridge_config": bridge_config("nats://HUB", "nats://LEAF", "sidecar", args.max_ack_pending),
+            "bridge_config": bridge_config("nats://HUB", "nats://LEAF", "sidecar", args.max_ack_pending, mode),
         },
     )
     workdir = Path(tempfile.mkdtemp(prefix="nats-bridge-bench-"))
-    options = Options(workdir=workdir, max_ack_pending=args.max_ack_pending, keep=args.keep, binary=binary)
+    options = Options(
+        workdir=workdir,
+        max_ack_pending=args.max_ack_pending,
+        keep=args.keep,
+        binary=binary,
+        mode=mode,
+        origin_binary=origin_binary,
+    )
     with_latency = latency_seconds > 0 and args.latency_reps > 0
-    throughput_paths = (NATIVE, BRIDGE) if args.no_edge else (NATIVE, BRIDGE, BRIDGE_EDGE)
-    per_combo = len(throughput_paths) * reps + (2 * args.latency_reps if with_latency else 0)
+    bridge_paths = (BRIDGE,) if args.no_edge else (BRIDGE, BRIDGE_EDGE)
+    throughput_paths = (NATIVE, *bridge_paths) if with_native else bridge_paths
+    latency_paths = (NATIVE, BRIDGE) if with_native else (BRIDGE,)
+    per_combo = len(throughput_paths) * reps + (len(latency_paths) * args.latency_reps if with_latency else 0)
     total = len(sizes) * len(retentions) * per_combo + (1 if backlog else 0)
     print(f"bench: {command}", flush=True)
     print(f"  {report.machine_line(results)}", flush=True)
+    print(f"  bridge: mode {mode} (its source's `mode`)", flush=True)
+    if not with_native:
+        print(f"  native sourcing skipped: the origin's nats-server {origin_version} predates 2.14", flush=True)
     print(
         f"  commit {results.revision['commit']}{' (bridge/ modified)' if results.revision['bridge_dirty'] else ''}; "
         f"{total} measurements, each on a fresh hub + leaf under {workdir}",
@@ -269,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         step(f"throughput {combo} x{messages[size]:,} rep {rep} {path}", tr, began)
                 if with_latency:
                     for rep in range(1, args.latency_reps + 1):
-                        for path in (NATIVE, BRIDGE):
+                        for path in latency_paths:
                             began = time.monotonic()
                             lr = latency(options, path, size, retention, args.latency_rate, latency_seconds, rep)
                             results.latency.append(lr)
@@ -300,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = report.summarize(results.throughput, results.latency)
     items = report.targets(summaries, results.backlog, args.latency_rate)
     print()
+    print(f"bridge: {report.mode_label(results)}")
     print(report.format_table(summaries))
     print()
     print(report.format_costs(summaries))

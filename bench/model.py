@@ -6,11 +6,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.core.modes import Mode
+
 NATIVE = "native"
 BRIDGE = "bridge"  # sidecar position: connected to the hub only, reaching the leaf through its domain (as native)
 BRIDGE_EDGE = "bridge-edge"  # edge position: the source connected to the leaf directly (an extra, for reference)
 BRIDGE_POSITIONS = {BRIDGE: "sidecar", BRIDGE_EDGE: "edge"}
 RETENTIONS = ("workqueue", "limits")
+# The bridge's sources[].mode values (bridge.core.modes): "auto" lets the bridge choose at start-up
+MODES = ("auto", *(str(m) for m in Mode))
 MB = 1_000_000  # MB/s are payload megabytes (10^6 bytes) per second
 
 
@@ -41,6 +45,8 @@ class ThroughputRun:
     bridge_cpu_s_per_million: float | None = None  # only while replicating (first copy seen .. last copy seen)
     servers_cpu_s_per_million: float | None = None  # hub + leaf, same window
     bridge_exit_code: int | None = None
+    bridge_mode: str | None = None  # the mode the bridge ran in (its `source.mode` log event); None: native
+    bridge_warnings: dict[str, int] = field(default_factory=dict)  # warning/error log events by name, counted
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -71,6 +77,8 @@ class LatencyRun:
     origin_store_p99_ms: float | None = None
     bridge_peak_rss_bytes: int | None = None
     bridge_exit_code: int | None = None
+    bridge_mode: str | None = None
+    bridge_warnings: dict[str, int] = field(default_factory=dict)
     latencies_ms: list[float] = field(default_factory=list, repr=False)  # kept out of the JSON
 
     def as_dict(self) -> dict[str, Any]:
@@ -87,12 +95,13 @@ class BenchResults:
     command: str
     machine: dict[str, Any]
     revision: dict[str, Any]
-    server_version: str
+    server_version: str  # the hub's
     settings: dict[str, Any]
     throughput: list[ThroughputRun] = field(default_factory=list)
     latency: list[LatencyRun] = field(default_factory=list)
     backlog: ThroughputRun | None = None
     finished: str = ""
+    origin_server_version: str = ""  # the leaf's, when it runs another binary than the hub ("" : the same)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +111,7 @@ class BenchResults:
             "machine": self.machine,
             "revision": self.revision,
             "server_version": self.server_version,
+            "origin_server_version": self.origin_server_version or self.server_version,
             "settings": self.settings,
             "throughput": [r.as_dict() for r in self.throughput],
             "latency": [r.as_dict() for r in self.latency],
@@ -109,8 +119,13 @@ class BenchResults:
         }
 
     @property
-    def failures(self) -> list[str]:
+    def runs(self) -> list[ThroughputRun | LatencyRun]:
+        """Every measurement, in order: throughput, latency, the backlog."""
         runs: list[ThroughputRun | LatencyRun] = [*self.throughput, *self.latency]
         if self.backlog is not None:
             runs.append(self.backlog)
-        return [f"{r.path} {r.size} B {r.retention} rep {r.rep}: {r.error}" for r in runs if not r.ok]
+        return runs
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{r.path} {r.size} B {r.retention} rep {r.rep}: {r.error}" for r in self.runs if not r.ok]

@@ -267,6 +267,8 @@ def format_backlog(run: ThroughputRun | None) -> str:
     if run is None:
         return "backlog: not run"
     head = f"backlog: {run.messages:,} x {size_label(run.size)} {run.retention} through the bridge"
+    if run.bridge_mode is not None:
+        head += f" ({run.bridge_mode} mode)"
     if not run.ok:
         return f"{head}: FAILED: {run.error}"
     return (
@@ -282,10 +284,25 @@ def machine_line(results: BenchResults) -> str:
     ram = f"{mem / 2**30:.1f} GiB RAM" if isinstance(mem, int) else "RAM unknown"
     load = m.get("loadavg_start")
     load_text = f", load average at start {load}" if load else ""
+    servers = f"nats-server {results.server_version}"
+    if results.origin_server_version:
+        servers += f" (hub), {results.origin_server_version} (origin)"
     return (
         f"{m.get('nproc')} CPUs ({m.get('cpu_model')}), {ram}, Linux {m.get('kernel')}, Python {m.get('python')}, "
-        f"nats-server {results.server_version}{load_text}"
+        f"{servers}{load_text}"
     )
+
+
+def mode_label(results: BenchResults) -> str:
+    """The bridge source's ``mode`` as asked for, and the mode(s) its runs report having run in (their
+    ``source.mode`` log event) when that says more: ``mode pull``, ``mode auto (ran as flow_control)``."""
+    asked = str(results.settings.get("mode", "auto"))
+    ran = sorted({r.bridge_mode for r in results.runs if r.path != NATIVE and r.bridge_mode is not None})
+    if ran == [asked]:
+        return f"mode {asked}"
+    if not ran:
+        return f"mode {asked} (no bridge run logged its mode)"
+    return f"mode {asked} (ran as {', '.join(ran)})"
 
 
 def markdown_section(
@@ -299,14 +316,18 @@ def markdown_section(
     if rev.get("bridge_changed_during_run"):
         dirty += f" (**bridge/ changed during the run**, commit {rev.get('at_end', {}).get('commit')} at the end)"
     s = results.settings
+    if s.get("native", True):
+        repetitions = "A/B repetitions (native, bridge, ...)"
+    else:
+        repetitions = "repetitions of the bridge only (native sourcing needs an origin on nats-server 2.14+)"
     lines = [
         f"### {results.started[:16].replace('T', ' ')} UTC, commit {rev.get('commit')}{dirty}",
         "",
         f"`{results.command}` on {machine_line(results)}.",
-        f"Bridge in the sidecar position (hub only, leaf reached through its domain, like native sourcing)"
-        f"{' and, for reference, the edge position' if s.get('edge') else ''}; "
+        f"Bridge {mode_label(results)}, in the sidecar position (hub only, leaf reached through its domain, like "
+        f"native sourcing){' and, for reference, the edge position' if s.get('edge') else ''}; "
         f"`max_ack_pending` {s.get('max_ack_pending')} on both paths; "
-        f"messages per run {s.get('messages_label')}; {s.get('reps')} A/B repetitions (native, bridge, ...); "
+        f"messages per run {s.get('messages_label')}; {s.get('reps')} {repetitions}; "
         f"latency at {s.get('latency_rate'):g} msg/s for {s.get('latency_seconds'):g} s "
         f"x {s.get('latency_reps')} per path.",
         "",
@@ -391,7 +412,8 @@ def write_chart(results: BenchResults, summaries: Sequence[ComboSummary], path: 
     bottom.set_title(f"Replication latency at {rate:g} msg/s")
     bottom.legend()
     rev = results.revision
-    fig.suptitle(f"nats-bridge bench {results.started[:16]} UTC, commit {rev.get('commit')}", fontsize=10)
+    title = f"nats-bridge bench {results.started[:16]} UTC, commit {rev.get('commit')}, bridge {mode_label(results)}"
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from bench import natsops as ops
-from bench.model import BRIDGE_POSITIONS, MB, NATIVE, LatencyRun, ThroughputRun
+from bench.model import BRIDGE_POSITIONS, MB, MODES, NATIVE, LatencyRun, ThroughputRun
 from bench.procs import cpu_seconds, peak_rss_bytes
 from bench.stats import percentile
 from bridge.testing.processes import BridgeProcess
@@ -41,11 +41,16 @@ class Options:
     workdir: Path
     max_ack_pending: int
     keep: bool
-    binary: str | None
+    binary: str | None  # the hub's nats-server (and the leaf's unless origin_binary); None: find_nats_server()
+    mode: str = "auto"  # the bridge source's `mode` (MODES)
+    origin_binary: str | None = None  # the leaf's (the origin's) nats-server when it differs from the hub's
 
 
-def bridge_config(hub_url: str, leaf_url: str, position: str, max_ack_pending: int) -> str:
-    """The bridge's configuration: defaults everywhere except names, addresses and ``max_ack_pending``."""
+def bridge_config(hub_url: str, leaf_url: str, position: str, max_ack_pending: int, mode: str = "auto") -> str:
+    """The bridge's configuration: defaults everywhere except names, addresses, ``max_ack_pending`` and the
+    source's ``mode`` (``auto``, the default, written out so every configuration says which was asked for)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown bridge mode {mode!r}")
     if position == "sidecar":
         source_servers, domain = hub_url, 'domain = "leaf"'
     elif position == "edge":
@@ -71,6 +76,7 @@ servers = ["{source_servers}"]
 {domain}
 stream = "{ops.ORIGIN}"
 max_ack_pending = {max_ack_pending}
+mode = "{mode}"
 subject_prefix = "{ops.BRIDGE_PREFIX}"
 """
 
@@ -82,14 +88,18 @@ class _World:
         self.options = options
         self.directory = options.workdir / label
         self.topology: Topology = start_topology(
-            self.directory / "servers", binary=options.binary, max_file_store=MAX_FILE_STORE
+            self.directory / "servers",
+            binary=options.binary,
+            leaf_binary=options.origin_binary,
+            max_file_store=MAX_FILE_STORE,
         )
         self.bridge: BridgeProcess | None = None
 
     def start_bridge(self, path: str) -> BridgeProcess:
         config = self.directory / "bridge.toml"
         hub, leaf = self.topology.hub.url, self.topology.leaf.url
-        config.write_text(bridge_config(hub, leaf, BRIDGE_POSITIONS[path], self.options.max_ack_pending))
+        position = BRIDGE_POSITIONS[path]
+        config.write_text(bridge_config(hub, leaf, position, self.options.max_ack_pending, self.options.mode))
         self.bridge = BridgeProcess(config, self.directory / "bridge.log").start()
         return self.bridge
 
@@ -147,12 +157,29 @@ def _measure(
         world.close(ok)
 
 
-async def _stop_bridge(world: _World) -> int:
+async def _stop_bridge(world: _World, run: ThroughputRun | LatencyRun) -> None:
+    """SIGTERM the bridge (it must exit 0), then read its log: the mode it ran in and its warnings."""
     bridge = world.bridge
     assert bridge is not None
-    code = await asyncio.to_thread(bridge.stop, BRIDGE_STOP_TIMEOUT)
+    run.bridge_exit_code = await asyncio.to_thread(bridge.stop, BRIDGE_STOP_TIMEOUT)
     world.bridge = None
-    return code
+    run.bridge_mode, run.bridge_warnings = bridge_log_summary(bridge.events())
+    if run.bridge_exit_code != 0:
+        run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
+
+
+def bridge_log_summary(events: Iterable[Mapping[str, Any]]) -> tuple[str | None, dict[str, int]]:
+    """From the bridge's JSON log events: the mode its source ran in (the last ``source.mode`` event; None if it
+    logged none) and how many ``warning`` and ``error`` events it logged, by event name."""
+    mode: str | None = None
+    warnings: dict[str, int] = {}
+    for event in events:
+        name = str(event.get("event", ""))
+        if name == "source.mode":
+            mode = str(event.get("mode", "")) or None
+        if event.get("level") in ("warning", "error"):
+            warnings[name] = warnings.get(name, 0) + 1
+    return mode, warnings
 
 
 def _deadline(messages: int, floor_rate: float = 1000.0) -> float:
@@ -228,9 +255,7 @@ async def _throughput(world: _World, leaf: Client, hub: Client, run: ThroughputR
     run.mb_per_s = run.msgs_per_s * run.size / MB
     run.startup_s = (state.first_ts_ns - started_ns) / 1e9
     if run.path != NATIVE:
-        run.bridge_exit_code = await _stop_bridge(world)
-        if run.bridge_exit_code != 0:
-            run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
+        await _stop_bridge(world, run)
     run.stored = (await ops.stream_state(hub, ops.AGGREGATE)).messages
     if run.stored != run.messages:
         run.error = f"aggregate holds {run.stored} messages, expected {run.messages}"
@@ -287,6 +312,4 @@ async def _latency(world: _World, leaf: Client, hub: Client, run: LatencyRun) ->
         bridge = world.bridge
         assert bridge is not None and bridge.pid is not None
         run.bridge_peak_rss_bytes = peak_rss_bytes(bridge.pid)
-        run.bridge_exit_code = await _stop_bridge(world)
-        if run.bridge_exit_code != 0:
-            run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
+        await _stop_bridge(world, run)

@@ -15,10 +15,9 @@ from pathlib import Path
 
 from bridge.testing.servers import (
     ServerStartError,
-    checked_binary,
     find_nats_server,
+    origin_binary_option,
     origin_mode_expected,
-    origin_server_binary,
     server_version,
 )
 from chaos.faults import FAULTS, inapplicable
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m chaos run"
     try:
         hub_binary = find_nats_server()
-        origin_binary = _origin_binary(args.origin_server)
+        origin_binary = origin_binary_option(args.origin_server)
         mode = origin_mode_expected(origin_binary)
         if origin_binary != hub_binary:
             # the replay commands must run the same origin
@@ -147,13 +146,3 @@ def main(argv: list[str] | None = None) -> int:
     path = write_report(out, results, command=label, seed=args.seed, mode=mode, skipped=skipped)
     print(f"report: {path}")
     return 0 if all(r.ok for r in results) else 1
-
-
-def _origin_binary(option: str | None) -> str:
-    """The leaf's binary: ``--origin-server`` (it must name an executable file), else
-    :func:`~bridge.testing.servers.origin_server_binary` (``$NATS_ORIGIN_SERVER_BIN``, else the hub's).
-
-    Raises:
-        ServerStartError: the option names no executable file, or no binary was found.
-    """
-    return origin_server_binary() if option is None else checked_binary(option, "--origin-server")

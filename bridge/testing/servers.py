@@ -130,6 +130,12 @@ def origin_server_binary() -> str:
     return override if override is not None else find_nats_server()
 
 
+def origin_binary_option(option: str | None) -> str:
+    """The origins' binary for a ``--origin-server`` command-line option: the option's path (checked), else
+    :func:`origin_server_binary`."""
+    return origin_server_binary() if option is None else checked_binary(option, "--origin-server")
+
+
 def _binary_from_env(variable: str) -> str | None:
     """The absolute path ``$variable`` names, ``None`` when it is unset or empty.
 
