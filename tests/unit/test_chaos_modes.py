@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cli import _origin_binary, main
+from bridge.testing.servers import origin_binary_option
+from chaos.cli import main
 from chaos.faults import FAULTS, FLOW_CONTROL_ONLY, inapplicable
 from chaos.model import ScenarioResult
 from chaos.report import format_table, summary, write_report
@@ -73,9 +74,9 @@ def test_origin_server_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     binary = tmp_path / "nats-server"
     binary.write_text("#!/bin/sh\necho 'nats-server: v2.12.8'\n", encoding="utf-8")
     binary.chmod(0o755)
-    assert _origin_binary(str(binary)) == str(binary)
+    assert origin_binary_option(str(binary)) == str(binary)
     monkeypatch.setenv("NATS_ORIGIN_SERVER_BIN", str(binary))
-    assert _origin_binary(None) == str(binary), "default: NATS_ORIGIN_SERVER_BIN"
+    assert origin_binary_option(None) == str(binary), "default: NATS_ORIGIN_SERVER_BIN"
 
 
 def test_an_origin_server_that_is_no_executable_is_a_bad_argument(
