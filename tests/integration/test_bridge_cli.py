@@ -164,7 +164,8 @@ async def test_check_against_running_topology(topology: Topology, tmp_path: Path
         lines = done.stdout.splitlines()
         for spec in specs:
             ok = [line for line in lines if line.startswith("OK") and f"source {spec.name}:" in line]
-            assert len(ok) == 1, (spec.name, lines)
+            # the mode it will run in (and why), then its origin and consumer
+            assert len(ok) == 2 and f"source {spec.name}: mode " in ok[0], (spec.name, lines)
         assert not any(line.startswith("FAIL") for line in lines), lines
         # a managed consumer is created by check, ready for run
         assert await consumer_exists(leaf_nc, ORIGIN, specs[0].consumer_name)

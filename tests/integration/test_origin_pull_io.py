@@ -142,7 +142,7 @@ async def test_pull_mode_io(
             await client.ack([m.reply for m in data[:10]])
             await wait_for_value(lambda: stream_messages(nc, STREAM), COUNT - 10, timeout=10, what="stream messages")
             anchor = await client.anchor()
-            assert anchor == PullAnchor(20, 20, fit=True, created=bound.created)
+            assert anchor == PullAnchor(20, 20, fit=True, created=bound.created, ack_floor=10)
 
             # the stream read back: exactly what was delivered, store times to the nanosecond
             fetched = await client.fetch(10, 20)
