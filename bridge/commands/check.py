@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.config import BridgeConfig, SourceConfig, exposed_secrets, load_config
-from bridge.core.modes import ModeUnsupported, choose_mode
+from bridge.core.modes import ModeUnsupported, mode_key
 from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError, ConfigError
 from bridge.io.connect import open_connection
-from bridge.io.consumer import consumer_kind, ensure_consumer
-from bridge.io.jsapi import CONSUMER_NOT_FOUND, ApiError, JsApi, server_level
+from bridge.io.consumer import ensure_consumer, source_mode
+from bridge.io.jsapi import ApiError, JsApi
 from bridge.io.kv import KvBucket, parse_view
 
 
@@ -119,16 +118,6 @@ async def _check_coordination(config: BridgeConfig) -> bool:
     return True
 
 
-async def _existing_consumer(api: JsApi, src: SourceConfig) -> dict[str, Any] | None:
-    """The source's durable as it is now, or None when it does not exist."""
-    try:
-        return await api.consumer_info(src.stream, src.consumer, timeout=TIMEOUT)
-    except ApiError as exc:
-        if exc.err_code == CONSUMER_NOT_FOUND:
-            return None
-        raise
-
-
 async def _check_source(src: SourceConfig, result: CheckResult) -> None:
     what = f"source {src.name}"
     try:
@@ -147,12 +136,11 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
             return
         # auto keeps the kind of a durable that exists, as `run` does; a configured mode does not depend on it
         # (ensure_consumer then reads or creates the durable and vets it for that mode anyway).
-        existing = await _existing_consumer(api, src) if src.mode == "auto" else None
-        level, version = server_level(stream)
+        existing = await api.find_consumer(src.stream, src.consumer, timeout=TIMEOUT) if src.mode == "auto" else None
         try:
-            choice = choose_mode(src.mode, level, version, consumer_kind(existing) if existing else None)
+            choice = source_mode(src, stream, existing)
         except ModeUnsupported as exc:
-            problem = f"sources[{src.name}].mode: {exc}"
+            problem = f"{mode_key(src.name)}: {exc}"
             _print(False, what, problem)
             result.config_problems.append(problem)
             return

@@ -24,19 +24,17 @@ import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig, exposed_secrets, load_config
-from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode
+from bridge.core.modes import Mode, ModeUnsupported, mode_key
 from bridge.core.subjects import pattern_covers
 from bridge.errors import ApiError, BridgeError
 from bridge.io.aggregate import SHORT_WINDOW_ACK_TIMEOUTS, duplicate_window_short
 from bridge.io.connect import open_connection
-from bridge.io.consumer import bound_missing_fix, consumer_kind, desired_for, unfit_for
+from bridge.io.consumer import bound_missing_fix, desired_for, source_mode, unfit_for
 from bridge.io.jsapi import (
     CONSUMER_EXISTS,
-    CONSUMER_NOT_FOUND,
     STREAM_NAME_IN_USE,
     STREAM_NOT_FOUND,
     JsApi,
-    server_level,
 )
 from bridge.io.kv import HISTORY, KvBucket
 
@@ -216,17 +214,6 @@ def bucket_differences(cfg: Mapping[str, Any], lease_ttl: float) -> list[str]:
     return out
 
 
-def source_mode(src: SourceConfig, stream_info: Mapping[str, Any], existing: Mapping[str, Any] | None) -> Choice:
-    """The mode the daemon will run the source in (``bridge.core.modes.choose_mode``): from the configuration, the
-    origin's server (``_nats.level``, reported since 2.11) and the durable when it exists.
-
-    Raises ``ModeUnsupported`` for ``mode = "flow_control"`` on an origin older than 2.14.
-    """
-    level, version = server_level(dict(stream_info))
-    kind = consumer_kind(dict(existing)) if existing is not None else None
-    return choose_mode(src.mode, level, version, kind)
-
-
 # --- reporting --------------------------------------------------------------------------------------------
 
 
@@ -306,11 +293,11 @@ async def _setup_source(src: SourceConfig, dry_run: bool) -> SourceResult:
                     "subjects of its copies are unknown: give the source a subject_prefix",
                 )
             )
-        existing = await _lookup_consumer(api, src)
+        existing = await api.find_consumer(src.stream, src.consumer, timeout=TIMEOUT)
         try:
             choice = source_mode(src, stream, existing)
         except ModeUnsupported as exc:
-            result.lines.append(Line(FAIL, cwhat, f"sources[{src.name}].mode: {exc}"))
+            result.lines.append(Line(FAIL, cwhat, f"{mode_key(src.name)}: {exc}"))
             return result
         result.lines += await _setup_consumer(api, src, cwhat, dry_run, choice.mode, existing)
     except BridgeError as exc:
@@ -318,15 +305,6 @@ async def _setup_source(src: SourceConfig, dry_run: bool) -> SourceResult:
     finally:
         await nc.close()
     return result
-
-
-async def _lookup_consumer(api: JsApi, src: SourceConfig) -> dict[str, Any] | None:
-    try:
-        return await api.consumer_info(src.stream, src.consumer, timeout=TIMEOUT)
-    except ApiError as exc:
-        if exc.err_code == CONSUMER_NOT_FOUND:
-            return None
-        raise
 
 
 def _consumer_lines(info: Mapping[str, Any], src: SourceConfig, cwhat: str, mode: Mode) -> list[Line]:
@@ -356,7 +334,7 @@ async def _setup_consumer(
         await api.add_consumer(src.stream, desired_for(mode, src), timeout=TIMEOUT)
     except ApiError as exc:
         if exc.err_code == CONSUMER_EXISTS:  # a twin created it in the meantime, with another configuration
-            raced = await _lookup_consumer(api, src)
+            raced = await api.find_consumer(src.stream, src.consumer, timeout=TIMEOUT)
             if raced is not None:
                 return _consumer_lines(raced, src, cwhat, mode)
         if exc.err_code == INVALID_JSON and mode is Mode.FLOW_CONTROL:
@@ -523,5 +501,4 @@ __all__ = [
     "minimal_subjects",
     "run_setup",
     "setup",
-    "source_mode",
 ]

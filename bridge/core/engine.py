@@ -95,18 +95,7 @@ class SourceEngine(Replication):
             return self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
         dseq, sseq = ack.consumer_seq, ack.stream_seq
         if dseq != self.last_dseq + 1 or sseq <= self._epoch_last_sseq:
-            if dseq > self.last_dseq + 1:
-                cause = ResetCause.GAP
-            elif dseq == 1:
-                cause = ResetCause.EXTERNAL  # only a reset starts an epoch at 1, and this one was not ours
-            else:
-                cause = ResetCause.REWIND
-            notice = Notice(
-                "discontinuity",
-                level="warning",
-                fields={"cause": cause.value, "expected_dseq": self.last_dseq + 1, "dseq": dseq, "sseq": sseq},
-            )
-            return [notice, *self._discontinuity(cause, now)]
+            return self._out_of_sequence(dseq, sseq, now)
         self.last_dseq = dseq
         self._epoch_last_sseq = sseq
         self.stats.delivered += 1
@@ -141,20 +130,11 @@ class SourceEngine(Replication):
                 effects.append(self.ledger.answer_empty(beat.stalled))
             return effects + self._consumer_alive(now)
         if beat.last_consumer is not None and beat.last_consumer != self.last_dseq:
-            effects.append(
-                Notice(
-                    "discontinuity",
-                    level="warning",
-                    fields={
-                        "cause": ResetCause.HEARTBEAT_MISMATCH.value,
-                        "last_dseq": self.last_dseq,
-                        "server_last_dseq": beat.last_consumer,
-                    },
-                )
-            )
-            if beat.stalled:
+            if beat.stalled:  # the epoch is about to be replaced: release the window, ack nothing
                 effects.append(self.ledger.answer_empty(beat.stalled))
-            return effects + self._discontinuity(ResetCause.HEARTBEAT_MISMATCH, now)
+            return effects + self._broken(
+                ResetCause.HEARTBEAT_MISMATCH, now, last_dseq=self.last_dseq, server_last_dseq=beat.last_consumer
+            )
         if beat.stalled:
             # the server's only outstanding FC subject: answer it with what is stored, held or not
             # (a held request would otherwise wait for the target; a lost one would stall forever)

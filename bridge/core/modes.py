@@ -42,6 +42,11 @@ class ModeUnsupported(Exception):
     """``mode = "flow_control"`` on an origin server that predates it: a configuration error."""
 
 
+def mode_key(source: str) -> str:
+    """The configuration key a ``ModeUnsupported`` is about, as configuration errors name keys."""
+    return f"sources[{source}].mode"
+
+
 def supports_flow_control(api_level: int | None) -> bool:
     """The origin's server has ``ack_policy: flow_control`` (API level 4, nats-server 2.14.0, or later)."""
     return api_level is not None and api_level >= FLOW_CONTROL_API_LEVEL

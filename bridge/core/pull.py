@@ -205,21 +205,18 @@ class PullEngine(Replication):
             return self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
         dseq, sseq = ack.consumer_seq, ack.stream_seq
         if dseq != self.last_dseq + 1:
-            if dseq > self.last_dseq + 1:
-                cause = ResetCause.GAP
-            elif dseq == 1:
-                cause = ResetCause.EXTERNAL  # the consumer was re-created under us
-            else:
-                cause = ResetCause.REWIND
             self._ack_if_stored(sseq, msg.reply, effects)
-            effects.append(
-                Notice(
-                    "discontinuity",
-                    level="warning",
-                    fields={"cause": cause.value, "expected_dseq": self.last_dseq + 1, "dseq": dseq, "sseq": sseq},
-                )
-            )
-            return effects + self._discontinuity(cause, now)
+            return effects + self._out_of_sequence(dseq, sseq, now)
+        if ack.delivered == 1 and not self._filtered and sseq > max(self.accepted, self._read_through) + 1:
+            # The stream has sequences between the last message taken and this first delivery. On a consumer of
+            # the whole stream that is a deleted message, or deliveries lost from a consumer re-created under the
+            # bridge whose delivery sequences happen to line up with ours: read what lies between, then take this
+            # one (held, it is sequenced when the fill is done).
+            self._phases.process(Event.FILL)
+            self._gap_fill = True
+            self._held.append(msg)
+            effects.append(FetchOrigin(max(self.accepted, self._read_through), sseq - 1))
+            return effects
         self.last_dseq = dseq
         self.stats.delivered += 1
         if sseq <= self.accepted:
@@ -228,25 +225,7 @@ class PullEngine(Replication):
                 self.acks.redelivered(sseq, msg.reply)
         elif ack.delivered > 1:
             # nothing this epoch left pending is above `accepted`: somebody else took deliveries of this consumer
-            effects.append(
-                Notice(
-                    "discontinuity",
-                    level="warning",
-                    fields={"cause": ResetCause.GAP.value, "redelivered": sseq, "accepted": self.accepted},
-                )
-            )
-            return effects + self._discontinuity(ResetCause.GAP, now)
-        elif not self._filtered and sseq > max(self.accepted, self._read_through) + 1:
-            # The stream has sequences between the last message taken and this one. On a consumer of the whole
-            # stream that is a deleted message, or deliveries lost from a consumer re-created under the bridge
-            # whose delivery sequences happen to line up with ours: read what lies between, then take this one.
-            self.last_dseq = dseq - 1  # sequenced again when it is taken after the fill
-            self.stats.delivered -= 1
-            self._phases.process(Event.FILL)
-            self._gap_fill = True
-            self._held.append(msg)
-            effects.append(FetchOrigin(max(self.accepted, self._read_through), sseq - 1))
-            return effects
+            return effects + self._broken(ResetCause.GAP, now, redelivered=sseq, accepted=self.accepted)
         else:
             self._take(sseq, msg.subject, msg.headers, msg.payload, ack.timestamp_ns)
             self.acks.taken(sseq, msg.reply)
@@ -261,16 +240,9 @@ class PullEngine(Replication):
         if not self._phases.takes_deliveries:
             return self._consumer_alive(now)
         if beat.last_consumer is not None and beat.last_consumer != self.last_dseq:
-            notice = Notice(
-                "discontinuity",
-                level="warning",
-                fields={
-                    "cause": ResetCause.HEARTBEAT_MISMATCH.value,
-                    "last_dseq": self.last_dseq,
-                    "server_last_dseq": beat.last_consumer,
-                },
+            return self._broken(
+                ResetCause.HEARTBEAT_MISMATCH, now, last_dseq=self.last_dseq, server_last_dseq=beat.last_consumer
             )
-            return [notice, *self._discontinuity(ResetCause.HEARTBEAT_MISMATCH, now)]
         return []
 
     def pull_status(self, status: PullStatus, now: float) -> list[Effect]:
@@ -287,8 +259,7 @@ class PullEngine(Replication):
             # or its server is going away); either way a resync binds it again (re-creating a managed one)
             if self._phases.takes_deliveries:
                 cause = ResetCause.UNAVAILABLE if code == 503 else ResetCause.CONSUMER_GONE
-                effects.append(Notice("discontinuity", "warning", {"cause": cause.value, "status": description}))
-                effects += self._discontinuity(cause, now)
+                effects += self._broken(cause, now, status=description)
             return effects
         elif code == 409 and description.startswith("Exceeded"):
             # the consumer's max_waiting, max_batch, max_expires or max_bytes refuses the request: it never asks
@@ -322,10 +293,7 @@ class PullEngine(Replication):
         """The origin connection came back: whatever was on its way is lost, and the requests may be too."""
         self.credits.clear()
         if self._phases.takes_deliveries:
-            return [
-                Notice("discontinuity", "warning", {"cause": ResetCause.RECONNECT.value}),
-                *self._discontinuity(ResetCause.RECONNECT, now),
-            ]
+            return self._broken(ResetCause.RECONNECT, now)
         return self._consumer_alive(now)
 
     # -- resync ---------------------------------------------------------------------------------------------

@@ -248,6 +248,21 @@ class Replication:
         self._present = {seq for seq in self._present if seq > floor}
         self.pipeline.add_stored(floor)
 
+    def _broken(self, cause: ResetCause, now: float, **fields: object) -> list[Effect]:
+        """Log a discontinuity (with what shows it) and schedule the reset, or resync, it calls for."""
+        return [Notice("discontinuity", "warning", {"cause": cause.value, **fields}), *self._discontinuity(cause, now)]
+
+    def _out_of_sequence(self, dseq: int, sseq: int, now: float) -> list[Effect]:
+        """A delivery that is not the next of the epoch: a jump (deliveries lost), a restart at 1 (a reset or
+        re-creation that was not ours) or a rewind."""
+        if dseq > self.last_dseq + 1:
+            cause = ResetCause.GAP
+        elif dseq == 1:
+            cause = ResetCause.EXTERNAL
+        else:
+            cause = ResetCause.REWIND
+        return self._broken(cause, now, expected_dseq=self.last_dseq + 1, dseq=dseq, sseq=sseq)
+
     def _discontinuity(self, cause: ResetCause, now: float) -> list[Effect]:
         if not self._phases.process(Event.DISCONTINUITY):
             return []  # a reset is pending already (or the engine stops): the one rule, nothing changes
@@ -364,14 +379,7 @@ class Replication:
             and self._expects_traffic()
             and now - self._last_activity > self.settings.silence_timeout
         ):
-            effects.append(
-                Notice(
-                    "discontinuity",
-                    level="warning",
-                    fields={"cause": ResetCause.SILENCE.value, "silent_for": round(now - self._last_activity, 3)},
-                )
-            )
-            effects += self._discontinuity(ResetCause.SILENCE, now)
+            effects += self._broken(ResetCause.SILENCE, now, silent_for=round(now - self._last_activity, 3))
         effects += self._reset_if_due(now)
         if (
             self.pipeline.degraded

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from bridge.core.modes import ConsumerKind, Mode
+from bridge.config import SourceConfig
+from bridge.core.modes import Choice, ConsumerKind, Mode, choose_mode
 from bridge.errors import ConsumerUnfit
-from bridge.io.jsapi import CONSUMER_NOT_FOUND, ApiError, JsApi, seconds_ns
+from bridge.io.jsapi import ApiError, JsApi, seconds_ns, server_level
 
 HEARTBEAT_NS = 1_000_000_000  # flow_control consumers must use exactly 1 s (server-enforced)
 MIN_ACK_WAIT_NS = 1_000_000_000  # below it, a publish to the aggregate and its ack may outlast the ack wait
@@ -81,6 +82,14 @@ def consumer_kind(info: dict[str, Any]) -> ConsumerKind:
     if cfg.get("ack_policy") == "flow_control":
         return ConsumerKind.FLOW_CONTROL
     return ConsumerKind.OTHER
+
+
+def source_mode(source: SourceConfig, stream_info: dict[str, Any], existing: dict[str, Any] | None) -> Choice:
+    """The mode the daemon will run ``source`` in (``bridge.core.modes.choose_mode``), from the origin's
+    ``STREAM.INFO`` (its server's API level) and the durable's ``CONSUMER.INFO`` when it exists (None: it does not,
+    or it was not read: only ``auto`` depends on it). Raises ``ModeUnsupported``."""
+    level, version = server_level(stream_info)
+    return choose_mode(source.mode, level, version, consumer_kind(existing) if existing is not None else None)
 
 
 def consumer_filters(info: dict[str, Any]) -> list[str]:
@@ -198,15 +207,13 @@ async def ensure_consumer(
                 "consumer deleted by an operator, or manage_consumer = false"
             ) from exc
     else:
-        try:
-            info = await api.consumer_info(source.stream, source.consumer, timeout=timeout)
-        except ApiError as exc:
-            if exc.err_code == CONSUMER_NOT_FOUND:
-                raise ConsumerUnfit(
-                    f"consumer {source.stream}/{source.consumer} does not exist and manage_consumer = false: "
-                    f"create {bound_missing_fix(mode, source)}, or set manage_consumer = true"
-                ) from exc
-            raise
+        found = await api.find_consumer(source.stream, source.consumer, timeout=timeout)
+        if found is None:
+            raise ConsumerUnfit(
+                f"consumer {source.stream}/{source.consumer} does not exist and manage_consumer = false: "
+                f"create {bound_missing_fix(mode, source)}, or set manage_consumer = true"
+            )
+        info = found
     reasons = unfit_for(mode, info, source)
     if reasons:
         raise ConsumerUnfit(

@@ -66,6 +66,15 @@ class JsApi:
     async def consumer_info(self, stream: str, consumer: str, timeout: float = 5.0) -> dict[str, Any]:
         return await self.request(f"CONSUMER.INFO.{stream}.{consumer}", None, timeout)
 
+    async def find_consumer(self, stream: str, consumer: str, timeout: float = 5.0) -> dict[str, Any] | None:
+        """``CONSUMER.INFO`` of a durable, or None when it does not exist (other errors raise)."""
+        try:
+            return await self.consumer_info(stream, consumer, timeout)
+        except ApiError as exc:
+            if exc.err_code == CONSUMER_NOT_FOUND:
+                return None
+            raise
+
     async def create_consumer(
         self, stream: str, config: dict[str, Any], *, pedantic: bool = True, timeout: float = 5.0
     ) -> dict[str, Any]:

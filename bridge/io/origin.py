@@ -26,7 +26,7 @@ from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
 from bridge.io.connect import Callback, ErrorCallback, describe, open_connection
 from bridge.io.consumer import consumer_filters, consumer_kind, ensure_consumer
-from bridge.io.jsapi import CONSUMER_NOT_FOUND, ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
+from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
 from bridge.runtime.ports import BoundConsumer, OriginStream
 
 PENDING_BYTES = 512 * 1024 * 1024
@@ -97,14 +97,10 @@ class OriginClient:
     async def consumer_kind(self) -> ConsumerKind | None:
         src = self.source
         try:
-            info = await self._jsapi().consumer_info(src.stream, src.consumer, timeout=self.timeout)
-        except ApiError as exc:
-            if exc.err_code == CONSUMER_NOT_FOUND:
-                return None
+            info = await self._jsapi().find_consumer(src.stream, src.consumer, timeout=self.timeout)
+        except (ApiError, ApiTimeout, ApiUnavailable) as exc:
             raise _unavailable(f"consumer {src.stream}/{src.consumer}", exc) from exc
-        except (ApiTimeout, ApiUnavailable) as exc:
-            raise _unavailable(f"consumer {src.stream}/{src.consumer}", exc) from exc
-        return consumer_kind(info)
+        return consumer_kind(info) if info is not None else None
 
     async def bind(self) -> BoundConsumer:
         src = self.source

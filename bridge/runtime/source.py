@@ -53,7 +53,7 @@ from bridge.core.effects import (
     VerifyStored,
 )
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
-from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode
+from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode, mode_key
 from bridge.core.pipeline import EntryState, OutboundMessage
 from bridge.core.pull import PullEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
@@ -282,7 +282,7 @@ class SourceRunner:
         try:
             choice = choose_mode(self.source.mode, stream.api_level, stream.version, kind)
         except ModeUnsupported as exc:
-            message = f"sources[{self.source.name}].mode: {exc}"
+            message = f"{mode_key(self.source.name)}: {exc}"
             if self._on_config_error is not None:
                 self._on_config_error(message)
             raise ConsumerUnfit(message) from exc

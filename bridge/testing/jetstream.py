@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -355,7 +356,7 @@ def ack_violation(what: str, stream_seq: int, stored: int) -> str | None:
     return None
 
 
-class OriginTap:
+class OriginTap(ABC):
     """Listens on the origin server to what the bridge acks and audits every ack against the aggregate at once.
 
     ``prefixes`` maps a consumer name to the aggregate subject filter of its source. Each ack that names an origin
@@ -380,17 +381,17 @@ class OriginTap:
 
     # what a subclass provides
 
+    @abstractmethod
     def subjects(self) -> list[str]:
         """The subjects to subscribe to on the origin connection."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def _on_msg(self, msg: Msg) -> None:
         """Record one message seen on :meth:`subjects`; call :meth:`_claim` for each ack it carries."""
-        raise NotImplementedError
 
+    @abstractmethod
     def acking(self, consumer: str | None = None) -> Sequence[object]:
         """What was seen acking something (of ``consumer``, or of any)."""
-        raise NotImplementedError
 
     # the audit, shared
 

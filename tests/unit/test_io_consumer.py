@@ -140,7 +140,7 @@ def test_a_flow_control_consumer_is_unfit_for_pull_mode_and_the_other_way_round(
 
 
 class StubApi:
-    """The two calls ensure_consumer makes, answered from a dict of existing consumers (config by name)."""
+    """The calls ensure_consumer makes, answered from a dict of existing consumers (config by name)."""
 
     def __init__(self, existing: dict[str, Any] | None = None, refuse: str = "") -> None:
         self.existing = existing or {}
@@ -160,6 +160,8 @@ class StubApi:
         if consumer not in self.existing:
             raise ApiError(f"$JS.API.CONSUMER.INFO.{stream}.{consumer}", 404, CONSUMER_NOT_FOUND, "consumer not found")
         return {"config": self.existing[consumer]}
+
+    find_consumer = JsApi.find_consumer  # the real one, over the stub's consumer_info
 
 
 async def test_a_managed_source_creates_the_consumer_of_its_mode_pedantically() -> None:

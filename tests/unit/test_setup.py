@@ -24,12 +24,11 @@ from bridge.commands.setup import (
     exit_code,
     go_duration,
     minimal_subjects,
-    source_mode,
 )
 from bridge.config import SourceConfig, TargetConfig
 from bridge.core.modes import Mode, ModeUnsupported
 from bridge.core.subjects import pattern_covers
-from bridge.io.consumer import desired_config, desired_pull_config
+from bridge.io.consumer import desired_config, desired_pull_config, source_mode
 
 NS = 1_000_000_000
 
