@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import audit, publish_modes, report, stream
+from bench import audit, fanin, publish_modes, recovery, report, stream, wan
 from bench.model import BRIDGE, BRIDGE_EDGE, MODES, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
 from bench.procs import git_revision, machine
@@ -159,6 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     audit.parser(sub)
     stream.parser(sub)
     publish_modes.parser(sub)
+    wan.parser(sub)
+    fanin.parser(sub)
+    recovery.parser(sub)
     return parser
 
 
@@ -205,6 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stream.run(args)
     if args.command == "publish-modes":
         return publish_modes.run(args)
+    if args.command == "wan":
+        return wan.run(args)
+    if args.command == "fanin":
+        return fanin.run(args)
+    if args.command == "recovery":
+        return recovery.run(args)
     quick: bool = args.quick
     reps: int = args.reps if args.reps is not None else (1 if quick else 3)
     sizes: tuple[int, ...] = args.sizes
