@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import audit, fanin, publish_modes, recovery, report, stream, wan
+from bench import audit, fanin, profile, publish_modes, recovery, report, stream, wan
 from bench.model import BRIDGE, BRIDGE_EDGE, MODES, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
 from bench.procs import git_revision, machine
@@ -162,6 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     wan.parser(sub)
     fanin.parser(sub)
     recovery.parser(sub)
+    profile.parser(sub)
     return parser
 
 
@@ -214,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fanin.run(args)
     if args.command == "recovery":
         return recovery.run(args)
+    if args.command == "profile":
+        return profile.run(args)
     quick: bool = args.quick
     reps: int = args.reps if args.reps is not None else (1 if quick else 3)
     sizes: tuple[int, ...] = args.sizes

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,12 +95,12 @@ class _World:
         )
         self.bridge: BridgeProcess | None = None
 
-    def start_bridge(self, path: str) -> BridgeProcess:
+    def start_bridge(self, path: str, interpreter_args: Sequence[str] = ()) -> BridgeProcess:
         config = self.directory / "bridge.toml"
         hub, leaf = self.topology.hub.url, self.topology.leaf.url
         position = BRIDGE_POSITIONS[path]
         config.write_text(bridge_config(hub, leaf, position, self.options.max_ack_pending, self.options.mode))
-        self.bridge = BridgeProcess(config, self.directory / "bridge.log").start()
+        self.bridge = BridgeProcess(config, self.directory / "bridge.log", interpreter_args=interpreter_args).start()
         return self.bridge
 
     def bridge_failure(self) -> str | None:

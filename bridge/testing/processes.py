@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,10 +144,18 @@ class BridgeProcess:
     ``returncodes`` collects the exit code of every run that ended, in order.
     """
 
-    def __init__(self, config_path: Path, log_path: Path, extra_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        log_path: Path,
+        extra_env: Mapping[str, str] | None = None,
+        interpreter_args: Sequence[str] = (),
+    ) -> None:
         self.config_path = config_path
         self.log_path = log_path
         self.extra_env = dict(extra_env or {})
+        # options of the Python interpreter before ``-m bridge`` (the bench profiles with ``-m cProfile -o FILE``)
+        self.interpreter_args = tuple(interpreter_args)
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
         self.returncodes: list[int] = []
@@ -174,7 +182,7 @@ class BridgeProcess:
             log.write(f"=== {time.strftime('%H:%M:%S')} starting bridge ===\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "bridge", "run", "-c", str(self.config_path)],
+                [sys.executable, *self.interpreter_args, "-m", "bridge", "run", "-c", str(self.config_path)],
                 cwd=REPO_ROOT,
                 env={**child_env(), **self.extra_env},
                 stdin=subprocess.DEVNULL,
