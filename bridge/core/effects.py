@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from bridge.core.pipeline import Entry
+from bridge.core.pipeline import Send
 
 
 class ResetCause(StrEnum):
@@ -24,12 +24,8 @@ class ResetCause(StrEnum):
     UNAVAILABLE = "unavailable"  # pull mode: 503, nobody serves the pull request (the consumer or its server is gone)
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
-class Publish:
-    """Publish ``entry.message`` to the aggregate; report the outcome with ``(entry.order, attempt)``."""
-
-    entry: Entry
-    attempt: int
+# The pipeline's own send: one object per publish, made once (``Publish(entry, attempt)`` builds one)
+Publish = Send
 
 
 @dataclass(frozen=True, slots=True)

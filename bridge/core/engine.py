@@ -30,7 +30,9 @@ keeps (docs/design.md) and how:
 
 from __future__ import annotations
 
-from bridge.core.effects import Effect, Notice, ProbeStranded, ResetCause, ResetReply
+from collections.abc import Iterable
+
+from bridge.core.effects import AnswerFlowControl, Effect, Notice, ProbeStranded, ResetCause, ResetReply
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, Unrecognised
 from bridge.core.ledger import FlowControlLedger
 from bridge.core.phases import Event, Phase
@@ -83,28 +85,47 @@ class SourceEngine(Replication):
             case Unrecognised():
                 return self.unrecognised(message)
 
+    def receive_many(self, messages: Iterable[Inbound], now: float) -> list[Effect]:
+        """As :meth:`Replication.receive_many`; and when the read itself shows the epoch replaced (a discontinuity
+        after a heartbeat whose stalled request was answered), the answers made before that are sent empty: none of
+        them has left yet, and no position of an epoch being replaced may be acked."""
+        effects = super().receive_many(messages, now)
+        if not self._phases.answers_flow_control:
+            effects = [
+                AnswerFlowControl(e.subject, 0, 0) if isinstance(e, AnswerFlowControl) and e.acks else e
+                for e in effects
+            ]
+        return effects
+
     def data(self, msg: Data, now: float) -> list[Effect]:
         """A delivered origin message."""
+        effects: list[Effect] = []
+        if self._accept(msg, now, effects):
+            self._cover(effects, now)
+            self._pump(now, effects)
+        return effects
+
+    def _accept(self, msg: Data, now: float, effects: list[Effect]) -> bool:
         self._last_activity = now
         ack = msg.ack
         self.stats.last_delivered = ack.stream_seq
         self.origin_pending = ack.pending
         if not self._phases.takes_deliveries:
-            return self._consumer_alive(now)
+            effects += self._consumer_alive(now)
+            return False
         if ack.stream != self.settings.stream or ack.consumer != self.settings.consumer:
-            return self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
+            effects += self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
+            return False
         dseq, sseq = ack.consumer_seq, ack.stream_seq
         if dseq != self.last_dseq + 1 or sseq <= self._epoch_last_sseq:
-            return self._out_of_sequence(dseq, sseq, now)
+            effects += self._out_of_sequence(dseq, sseq, now)
+            return False
         self.last_dseq = dseq
         self._epoch_last_sseq = sseq
         self.stats.delivered += 1
         self.ledger.delivered(dseq, sseq)
-        effects: list[Effect] = []
         self._take(sseq, msg.subject, msg.headers, msg.payload, ack.timestamp_ns)
-        self._cover(effects, now)
-        self._pump(now, effects)
-        return effects
+        return True
 
     def flow_control(self, reply: str, now: float) -> list[Effect]:
         """A flow-control request; it covers every delivery received before it."""

@@ -90,10 +90,14 @@ RESET_PENDING = frozenset({Phase.RESET_WAIT, Phase.RESETTING})
 class PhaseMachine:
     """The current phase; changed only through ``process`` and the table."""
 
-    __slots__ = ("phase",)
+    __slots__ = ("_phase", "answers_flow_control", "takes_deliveries")
 
-    def __init__(self) -> None:
-        self.phase = Phase.RECOVERING
+    def __init__(self, phase: Phase = Phase.RECOVERING) -> None:
+        self._enter(phase)
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
 
     def can(self, event: Event) -> bool:
         """``event`` is a transition from the current phase."""
@@ -104,16 +108,14 @@ class PhaseMachine:
         target = TRANSITIONS[self.phase].get(event)
         if target is None:
             return False
-        self.phase = target
+        self._enter(target)
         return True
 
-    @property
-    def takes_deliveries(self) -> bool:
-        return self.phase in TAKES_DELIVERIES
-
-    @property
-    def answers_flow_control(self) -> bool:
-        return self.phase in ANSWERS_FLOW_CONTROL
+    def _enter(self, phase: Phase) -> None:
+        self._phase = phase
+        # asked for every delivery: looked up once per change, not per delivery (an Enum hashes in Python)
+        self.takes_deliveries = phase in TAKES_DELIVERIES
+        self.answers_flow_control = phase in ANSWERS_FLOW_CONTROL
 
     @property
     def reset_pending(self) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -43,20 +43,17 @@ class TargetLimits:
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
 class OutboundMessage:
-    """One message to publish to the aggregate, its header block already encoded.
-
-    ``size`` is what the server counts against ``max_msg_size``/``max_payload``: the header block plus the
-    payload. It is computed once, here: every send (and retry) checks it.
-    """
+    """One message to publish to the aggregate, its header block already encoded."""
 
     subject: str
     header_block: bytes
     payload: bytes
     origin_ns: int = 0  # the origin's store time (also in the Bridge-Time header), for latency metrics
-    size: int = field(init=False, compare=False)
 
-    def __post_init__(self) -> None:
-        self.size = len(self.header_block) + len(self.payload)
+    @property
+    def size(self) -> int:
+        """What the server counts against ``max_msg_size``/``max_payload``: the header block plus the payload."""
+        return len(self.header_block) + len(self.payload)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -89,7 +86,8 @@ class Entry:
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
 class Send:
-    """Publish ``entry.message`` now; its ack comes back with ``(entry.order, attempt)``."""
+    """Publish ``entry.message`` now; its ack comes back with ``(entry.order, attempt)``. It is also the engine's
+    ``Publish`` effect (``bridge.core.effects``), handed on as the pipeline made it."""
 
     entry: Entry
     attempt: int
@@ -182,22 +180,28 @@ class PublishPipeline:
                     return out
                 out.append(self._send(self._probe, now))
             return out
-        while self._barrier is None and (self._retry or self._fresh):
-            queue = self._retry if self._retry else self._fresh
+        if not (self._retry or self._fresh):
+            return out
+        # the window is a span from the oldest message not yet stored, not a count of un-acked ones: a publish
+        # whose ack is late (or lost) must not be overtaken by more than a window of copies
+        window_end = self._entries[0].order + self.window
+        captures, retry, fresh = self.subjects.captures, self._retry, self._fresh
+        while self._barrier is None and (retry or fresh):
+            queue = retry if retry else fresh
             entry = queue[0]
-            if entry.order >= self._entries[0].order + self.window:
-                # the window is a span from the oldest message not yet stored, not a count of un-acked ones: a
-                # publish whose ack is late (or lost) must not be overtaken by more than a window of copies
+            if entry.order >= window_end:
                 break
-            assert entry.message is not None
-            barrier = not self.subjects.captures(entry.message.subject)
+            message = entry.message
+            assert message is not None
+            barrier = not captures(message.subject)
             if barrier and self._in_flight:
                 break  # let everything before it be acked first
-            if queue is self._retry:
-                self._retry.pop(0)
+            if queue is retry:
+                retry.pop(0)
             else:
-                self._fresh.popleft()
-            if self._too_large(entry, now):
+                fresh.popleft()
+            limit = self.size_limit
+            if limit and len(message.header_block) + len(message.payload) > limit and self._too_large(entry, now):
                 return out
             out.append(self._send(entry, now))
             if barrier:
@@ -218,15 +222,21 @@ class PublishPipeline:
 
     def _send(self, entry: Entry, now: float) -> Send:
         entry.state = EntryState.SENT
+        if entry.attempt:  # a retry: to the end of the in-flight order
+            self._in_flight.pop(entry.order, None)
         entry.attempt += 1
         entry.deadline = now + self.ack_timeout
-        self._in_flight.pop(entry.order, None)
         self._in_flight[entry.order] = entry
         return Send(entry, entry.attempt)
 
     def entry(self, order: int) -> Entry | None:
         """The entry with this order token, while the pipeline still holds it (for metrics; never changes it)."""
         return self._by_order.get(order)
+
+    @property
+    def entries_by_order(self) -> Mapping[int, Entry]:
+        """Every entry the pipeline holds, by order token (read-only use: metrics look up what acks store)."""
+        return self._by_order
 
     # -- outcomes -----------------------------------------------------------------------------------------
 

@@ -184,29 +184,39 @@ class PullEngine(Replication):
 
     def data(self, msg: Data, now: float) -> list[Effect]:
         """A delivered origin message (a first delivery or a redelivery)."""
+        effects: list[Effect] = []
+        if self._accept(msg, now, effects):
+            self._cover(effects, now)
+            self._pump(now, effects)
+        return effects
+
+    def _accept(self, msg: Data, now: float, effects: list[Effect]) -> bool:
         self._last_activity = now
         ack = msg.ack
         self.stats.last_delivered = ack.stream_seq
         self.origin_pending = ack.pending
         self.credits.delivered()
-        return self._deliver(msg, now)
+        return self._deliver(msg, now, effects)
 
-    def _deliver(self, msg: Data, now: float) -> list[Effect]:
+    def _deliver(self, msg: Data, now: float, effects: list[Effect]) -> bool:
+        """Sequence one delivery; True when the pipeline or the acks changed (the caller covers and pumps)."""
         ack = msg.ack
-        effects: list[Effect] = []
         if self.phase is Phase.FILLING:
             self._held.append(msg)  # after what the fill reads, in delivery order
-            return effects
+            return False
         if not self._phases.takes_deliveries:
             # a reply to a request of an epoch being replaced: only a stored message may be acked again
             self._ack_if_stored(ack.stream_seq, msg.reply, effects)
-            return effects + self._consumer_alive(now)
+            effects += self._consumer_alive(now)
+            return False
         if ack.stream != self.settings.stream or ack.consumer != self.settings.consumer:
-            return self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
+            effects += self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
+            return False
         dseq, sseq = ack.consumer_seq, ack.stream_seq
         if dseq != self.last_dseq + 1:
             self._ack_if_stored(sseq, msg.reply, effects)
-            return effects + self._out_of_sequence(dseq, sseq, now)
+            effects += self._out_of_sequence(dseq, sseq, now)
+            return False
         if ack.delivered == 1 and not self._filtered and sseq > max(self.accepted, self._read_through) + 1:
             # The stream has sequences between the last message taken and this first delivery. On a consumer of
             # the whole stream that is a deleted message, or deliveries lost from a consumer re-created under the
@@ -216,7 +226,7 @@ class PullEngine(Replication):
             self._gap_fill = True
             self._held.append(msg)
             effects.append(FetchOrigin(max(self.accepted, self._read_through), sseq - 1))
-            return effects
+            return False
         self.last_dseq = dseq
         self.stats.delivered += 1
         if sseq <= self.accepted:
@@ -225,13 +235,12 @@ class PullEngine(Replication):
                 self.acks.redelivered(sseq, msg.reply)
         elif ack.delivered > 1:
             # nothing this epoch left pending is above `accepted`: somebody else took deliveries of this consumer
-            return effects + self._broken(ResetCause.GAP, now, redelivered=sseq, accepted=self.accepted)
+            effects += self._broken(ResetCause.GAP, now, redelivered=sseq, accepted=self.accepted)
+            return False
         else:
             self._take(sseq, msg.subject, msg.headers, msg.payload, ack.timestamp_ns)
             self.acks.taken(sseq, msg.reply)
-        self._cover(effects, now)
-        self._pump(now, effects)
-        return effects
+        return True
 
     def heartbeat(self, beat: Heartbeat, now: float) -> list[Effect]:
         """An idle heartbeat of a waiting request: it names the consumer's last delivery, which must be ours."""
@@ -370,7 +379,7 @@ class PullEngine(Replication):
             fields = {"cause": self._resets.cause.value, "epoch": self.epoch, "fetched": count, "through": through}
             effects.append(Notice("resync.done", fields=fields))
         for msg in held:
-            effects += self._deliver(msg, now)
+            self._deliver(msg, now, effects)
         self._cover(effects, now)
         self._pump(now, effects)
         return effects

@@ -12,14 +12,15 @@ checked for gaps. Time is always an argument; nothing here performs I/O.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from bridge.core import headers as hdr
 from bridge.core.backoff import Backoff
-from bridge.core.effects import Effect, Notice, Publish, ReadTargetLimits, ResetCause, VerifyStored
-from bridge.core.inbound import Unrecognised
+from bridge.core.effects import Effect, Notice, ReadTargetLimits, ResetCause, VerifyStored
+from bridge.core.inbound import Data, Inbound, Unrecognised
 from bridge.core.phases import Event, Phase, PhaseMachine
 from bridge.core.pipeline import OutboundMessage, PublishPipeline, TargetLimits
 from bridge.core.resets import ResetScheduler
@@ -69,11 +70,13 @@ class EngineStats:
     last_delivered: int = 0  # origin sequence of the newest delivery seen
 
 
-class Replication:
+class Replication(ABC):
     """Replication state of one source shared by both consumer models; subclasses take the deliveries."""
 
     def __init__(self, settings: EngineSettings, now: float) -> None:
         self.settings = settings
+        # what goes before each origin subject in the aggregate (the prefix and its dot, or nothing)
+        self._subject_prefix = hdr.aggregate_subject("", settings.subject_prefix)
         self._phases = PhaseMachine()
         self.pipeline = PublishPipeline(
             window=settings.publish_window, ack_timeout=settings.ack_timeout, retry=settings.publish_retry
@@ -177,6 +180,7 @@ class Replication:
 
     def _recovered(self, workqueue: bool, now: float) -> None:
         """What a consumer model does once the watermark is known (nothing by default)."""
+        return
 
     # -- consumer side ------------------------------------------------------------------------------------
 
@@ -213,12 +217,39 @@ class Replication:
             skipped=self._skip_note,
         )
         self._skip_note = None
-        self.pipeline.add(
-            sseq,
-            OutboundMessage(hdr.aggregate_subject(subject, self.settings.subject_prefix), block, payload, timestamp_ns),
-        )
+        self.pipeline.add(sseq, OutboundMessage(self._subject_prefix + subject, block, payload, timestamp_ns))
         self.accepted = sseq
         return True
+
+    @abstractmethod
+    def receive(self, message: Inbound, now: float) -> list[Effect]:
+        """Dispatch one message from the consumer (each consumer model its own way)."""
+
+    @abstractmethod
+    def _accept(self, msg: Data, now: float, effects: list[Effect]) -> bool:
+        """Sequence one delivery, appending what it calls for to ``effects``; True when the pipeline (or the acks
+        it owes) changed, so the caller covers and pumps."""
+
+    def receive_many(self, messages: Iterable[Inbound], now: float) -> list[Effect]:
+        """What one read of the consumer's subject brought, in order: the same as :meth:`receive` for each in
+        turn, except that a run of deliveries is covered and pumped once, after its last one (its publishes leave
+        together). Anything else in between sees the pipeline as sequential processing would have left it."""
+        effects: list[Effect] = []
+        pending = False
+        for message in messages:
+            if type(message) is Data:
+                if self._accept(message, now, effects):
+                    pending = True
+                continue
+            if pending:
+                pending = False
+                self._cover(effects, now)
+                self._pump(now, effects)
+            effects += self.receive(message, now)
+        if pending:
+            self._cover(effects, now)
+            self._pump(now, effects)
+        return effects
 
     def unrecognised(self, message: Unrecognised) -> list[Effect]:
         """Something else on the deliver subject: counted, never acted upon."""
@@ -298,8 +329,19 @@ class Replication:
 
     def publish_stored(self, order: int, attempt: int, now: float) -> list[Effect]:
         """The aggregate acknowledged (or already had) entry ``order``."""
+        return self.publish_stored_many(((order, attempt),), now)
+
+    def publish_stored_many(self, tokens: Iterable[tuple[int, int]], now: float) -> list[Effect]:
+        """The aggregate acknowledged (or already had) each ``(order, attempt)`` of ``tokens``: what one read of
+        the target connection brought. The same as :meth:`publish_stored` for each in turn, covered and pumped
+        once at the end rather than after every one."""
+        stored = self.pipeline.stored
+        advanced = False
+        for order, attempt in tokens:
+            if stored(order, attempt):
+                advanced = True
         effects: list[Effect] = []
-        if self.pipeline.stored(order, attempt):
+        if advanced:
             self._cover(effects, now)
         self._pump(now, effects)
         return effects
@@ -432,9 +474,9 @@ class Replication:
             effects.append(VerifyStored(generation, tuple(self.pipeline.unverified_seqs())))
         failures, barriers = self.pipeline.failures, self.pipeline.barriers
         sends = self.pipeline.take_sendable(now)
-        for send in sends:
-            self.stats.published += 1
-            effects.append(Publish(send.entry, send.attempt))
+        if sends:
+            self.stats.published += len(sends)
+            effects += sends  # each Send is a Publish effect
         if self.pipeline.barriers != barriers and sends and sends[-1].entry.message is not None:
             subject = sends[-1].entry.message.subject
             if subject not in self._uncaptured and len(self._uncaptured) < 1000:

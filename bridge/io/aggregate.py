@@ -14,7 +14,7 @@ ADR-31 (Direct Get): https://github.com/nats-io/nats-architecture-and-design/blo
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
@@ -54,8 +54,8 @@ class TargetSide:
     ack_timeout: float
     timeout: float = 5.0  # for API requests
 
-    def publisher(self, on_outcome: Callable[[AckOutcome], None]) -> SourcePublisher:
-        return SourcePublisher(self.nc, on_outcome)
+    def publisher(self, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> SourcePublisher:
+        return SourcePublisher(self.nc, on_outcomes)
 
     async def limits(self) -> TargetLimits:
         """The server's ``max_payload`` and, if the stream can be read, its ``max_msg_size`` and subjects."""

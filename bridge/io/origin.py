@@ -44,7 +44,9 @@ class OriginClient:
         self._sub: Subscription | None = None
         self._filters: list[str] = list(source.filter_subjects)  # the consumer's, once bound
         self._inbox = ""  # pull mode: the subscribed inbox, the reply subject of every pull request
-        self._on_message: Callable[[inbound.Inbound], None] | None = None
+        self._on_messages: Callable[[Sequence[inbound.Inbound]], None] | None = None
+        # raw deliveries of the read being parsed: classified and handed over together once it is parsed
+        self._arrived: list[tuple[bytes, bytes, bytes | None, bytes]] = []
 
     @property
     def connected(self) -> bool:
@@ -75,7 +77,9 @@ class OriginClient:
             on_error=on_error,
         )
         self._api = JsApi(self._nc, src.api_prefix)
-        wire.add_after_parse(self._nc, after_parse)  # deliveries make publishes
+        # first the deliveries of the read, then the runner's hook: deliveries make publishes
+        wire.add_after_parse(self._nc, self._hand_over)
+        wire.add_after_parse(self._nc, after_parse)
 
     def _jsapi(self) -> JsApi:
         if self._api is None:
@@ -134,7 +138,7 @@ class OriginClient:
         first = int(state.get("first_seq", 0)) if int(state.get("messages", 0)) else 0
         return first if first >= start else 0
 
-    async def subscribe(self, on_message: Callable[[inbound.Inbound], None]) -> bool:
+    async def subscribe(self, on_messages: Callable[[Sequence[inbound.Inbound]], None]) -> bool:
         if self._nc is None:
             return False
         if self.mode is Mode.PULL:
@@ -147,7 +151,8 @@ class OriginClient:
             return True
         else:
             subject = self.source.deliver_subject
-        self._on_message = on_message
+        self._on_messages = on_messages
+        self._arrived = []  # anything of an earlier subscription not handed over yet is not this one's
         # generous pending limits: the server never has more than max_ack_pending deliveries outstanding, and a
         # slow-consumer drop would only cost a reset
         limit = max(4 * self.source.max_ack_pending, 65536)
@@ -163,25 +168,40 @@ class OriginClient:
         return True
 
     def _on_wire(self, subject: bytes, reply: bytes, header: bytes | None, payload: bytes) -> None:
-        if self._on_message is not None:
-            headers = parse_header_block(header) if header is not None else None
-            self._on_message(inbound.classify(subject.decode(), reply.decode(), headers, payload))
+        self._arrived.append((subject, reply, header, payload))
+
+    def _hand_over(self) -> None:
+        arrived = self._arrived
+        if not arrived:
+            return
+        self._arrived = []
+        if self._on_messages is None:
+            return
+        classify = inbound.classify
+        self._on_messages(
+            [
+                classify(subject.decode(), reply.decode(), parse_header_block(header) if header else None, payload)
+                for subject, reply, header, payload in arrived
+            ]
+        )
 
     async def _on_msg(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
-        if self._on_message is not None:
-            self._on_message(inbound.classify(msg.subject, msg.reply, msg.headers, msg.data))
+        if self._on_messages is not None:
+            self._on_messages([inbound.classify(msg.subject, msg.reply, msg.headers, msg.data)])
 
     async def unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
         self._inbox = ""  # no more pull requests until the next subscribe
+        self._arrived = []
         if sub is not None:
             wire.remove_handler(self._nc, sub)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
     def detach(self) -> None:
-        self._on_message = None
+        self._on_messages = None
+        self._arrived = []
         if self._sub is not None:
             wire.remove_handler(self._nc, self._sub)
 

@@ -63,12 +63,14 @@ def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] |
 
 
 class SourcePublisher:
-    """Publishes one source's messages and routes their acks to ``on_outcome``."""
+    """Publishes one source's messages and hands their acks to ``on_outcomes``, all those of one read together."""
 
-    def __init__(self, nc: NATS, on_outcome: Callable[[AckOutcome], None]) -> None:
+    def __init__(self, nc: NATS, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> None:
         self._nc = nc
-        self._on_outcome = on_outcome
+        self._on_outcomes = on_outcomes
+        self._arrived: list[AckOutcome] = []  # acks of the read being parsed, handed over once it is parsed
         self._inbox = nc.new_inbox()
+        self._inbox_bytes = self._inbox.encode()
         self._prefix_len = len(self._inbox) + 1
         self._sub: Subscription | None = None
         self._raw = _has_raw_path(nc)
@@ -78,11 +80,13 @@ class SourcePublisher:
         self._sub = await self._nc.subscribe(
             f"{self._inbox}.>", cb=self._handle, pending_msgs_limit=1_000_000, pending_bytes_limit=256 * 1024 * 1024
         )
-        wire.add_handler(self._nc, self._sub, self._handle_wire)
+        if wire.add_handler(self._nc, self._sub, self._handle_wire):
+            wire.add_after_parse(self._nc, self._hand_over)
 
     async def stop(self) -> None:
         if self._sub is not None:
             wire.remove_handler(self._nc, self._sub)
+            wire.remove_after_parse(self._nc, self._hand_over)
             # the connection may be closed already; nothing is left to release then
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
@@ -90,19 +94,27 @@ class SourcePublisher:
 
     async def _handle(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
-        self._route(msg.subject.encode(), msg.data, msg.headers)
+        outcome = self._outcome(msg.subject.encode(), msg.data, msg.headers)
+        if outcome is not None:
+            self._on_outcomes((outcome,))
 
     def _handle_wire(self, subject: bytes, reply: bytes, header: bytes | None, payload: bytes) -> None:
-        self._route(subject, payload, parse_header_block(header) if header is not None else None)
-
-    def _route(self, subject: bytes, data: bytes, headers: Mapping[str, str] | None) -> None:
-        outcome = parse_pub_ack(subject[self._prefix_len :], data, headers)
+        outcome = self._outcome(subject, payload, parse_header_block(header) if header is not None else None)
         if outcome is not None:
-            self._on_outcome(outcome)
+            self._arrived.append(outcome)
+
+    def _outcome(self, subject: bytes, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:
+        """What the ack on ``subject`` (``<inbox>.<order>.<attempt>``) says (a subclass may judge more)."""
+        return parse_pub_ack(subject[self._prefix_len :], data, headers)
+
+    def _hand_over(self) -> None:
+        if self._arrived:
+            arrived, self._arrived = self._arrived, []
+            self._on_outcomes(arrived)
 
     async def publish(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]]:
         """Send ``(message, order, attempt)`` publishes, in order; return ``(order, attempt, why)`` for each one
-        that could not be handed to the connection (the rest are on their way; their acks come to ``on_outcome``).
+        that could not be handed to the connection (the rest are on their way; their acks come to ``on_outcomes``).
         """
         done = self.write_now(batch)
         if done is not None:
@@ -162,30 +174,31 @@ class SourcePublisher:
         # strip and translate of every header: about a sixth of the bridge's CPU per message. Our subjects and
         # headers are valid by construction (they came off the wire or from the validated configuration), and the
         # header block was encoded once, by the engine. A batch becomes one write.
-        failures: list[tuple[int, int, str]] = []
-        commands: list[bytes] = []
-        inbox = self._inbox
-        for message, order, attempt in batch:
-            if len(message.payload) > limit:  # nats-py's check (the pipeline has already checked headers + payload)
-                why = f"message of {len(message.payload)} bytes exceeds the target server's max_payload"
-                failures.append((order, attempt, why))
-                continue
-            reply = f"{inbox}.{order}.{attempt}"
-            commands.append(hpub_command(message.subject, reply, message.header_block, message.payload))
-        return (commands[0] if len(commands) == 1 else b"".join(commands)), failures
+        return encode_publishes(self._inbox_bytes, batch, limit)
 
 
-def hpub_command(subject: str, reply: str, header_block: bytes, payload: bytes) -> bytes:
-    """The ``HPUB`` protocol line, header block and payload of one publish, as nats-py would write them."""
-    size = len(header_block)
-    return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
-        subject.encode(),
-        reply.encode(),
-        size,
-        size + len(payload),
-        header_block,
-        payload,
-    )
+def encode_publishes(
+    inbox: bytes, batch: Sequence[tuple[OutboundMessage, int, int]], limit: int
+) -> tuple[bytes, list[tuple[int, int, str]]]:
+    """The ``HPUB`` commands of ``(message, order, attempt)`` publishes, replying to ``<inbox>.<order>.<attempt>``,
+    as one write and exactly as nats-py would write each; and ``(order, attempt, why)`` for those larger than
+    ``limit`` (the server's ``max_payload``), which are left out."""
+    failures: list[tuple[int, int, str]] = []
+    commands: list[bytes] = []
+    for message, order, attempt in batch:
+        payload = message.payload
+        if len(payload) > limit:  # nats-py's check (the pipeline has already checked headers + payload)
+            failures.append(
+                (order, attempt, f"message of {len(payload)} bytes exceeds the target server's max_payload")
+            )
+            continue
+        block = message.header_block
+        size = len(block)
+        commands.append(
+            b"HPUB %s %s.%d.%d %d %d\r\n%s%s\r\n"
+            % (message.subject.encode(), inbox, order, attempt, size, size + len(payload), block, payload)
+        )
+    return (commands[0] if len(commands) == 1 else b"".join(commands)), failures
 
 
 def _has_raw_path(nc: Any) -> bool:

@@ -8,7 +8,7 @@ replication latency of every stored message, the flow-control answer latency, pu
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +152,14 @@ class LoopHistogram:
     def observe(self, value: float) -> None:
         self._counts[bisect_left(self._bounds, value)] += 1
         self._sum += value
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        """:meth:`observe` each of ``values`` (one call for what one read of acks stored)."""
+        counts, bounds, total = self._counts, self._bounds, 0.0
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+            total += value
+        self._sum += total
 
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative ``(le, count)`` pairs, +Inf last, as Prometheus expects them."""

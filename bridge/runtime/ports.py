@@ -80,9 +80,10 @@ class OriginPort(Protocol):
     async def first_seq_from(self, start: int) -> int:
         """The first message at or after ``start`` within the source's filters (0: none)."""
 
-    async def subscribe(self, on_message: Callable[[Inbound], None]) -> bool:
+    async def subscribe(self, on_messages: Callable[[Sequence[Inbound]], None]) -> bool:
         """Hand every message of the deliver subject (pull mode: of a new inbox, which ``pull`` names as the reply
-        of every request until the next ``subscribe``), classified, to ``on_message`` (raises
+        of every request until the next ``subscribe``), classified, in order, to ``on_messages``, all those of one
+        read together (raises
         ``OriginUnavailable`` when not connected: the next reset subscribes again)."""
 
     async def anchor(self) -> PullAnchor:
@@ -138,7 +139,8 @@ class TargetPort(Protocol):
     @property
     def ack_timeout(self) -> float: ...
 
-    def publisher(self, on_outcome: Callable[[AckOutcome], None]) -> PublisherPort: ...
+    def publisher(self, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> PublisherPort:
+        """A publisher for one source; the acks of its publishes go to ``on_outcomes``, those of one read together."""
 
     async def limits(self) -> TargetLimits: ...
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, assert_never
 
 import anyio
@@ -269,7 +269,7 @@ class SourceRunner:
         if self.engine.phase is Phase.RECOVERING:
             await self._recover(stream, bound.ack_floor)
         if self._publisher is None:
-            self._publisher = self.target.publisher(self._on_outcome)
+            self._publisher = self.target.publisher(self._on_outcomes)
             await self._publisher.start()
             self.target.add_after_parse(self._write_ready)  # acks free the window for more
         self._emit(self.engine.target_limits(await self.target.limits(), self.clock()))
@@ -387,39 +387,60 @@ class SourceRunner:
             self._changed = anyio.Event()
             await self._changed.wait()
 
-    def _receive(self, message: inbound.Inbound) -> None:
-        """One message from the deliver subject, classified by the origin port."""
+    def _receive(self, messages: Sequence[inbound.Inbound]) -> None:
+        """What one read of the deliver subject brought, classified by the origin port, in order."""
         if self.fenced:
             return
         now = self.clock()
-        if isinstance(message, inbound.FlowControlRequest):
-            if len(self._fc_arrivals) > 16:  # requests superseded or answered while disconnected
-                self._fc_arrivals.clear()
-            self._fc_arrivals[message.reply] = now
-        self._emit(self.engine.receive(message, now))
+        for message in messages:
+            if type(message) is inbound.FlowControlRequest:
+                if len(self._fc_arrivals) > 16:  # requests superseded or answered while disconnected
+                    self._fc_arrivals.clear()
+                self._fc_arrivals[message.reply] = now
+        self._emit(self.engine.receive_many(messages, now))
 
-    def _on_outcome(self, outcome: AckOutcome) -> None:
+    def _on_outcomes(self, outcomes: Sequence[AckOutcome]) -> None:
+        """The acks one read of the target connection brought, in order."""
         now = self.clock()
-        if outcome.stored:
-            self._observe_stored(outcome.order)
-            self._emit(self.engine.publish_stored(outcome.order, outcome.attempt, now))
-        else:
+        engine = self.engine
+        stored: list[tuple[int, int]] = []
+        for outcome in outcomes:
+            if outcome.stored:
+                stored.append((outcome.order, outcome.attempt))
+                continue
+            if stored:  # in order: what was stored before this failure first
+                self._observe_stored(stored)
+                self._emit(engine.publish_stored_many(stored, now))
+                stored = []
             self._publish_error(outcome.error)
-            self._emit(self.engine.publish_failed(outcome.order, outcome.attempt, outcome.error, now))
+            self._emit(engine.publish_failed(outcome.order, outcome.attempt, outcome.error, now))
+        if stored:
+            self._observe_stored(stored)
+            self._emit(engine.publish_stored_many(stored, now))
         self._changed.set()
 
-    def _observe_stored(self, order: int) -> None:
-        entry = self.engine.pipeline.entry(order)
-        if entry is None or entry.state is EntryState.STORED or entry.message is None:
-            return  # a duplicate ack, or a marker
-        message = entry.message
-        self._replicated_bytes += len(message.payload)
-        origin_ns = message.origin_ns
-        if origin_ns:
-            if self._last_replicated_origin_ns is None or origin_ns > self._last_replicated_origin_ns:
-                self._last_replicated_origin_ns = origin_ns
+    def _observe_stored(self, tokens: list[tuple[int, int]]) -> None:
+        """Bytes and latency of the messages these acks store (before the engine forgets them)."""
+        entries = self.engine.pipeline.entries_by_order
+        stored = EntryState.STORED
+        newest = self._last_replicated_origin_ns or 0
+        replicated = 0
+        origins: list[int] = []
+        for order, _ in tokens:
+            entry = entries.get(order)
+            if entry is None or entry.state is stored or entry.message is None:
+                continue  # a duplicate ack, or a marker
+            message = entry.message
+            replicated += len(message.payload)
+            if message.origin_ns:
+                origins.append(message.origin_ns)
+        self._replicated_bytes += replicated
+        if origins:
+            newest = max(newest, max(origins))
+            self._last_replicated_origin_ns = newest
             if self.observers is not None:
-                self.observers.latency.observe(max(0.0, (time.time_ns() - origin_ns) / 1e9))
+                wall_ns = time.time_ns()
+                self.observers.latency.observe_many([max(0.0, (wall_ns - ns) / 1e9) for ns in origins])
 
     def _publish_error(self, error: str) -> None:
         self.last_error = f"publish: {error}"

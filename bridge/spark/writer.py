@@ -61,7 +61,7 @@ import hashlib
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
@@ -75,7 +75,7 @@ from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import OutboundMessage
 from bridge.errors import BridgeError
 from bridge.io.connect import describe, open_connection
-from bridge.io.target import AckOutcome, SourcePublisher, parse_pub_ack
+from bridge.io.target import AckOutcome, SourcePublisher
 from bridge.spark.options import StreamOptions
 from bridge.spark.read import stream_info
 
@@ -290,14 +290,13 @@ def check_ack(outcome: AckOutcome, data: bytes, stream: str) -> AckOutcome:
 class _StreamCheckingPublisher(SourcePublisher):
     """A :class:`SourcePublisher` whose acks go through :func:`check_ack`."""
 
-    def __init__(self, nc: Any, on_outcome: Callable[[AckOutcome], None], stream: str) -> None:
-        super().__init__(nc, on_outcome)
+    def __init__(self, nc: Any, on_outcomes: Callable[[Sequence[AckOutcome]], None], stream: str) -> None:
+        super().__init__(nc, on_outcomes)
         self._stream = stream
 
-    def _route(self, subject: bytes, data: bytes, headers: Mapping[str, str] | None) -> None:
-        outcome = parse_pub_ack(subject[self._prefix_len :], data, headers)
-        if outcome is not None:
-            self._on_outcome(check_ack(outcome, data, self._stream))
+    def _outcome(self, subject: bytes, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:
+        outcome = super()._outcome(subject, data, headers)
+        return check_ack(outcome, data, self._stream) if outcome is not None else None
 
 
 @dataclass
@@ -310,15 +309,16 @@ class _Acks:
     failed: list[tuple[tuple[str, str], str]] = field(default_factory=list)  # ((message id, subject), why)
     progress: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def on_outcome(self, outcome: AckOutcome) -> None:
-        what = self.pending.pop(outcome.order, None)
-        if what is None:
-            return  # a late or repeated ack
-        if outcome.stored:
-            self.stored += 1
-            self.duplicates += outcome.duplicate
-        else:
-            self.failed.append((what, outcome.error))
+    def on_outcomes(self, outcomes: Sequence[AckOutcome]) -> None:
+        for outcome in outcomes:
+            what = self.pending.pop(outcome.order, None)
+            if what is None:
+                continue  # a late or repeated ack
+            if outcome.stored:
+                self.stored += 1
+                self.duplicates += outcome.duplicate
+            else:
+                self.failed.append((what, outcome.error))
         self.progress.set()
 
     async def wait(self, timeout: float) -> bool:
@@ -360,7 +360,7 @@ async def publish_all(
     source = itertools.chain([first], source)
     nc = await open_connection(opts, name="nats-bridge-spark-sink", error_type=SinkError)
     acks = _Acks()
-    publisher = _StreamCheckingPublisher(nc, acks.on_outcome, opts.stream)
+    publisher = _StreamCheckingPublisher(nc, acks.on_outcomes, opts.stream)
     sent = 0
     problem = ""
     try:

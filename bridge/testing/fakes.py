@@ -72,7 +72,7 @@ class FakeOrigin:
     fetches: list[list[OriginMessage] | BridgeError] = field(default_factory=list)
     inbox: str = ""  # pull mode: the inbox of the current subscription
     lost: list[int] = field(default_factory=list)  # pull mode: stream sequences delivered to a stale inbox
-    _on_message: Callable[[Inbound], None] | None = None
+    _on_messages: Callable[[Sequence[Inbound]], None] | None = None
     _connected: bool = False
     _fc: int = 0
     _inboxes: int = 0
@@ -92,7 +92,7 @@ class FakeOrigin:
 
     @property
     def subscribed(self) -> bool:
-        return self._on_message is not None
+        return self._on_messages is not None
 
     @property
     def last_delivered(self) -> int:
@@ -110,7 +110,7 @@ class FakeOrigin:
                 if not self.waiting:
                     break
                 waiting: WaitingRequest | None = self.waiting[0]
-            elif self._on_message is None:
+            elif self._on_messages is None:
                 break
             else:
                 waiting = None
@@ -129,10 +129,10 @@ class FakeOrigin:
                 waiting.remaining -= 1
                 if waiting.remaining == 0:
                     self.waiting.pop(0)
-            if self._on_message is None or (waiting is not None and waiting.inbox != self.inbox):
+            if self._on_messages is None or (waiting is not None and waiting.inbox != self.inbox):
                 self.lost.append(seq)  # pull mode: the request's inbox is nobody's any more
                 continue
-            self._on_message(Data(ack, subject, None, payload, reply))
+            self._on_messages([Data(ack, subject, None, payload, reply)])
         return sent
 
     def skip_delivery(self) -> None:
@@ -144,22 +144,22 @@ class FakeOrigin:
         """Ask for a flow-control answer; returns its subject."""
         self._fc += 1
         subject = f"$JS.FC.{self.stream_name}.{self.consumer}.fc{self._fc}"
-        if self._on_message is not None:
-            self._on_message(FlowControlRequest(subject))
+        if self._on_messages is not None:
+            self._on_messages([FlowControlRequest(subject)])
         return subject
 
     def heartbeat(self) -> None:
         """Pull mode: an idle heartbeat of the oldest waiting request on the current inbox (none: nothing)."""
-        if self._on_message is not None and any(w.inbox == self.inbox for w in self.waiting):
-            self._on_message(Heartbeat(self.dseq, self.last_delivered, None))
+        if self._on_messages is not None and any(w.inbox == self.inbox for w in self.waiting):
+            self._on_messages([Heartbeat(self.dseq, self.last_delivered, None)])
 
     def end_requests(self, code: int = 408, description: str = "Request Timeout") -> int:
         """Pull mode: every waiting request ends (expired by default), each answered with a status carrying what it
         had left, when its inbox is the current one; returns how many ended."""
         ended, self.waiting = self.waiting, []
         for waiting in ended:
-            if self._on_message is not None and waiting.inbox == self.inbox:
-                self._on_message(PullStatus(code, description, waiting.inbox, waiting.remaining, 0))
+            if self._on_messages is not None and waiting.inbox == self.inbox:
+                self._on_messages([PullStatus(code, description, waiting.inbox, waiting.remaining, 0)])
         return len(ended)
 
     # -- OriginPort -------------------------------------------------------------------------------------------
@@ -212,9 +212,9 @@ class FakeOrigin:
         self.ops.append(f"probe {start}")
         return min((s for s in self.messages if s >= start), default=0)
 
-    async def subscribe(self, on_message: Callable[[Inbound], None]) -> bool:
+    async def subscribe(self, on_messages: Callable[[Sequence[Inbound]], None]) -> bool:
         self.ops.append("subscribe")
-        self._on_message = on_message
+        self._on_messages = on_messages
         if self.mode is Mode.PULL:
             self._inboxes += 1
             self.inbox = f"_INBOX.fake{self._inboxes}"
@@ -222,7 +222,7 @@ class FakeOrigin:
 
     async def unsubscribe(self) -> None:
         self.ops.append("unsubscribe")
-        self._on_message = None
+        self._on_messages = None
         self.inbox = ""
 
     async def anchor(self) -> PullAnchor:
@@ -271,7 +271,7 @@ class FakeOrigin:
 
     def detach(self) -> None:
         self.ops.append("detach")
-        self._on_message = None
+        self._on_messages = None
         self.inbox = ""
 
     async def answer(self, effect: AnswerFlowControl) -> None:
@@ -305,7 +305,7 @@ class FakeTarget:
     limits_reads: int = 0
     held: list[AckOutcome] = field(default_factory=list)
     hooks: list[Callable[[], None]] = field(default_factory=list)
-    _on_outcome: Callable[[AckOutcome], None] | None = None
+    _on_outcomes: Callable[[Sequence[AckOutcome]], None] | None = None
 
     def seqs(self, source: str) -> list[int]:
         """Origin sequences of ``source`` stored, in store order."""
@@ -314,14 +314,13 @@ class FakeTarget:
 
     def release_acks(self) -> None:
         held, self.held = self.held, []
-        for outcome in held:
-            if self._on_outcome is not None:
-                self._on_outcome(outcome)
+        if held and self._on_outcomes is not None:
+            self._on_outcomes(held)  # as one read would bring them
 
     # -- TargetPort -----------------------------------------------------------------------------------------
 
-    def publisher(self, on_outcome: Callable[[AckOutcome], None]) -> FakePublisher:
-        self._on_outcome = on_outcome
+    def publisher(self, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> FakePublisher:
+        self._on_outcomes = on_outcomes
         return FakePublisher(self)
 
     async def limits(self) -> TargetLimits:
@@ -354,8 +353,8 @@ class FakeTarget:
                 outcome = AckOutcome(order, attempt, True, duplicate=duplicate)
             if self.hold_acks:
                 self.held.append(outcome)
-            elif self._on_outcome is not None:
-                self._on_outcome(outcome)
+            elif self._on_outcomes is not None:
+                self._on_outcomes((outcome,))
 
 
 @dataclass

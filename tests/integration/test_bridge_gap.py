@@ -12,6 +12,7 @@ the swallowed messages from the origin stream (they stay pending on the consumer
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +56,15 @@ async def test_lost_deliveries_are_reset_and_replayed(
     dropped: list[int] = []
     original = SourceRunner._receive
 
-    def lossy(self: SourceRunner, message: inbound.Inbound) -> Any:
-        seq = origin_seq(message)
-        if seq in drops and seq not in dropped:
-            dropped.append(seq)
-            return None
-        return original(self, message)
+    def lossy(self: SourceRunner, messages: Sequence[inbound.Inbound]) -> Any:
+        kept = []
+        for message in messages:
+            seq = origin_seq(message)
+            if seq in drops and seq not in dropped:
+                dropped.append(seq)
+                continue
+            kept.append(message)
+        return original(self, kept)
 
     monkeypatch.setattr(SourceRunner, "_receive", lossy)
 
@@ -119,11 +123,14 @@ async def test_lost_flow_control_requests_are_answered_from_the_stalled_header(
     lost: list[str] = []
     original = SourceRunner._receive
 
-    def lossy(self: SourceRunner, message: inbound.Inbound) -> Any:
-        if isinstance(message, inbound.FlowControlRequest) and len(lost) < 3:
-            lost.append(message.reply)
-            return None
-        return original(self, message)
+    def lossy(self: SourceRunner, messages: Sequence[inbound.Inbound]) -> Any:
+        kept = []
+        for message in messages:
+            if isinstance(message, inbound.FlowControlRequest) and len(lost) < 3:
+                lost.append(message.reply)
+                continue
+            kept.append(message)
+        return original(self, kept)
 
     monkeypatch.setattr(SourceRunner, "_receive", lossy)
     spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=200)

@@ -17,7 +17,7 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from bridge.io.target import SourcePublisher
+from bridge.io.target import AckOutcome, SourcePublisher
 from bridge.testing.configs import AGGREGATE, ORIGIN, TEST_ENGINE, SourceSpec, write_config
 from bridge.testing.inprocess import running_bridge
 from bridge.testing.jetstream import (
@@ -269,16 +269,18 @@ async def test_hub_outage_longer_than_duplicate_window_does_not_duplicate(
     # could find the whole backlog stored by then on a fast machine, with nothing left in flight to withhold
     state = {"routed": 0, "released": False}
     withheld: list[str] = []
-    original = SourcePublisher._route
+    original = SourcePublisher._outcome
 
-    def route(self: SourcePublisher, subject: bytes, data: bytes, headers: Mapping[str, str] | None) -> None:
+    def outcome(
+        self: SourcePublisher, subject: bytes, data: bytes, headers: Mapping[str, str] | None
+    ) -> AckOutcome | None:
         if not state["released"] and state["routed"] >= 500:
             withheld.append(subject.decode())  # this ack "died with the connection"
-            return
+            return None
         state["routed"] += 1
-        original(self, subject, data, headers)
+        return original(self, subject, data, headers)
 
-    monkeypatch.setattr(SourcePublisher, "_route", route)
+    monkeypatch.setattr(SourcePublisher, "_outcome", outcome)
     spec = source(topology, origin_mode)
     config = write_config(tmp_path / "bridge.toml", target_url=hub.url, sources=[spec])
     async with connect(topology.leaf.url) as leaf_nc, connect(hub.url) as hub_nc:

@@ -111,7 +111,7 @@ async def test_pull_mode_io(
             with pytest.raises(OriginUnavailable, match="not subscribed"):
                 await client.pull(Pull(1, 1.0, 0.5))
 
-            assert await client.subscribe(received.append)
+            assert await client.subscribe(received.extend)
             await client.pull(Pull(20, 5.0, 1.0))
             data = await wait_until(
                 lambda: [m for m in received if isinstance(m, Data)] if len(received) >= 20 else None,
@@ -158,7 +158,7 @@ async def test_pull_mode_io(
 
             # a new subscription is a new inbox; none after unsubscribe
             first_inbox = client.inbox
-            assert await client.subscribe(received.append)
+            assert await client.subscribe(received.extend)
             assert client.inbox.startswith("_INBOX.") and client.inbox != first_inbox
             await client.unsubscribe()
             with pytest.raises(OriginUnavailable, match="not subscribed"):

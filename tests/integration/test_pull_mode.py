@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,10 +188,11 @@ class DeliveryLog:
         original = SourceRunner._receive
         seen = self.seen
 
-        def recording(runner: SourceRunner, message: inbound.Inbound) -> None:
-            if isinstance(message, inbound.Data):
-                seen.append((message.ack.consumer_seq, message.ack.stream_seq, message.ack.delivered))
-            original(runner, message)
+        def recording(runner: SourceRunner, messages: Sequence[inbound.Inbound]) -> None:
+            for message in messages:
+                if isinstance(message, inbound.Data):
+                    seen.append((message.ack.consumer_seq, message.ack.stream_seq, message.ack.delivered))
+            original(runner, messages)
 
         monkeypatch.setattr(SourceRunner, "_receive", recording)
 

@@ -812,6 +812,39 @@ class PullSim:
         self.apply(self.engine.receive(message, self.now))
         return True
 
+    def step_receive_many(self, k: int) -> bool:
+        """Up to ``k`` messages from the server reach the bridge in one read: handed over together."""
+        batch = []
+        while self.server.outbound and len(batch) < k:
+            inbox, subject, reply, headers, payload = self.server.outbound.popleft()
+            if inbox != self.inbox:
+                self.log(f"bridge drops a message for {inbox} (not subscribed)")
+                continue
+            batch.append(classify(subject, reply, headers, payload))
+        if not batch:
+            return False
+        self.log(f"bridge receives {len(batch)} in one read: {[type(m).__name__ for m in batch]}")
+        self.apply(self.engine.receive_many(batch, self.now))
+        return True
+
+    def step_publish_acks(self, k: int) -> bool:
+        """The oldest ``k`` publish acks reach the bridge in one read, the stored ones handed over together."""
+        stored: list[tuple[int, int]] = []
+        for _ in range(min(k, len(self.agg.acks))):
+            life, order, attempt, ok, error = self.agg.acks.popleft()
+            if life != self.life:
+                continue
+            if ok:
+                stored.append((order, attempt))
+                continue
+            if stored:
+                self.apply(self.engine.publish_stored_many(stored, self.now))
+                stored = []
+            self.apply(self.engine.publish_failed(order, attempt, error, self.now))
+        if stored:
+            self.apply(self.engine.publish_stored_many(stored, self.now))
+        return bool(stored)
+
     def step_drop(self, *, even_renumbered: bool = False) -> None:
         """The oldest message on its way to the bridge is lost (slow consumer, link trouble)."""
         if not self.server.outbound:

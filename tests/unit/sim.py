@@ -558,6 +558,15 @@ class Sim:
         self.log(f"bridge receives {type(inbound).__name__} {reply or headers}")
         self.apply(self.engine.receive(inbound, self.now))
 
+    def step_receive_many(self, k: int) -> None:
+        """Up to ``k`` messages reach the bridge in one read: handed over together (``receive_many``)."""
+        batch = []
+        while self.origin.channel and len(batch) < k:
+            batch.append(classify(*self.origin.channel.popleft()))
+        if batch:
+            self.log(f"bridge receives {len(batch)} in one read: {[type(m).__name__ for m in batch]}")
+            self.apply(self.engine.receive_many(batch, self.now))
+
     def step_drop(self) -> None:
         """Lose the oldest message on its way to the bridge (or, when none is, the next one sent)."""
         if not self.origin.channel:
@@ -658,6 +667,26 @@ class Sim:
             self.apply(self.engine.publish_stored(order, attempt, self.now))
         else:
             self.apply(self.engine.publish_failed(order, attempt, error, self.now))
+
+    def step_ack_many(self, k: int) -> None:
+        """The oldest ``k`` publish acks reach the bridge in one read, handed over as the runner does: the stored
+        ones together (``publish_stored_many``), a failure after what was stored before it."""
+        stored: list[tuple[int, int]] = []
+        for _ in range(min(k, len(self.target.acks))):
+            order, attempt, ok, error = self.target.acks.pop(0)
+            self.log(f"publish ack order={order} attempt={attempt} stored={ok} (in a read)")
+            if ok:
+                entry = next((e for e in self.engine.pipeline if e.order == order), None)
+                if entry is not None:
+                    self.acked_to_engine.add(entry.stream_seq)
+                stored.append((order, attempt))
+                continue
+            if stored:
+                self.apply(self.engine.publish_stored_many(stored, self.now))
+                stored = []
+            self.apply(self.engine.publish_failed(order, attempt, error, self.now))
+        if stored:
+            self.apply(self.engine.publish_stored_many(stored, self.now))
 
     def step_answer_arrives(self) -> None:
         """The server processes the oldest FC answer or RESET request sent on the source connection."""

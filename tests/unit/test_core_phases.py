@@ -8,9 +8,7 @@ from bridge.core.phases import TRANSITIONS, Event, Phase, PhaseMachine
 
 
 def machine_in(phase: Phase) -> PhaseMachine:
-    machine = PhaseMachine()
-    machine.phase = phase
-    return machine
+    return PhaseMachine(phase)
 
 
 @pytest.mark.parametrize("phase", list(Phase))

@@ -44,6 +44,8 @@ FLOW: Final = (
     + ["reset_ok"] * 2
     + ["pump"] * 3
     + ["burst"] * 2
+    + ["recv_many"] * 3
+    + ["ack_many"] * 3
     + ["verify"] * 2
     + ["probe"]
 )
@@ -77,6 +79,10 @@ def run_event(sim: Sim, event: Event) -> None:
             sim.step_deliver()
         case "recv":
             sim.step_receive()
+        case "recv_many":
+            sim.step_receive_many(2 + p % 30)
+        case "ack_many":
+            sim.step_ack_many(2 + p % 30)
         case "drop":
             sim.step_drop()
         case "dup":

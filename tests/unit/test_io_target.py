@@ -65,15 +65,26 @@ def test_fast_path_agrees_with_decoding(body: dict[str, Any]) -> None:
         max_size=8,
     ),
     st.binary(max_size=300),
+    st.lists(st.tuples(st.integers(1, 10**12), st.integers(1, 1000)), min_size=1, max_size=4),
 )
-def test_raw_publish_encodes_exactly_as_nats_py(headers: dict[str, str], payload: bytes) -> None:
+def test_raw_publish_encodes_exactly_as_nats_py(
+    headers: dict[str, str], payload: bytes, tokens: list[tuple[int, int]]
+) -> None:
     from nats.protocol.command import hpub_cmd
 
     from bridge.core.headers import encode_header_block
-    from bridge.io.target import hpub_command
+    from bridge.core.pipeline import OutboundMessage
+    from bridge.io.target import encode_publishes
 
     block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     assert encode_header_block(headers) == block.encode()
-    assert hpub_command("agg.s.x", "_INBOX.a.1.1", encode_header_block(headers), payload) == hpub_cmd(
-        "agg.s.x", "_INBOX.a.1.1", block.encode(), payload
+    message = OutboundMessage("agg.s.x", encode_header_block(headers), payload)
+    batch = [(message, order, attempt) for order, attempt in tokens]
+    data, failures = encode_publishes(b"_INBOX.a", batch, limit=len(payload))
+    assert failures == []
+    assert data == b"".join(
+        hpub_cmd("agg.s.x", f"_INBOX.a.{order}.{attempt}", block.encode(), payload) for order, attempt in tokens
     )
+    # over the server's max_payload: left out, reported
+    data, failures = encode_publishes(b"_INBOX.a", batch, limit=len(payload) - 1)
+    assert (data, [f[:2] for f in failures]) == (b"", tokens) if payload else True

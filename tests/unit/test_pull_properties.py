@@ -48,6 +48,8 @@ FLOW: Final = (
     + ["fetch"] * 2
     + ["verify"] * 2
     + ["pump"] * 3
+    + ["recv_many"] * 3
+    + ["pack_many"] * 3
 )
 FAULTS: Final = [
     "drop",
@@ -79,6 +81,10 @@ def run_event(sim: PullSim, event: Event) -> None:
             sim.step_serve()
         case "recv":
             sim.step_receive()
+        case "recv_many":
+            sim.step_receive_many(2 + p % 30)
+        case "pack_many":
+            sim.step_publish_acks(2 + p % 30)
         case "up":
             sim.step_server_in()
         case "target":

@@ -23,7 +23,7 @@ async def started(origin: FakeOrigin, received: list[Inbound]) -> None:
         on_disconnected=_noop, on_reconnected=_noop, on_error=lambda exc: _noop(), after_parse=lambda: None
     )
     await origin.bind()
-    await origin.subscribe(received.append)
+    await origin.subscribe(received.extend)
 
 
 async def test_it_is_an_origin_port() -> None:
@@ -74,7 +74,7 @@ async def test_a_request_of_an_earlier_inbox_loses_what_it_brings() -> None:
     await origin.unsubscribe()
     with pytest.raises(OriginUnavailable):
         await origin.pull(Pull(2, 5.0, 1.0))
-    await origin.subscribe(received.append)
+    await origin.subscribe(received.extend)
     assert origin.inbox != first
     await origin.pull(Pull(2, 5.0, 1.0))
     assert origin.deliver() == 4
