@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import anyio
 from nats.aio.client import Client as NATS
 
 from bridge.core import headers as hdr
@@ -31,6 +32,8 @@ from bridge.io.target import AckOutcome, SourcePublisher
 # A publish retried after an ack timeout must still meet its first attempt in the aggregate's duplicate window
 SHORT_WINDOW_ACK_TIMEOUTS = 2
 MAX_CHUNK = 65536
+# restart recoveries reading the aggregate at once, per process (each holds up to MAX_BYTES of replies in flight)
+CONCURRENT_TAIL_READS = 4
 # Without a subject_prefix every message of the aggregate is read and its Bridge-Source compared; this bounds
 # that scan (a new source joining a big shared aggregate would otherwise read all of it at start).
 MAX_SCANNED = 1_000_000
@@ -53,6 +56,7 @@ class TargetSide:
     publish_window: int
     ack_timeout: float
     timeout: float = 5.0  # for API requests
+    tail_reads: anyio.Semaphore = field(default_factory=lambda: anyio.Semaphore(CONCURRENT_TAIL_READS))
 
     def publisher(self, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> SourcePublisher:
         return SourcePublisher(self.nc, on_outcomes)
@@ -67,9 +71,12 @@ class TargetSide:
         return TargetLimits(max_payload, int(config.get("max_msg_size", -1)), tuple(config.get("subjects") or ()))
 
     async def read_tail(self, source: str, subject_filter: str, floor: int, depth: int) -> tuple[list[Copy], bool]:
-        return await read_source_tail(
-            self.nc, self.api, self.stream, source, subject_filter, floor, depth, self.timeout
-        )
+        # a few at a time: hundreds of sources starting together would otherwise ask for more than the server
+        # lets one client have pending (it closes a slow consumer's connection), and the publishes share it
+        async with self.tail_reads:
+            return await read_source_tail(
+                self.nc, self.api, self.stream, source, subject_filter, floor, depth, self.timeout
+            )
 
     def add_after_parse(self, hook: Callable[[], None]) -> None:
         wire.add_after_parse(self.nc, hook)  # acks free the window for more

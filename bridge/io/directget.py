@@ -20,6 +20,7 @@ the bridge's one header codec; the recovery of a source's watermark and the audi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from nats.aio.client import Client as NATS
 from bridge.core import headers as hdr
 from bridge.errors import BridgeError
 from bridge.io import wire
+from bridge.io.connect import describe
 
 BATCH = 1024
 MAX_BYTES = 4 * 1024 * 1024
@@ -175,7 +177,12 @@ async def read_batches(
         if current is not None and msg.subject.endswith(current.token.decode()):
             current.take(dict(msg.headers or {}), msg.data)
 
-    sub = await nc.subscribe(f"{prefix}.*", cb=on_msg, pending_msgs_limit=batch * 4, pending_bytes_limit=max_bytes * 4)
+    try:
+        sub = await nc.subscribe(
+            f"{prefix}.*", cb=on_msg, pending_msgs_limit=batch * 4, pending_bytes_limit=max_bytes * 4
+        )
+    except Exception as exc:  # nats-py's own errors (not connected, closed...): mapped here, at the edge
+        raise error_type(f"direct get on stream {stream!r}: {describe(exc)}") from exc
     wire.add_handler(nc, sub, on_wire)
     try:
         seq, n = first, 0
@@ -185,7 +192,10 @@ async def read_batches(
             body: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1), "max_bytes": max_bytes}
             if subject_filter:
                 body["next_by_subj"] = subject_filter
-            await nc.publish(subject, json.dumps(body).encode(), reply=f"{prefix}.{n}")
+            try:
+                await nc.publish(subject, json.dumps(body).encode(), reply=f"{prefix}.{n}")
+            except Exception as exc:  # e.g. OutboundBufferLimitError while reconnecting: the caller retries
+                raise error_type(f"direct get on stream {stream!r}: {describe(exc)}") from exc
             try:
                 await asyncio.wait_for(current.done.wait(), timeout)
             except TimeoutError as exc:
@@ -211,4 +221,5 @@ async def read_batches(
     finally:
         current = None
         wire.remove_handler(nc, sub)
-        await sub.unsubscribe()
+        with contextlib.suppress(Exception):  # the connection may be gone; nothing is left to release then
+            await sub.unsubscribe()

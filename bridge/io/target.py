@@ -20,6 +20,7 @@ from nats.aio.subscription import Subscription
 
 from bridge.core.headers import parse_header_block
 from bridge.core.pipeline import OutboundMessage
+from bridge.errors import TargetUnavailable
 from bridge.io import wire
 from bridge.io.connect import describe
 
@@ -76,10 +77,16 @@ class SourcePublisher:
         self._raw = _has_raw_path(nc)
 
     async def start(self) -> None:
-        """Subscribe the ack inbox (before the first publish)."""
-        self._sub = await self._nc.subscribe(
-            f"{self._inbox}.>", cb=self._handle, pending_msgs_limit=1_000_000, pending_bytes_limit=256 * 1024 * 1024
-        )
+        """Subscribe the ack inbox (before the first publish); raises ``TargetUnavailable`` when it cannot."""
+        try:
+            self._sub = await self._nc.subscribe(
+                f"{self._inbox}.>",
+                cb=self._handle,
+                pending_msgs_limit=1_000_000,
+                pending_bytes_limit=256 * 1024 * 1024,
+            )
+        except Exception as exc:  # nats-py's own errors (closed, outbound buffer full while reconnecting)
+            raise TargetUnavailable(f"cannot subscribe to the publish acks: {describe(exc)}") from exc
         if wire.add_handler(self._nc, self._sub, self._handle_wire):
             wire.add_after_parse(self._nc, self._hand_over)
 
@@ -162,9 +169,14 @@ class SourcePublisher:
         nc: Any = self._nc
         data, failures = self._encode(batch, nc.max_payload)
         if data:
-            await nc._send_command(data)
-            if nc._flush_queue is not None and nc._flush_queue.empty():
-                await nc._flush_pending()
+            try:
+                await nc._send_command(data)
+                if nc._flush_queue is not None and nc._flush_queue.empty():
+                    await nc._flush_pending()
+            except Exception as exc:  # e.g. the outbound buffer is full while reconnecting: the engine retries
+                why = "target not connected" if type(exc).__name__ == "OutboundBufferLimitError" else describe(exc)
+                sent = {(order, attempt) for order, attempt, _ in failures}
+                failures += [(order, attempt, why) for _, order, attempt in batch if (order, attempt) not in sent]
         return failures
 
     def _encode(
