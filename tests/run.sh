@@ -2,9 +2,10 @@
 # Sets up everything from a fresh clone and runs the whole suite: lint, types, the integration tests on
 # nats-server 2.14.0 (the oldest server with ack_policy flow_control), the pull-mode scenarios (marker pullmode) with
 # the origin (leaf) on 2.10.26, 2.11.11 and 2.12.8 in turn (older than 2.14: the bridge reads a pull consumer; the hub
-# stays on 2.15.1), every test on 2.15.1 (the pinned default), then the chaos smoke set (every fault kind once,
-# against real servers; chaos/README.md) with the Spark audit run on each scenario's aggregate and compared with the
-# chaos checker, on 2.15.1, and again with a 2.12.8 origin (pull mode: the fault kinds it cannot have are skipped).
+# stays on 2.15.1), every test on 2.15.1 (the pinned default), the chaos smoke set (every fault kind once, against
+# real servers; chaos/README.md) with the Spark audit run on each scenario's aggregate and compared with the chaos
+# checker, on 2.15.1, and again with a 2.12.8 origin (pull mode: the fault kinds it cannot have are skipped), and the
+# bench's smoke set (bench/README.md).
 # Needs only Python >= 3.11, Java >= 17 (for the Spark audit tests) and access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,24 +32,57 @@ done
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
-echo "== integration tests on nats-server 2.14.0 =="
-# (the Spark tests read the hub's aggregate through the reader and sink, which do not depend on the origin's server
-# version: they run once, below, on 2.15.1)
-NATS_SERVER_BIN="$PWD/$old/bin/nats-server" .venv/bin/python -m pytest -q -m "integration and not spark" -p no:cacheprovider
-for v in $pull_versions; do
-    echo "== pull-mode tests with a nats-server $v origin =="
-    # pull mode's own fault scenarios (pullfaults) run against the newest old origin only: they test the engine's
-    # repairs, which do not differ between these versions, and CI time is bounded
-    marks="pullmode"
-    [ "$v" = "2.12.8" ] || marks="pullmode and not pullfaults"
-    NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-$v/bin/nats-server" .venv/bin/python -m pytest -q -m "$marks" \
+# Two lanes run side by side (most of the suite waits on servers, not on the CPU): lane A has every test on
+# 2.15.1 and both chaos smoke sets, lane B the older servers and the bench's smoke set. Each lane's output goes to a
+# log of its own; lane B's is printed when both are done. Every test starts its own servers on ports nobody else
+# holds, so the lanes do not meet.
+mkdir -p .cache
+
+lane_a() {
+    echo "== all tests on nats-server 2.15.1 =="
+    .venv/bin/python -m pytest -q -p no:cacheprovider
+    echo "== chaos smoke set on nats-server 2.15.1, each aggregate then audited (nats-bridge audit must agree) =="
+    .venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke
+    echo "== chaos smoke set with a nats-server 2.12.8 origin (pull mode) =="
+    # (no Spark audit here: the aggregate it reads is the same in both modes, and the run above audits it)
+    .venv/bin/python -m chaos run --smoke --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
+        --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke-pull
+}
+
+lane_b() {
+    echo "== integration tests on nats-server 2.14.0 =="
+    # (the Spark tests read the hub's aggregate through the reader and sink, which do not depend on the origin's
+    # server version: they run once, in lane A, on 2.15.1)
+    NATS_SERVER_BIN="$PWD/$old/bin/nats-server" .venv/bin/python -m pytest -q -m "integration and not spark" \
         -p no:cacheprovider
-done
-echo "== all tests on nats-server 2.15.1 =="
-.venv/bin/python -m pytest -q -p no:cacheprovider
-echo "== chaos smoke set on nats-server 2.15.1, each aggregate then audited (nats-bridge audit must agree) =="
-.venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke
-echo "== chaos smoke set with a nats-server 2.12.8 origin (pull mode) =="
-# (no Spark audit here: the aggregate it reads is the same in both modes, and the run above audits it)
-.venv/bin/python -m chaos run --smoke --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
-    --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke-pull
+    for v in $pull_versions; do
+        echo "== pull-mode tests with a nats-server $v origin =="
+        # pull mode's own fault scenarios (pullfaults) run against the newest old origin only: they test the
+        # engine's repairs, which do not differ between these versions, and CI time is bounded
+        marks="pullmode"
+        [ "$v" = "2.12.8" ] || marks="pullmode and not pullfaults"
+        NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-$v/bin/nats-server" .venv/bin/python -m pytest -q \
+            -m "$marks" -p no:cacheprovider
+    done
+    echo "== the bench's smoke set (every measurement of each bench command, tiny; nothing recorded) =="
+    .venv/bin/python -m bench run --quick --no-record --out .cache/bench-smoke
+    .venv/bin/python -m bench wan --quick --out .cache/bench-smoke
+    .venv/bin/python -m bench fanin --quick --out .cache/bench-smoke/fanin.json
+    .venv/bin/python -m bench recovery --quick --out .cache/bench-smoke/recovery.json
+    .venv/bin/python -m bench profile --profiler none --messages 20000 --out .cache/bench-smoke
+}
+
+started=$SECONDS
+# (each lane is a background job: a subshell tested with || would run with errexit ignored, going on after a failure)
+( set -e; lane_b ) > .cache/lane-b.log 2>&1 &
+lane_b_pid=$!
+( set -e; lane_a ) &
+lane_a_pid=$!
+status_a=0
+wait "$lane_a_pid" || status_a=$?
+status_b=0
+wait "$lane_b_pid" || status_b=$?
+echo "== lane B (older servers, bench smoke set): its log, .cache/lane-b.log =="
+cat .cache/lane-b.log
+echo "== lane A exit $status_a, lane B exit $status_b; $(( (SECONDS - started) / 60 )) min for both =="
+[ "$status_a" -eq 0 ] && [ "$status_b" -eq 0 ]
