@@ -27,6 +27,7 @@ from bridge.core.fleet import LEASE_PREFIX, PRESENCE_PREFIX, Holder, Member, Vie
 from bridge.errors import ApiError, ApiTimeout, ApiUnavailable, BridgeError
 from bridge.io import wire
 from bridge.io.connect import describe
+from bridge.io.directget import read_batches
 from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi, request_json
 
 WRONG_LAST_SEQUENCE = 10071
@@ -166,7 +167,34 @@ class KvBucket:
         return KvEntry(key, int(headers.get("Nats-Sequence", "0")), msg.data, operation in ("DEL", "PURGE"))
 
     async def read_all(self, timeout: float) -> list[KvEntry]:
-        """The last message of every key in the bucket (delete markers included)."""
+        """The last message of every key in the bucket (delete markers included).
+
+        One multi_last Direct Get while the bucket has at most ``MULTI_LAST_LIMIT`` keys; above that the server
+        refuses it (413) and the bucket is read whole, in batches (it keeps only the last value of each key)."""
+        try:
+            return await self._read_last_per_key(timeout)
+        except _TooManyKeys:
+            return await self._read_whole(timeout)
+
+    async def _read_whole(self, timeout: float) -> list[KvEntry]:
+        try:
+            state = (await self.api.stream_info(self.stream, timeout=timeout)).get("state", {})
+        except (ApiError, ApiTimeout) as exc:
+            raise ApiUnavailable(f"reading KV bucket {self.bucket!r}: {exc}") from exc
+        first, last = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
+        latest: dict[str, KvEntry] = {}
+        if not state.get("messages") or last < first:
+            return []
+        async for batch in read_batches(
+            self.nc, self.api.prefix, self.stream, first, last, error_type=ApiUnavailable, timeout=timeout
+        ):
+            for message in batch:
+                key = message.subject[len(self.prefix) :]
+                operation = message.headers.get(OPERATION, "")
+                latest[key] = KvEntry(key, message.seq, message.payload, operation in ("DEL", "PURGE"))
+        return list(latest.values())
+
+    async def _read_last_per_key(self, timeout: float) -> list[KvEntry]:
         subject = f"{self.api.prefix}.DIRECT.GET.{self.stream}"
         inbox = self.nc.new_inbox()
         entries: list[KvEntry] = []
@@ -204,6 +232,8 @@ class KvBucket:
                 raise ApiTimeout(f"no end of batch to {subject} within {timeout:g}s") from exc
             except Exception as exc:
                 raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+            if error and error[0].startswith("status 413"):
+                raise _TooManyKeys(error[0])
             if error:
                 raise ApiUnavailable(f"reading KV bucket {self.bucket!r}: {error[0]}")
             return entries
@@ -211,6 +241,10 @@ class KvBucket:
             wire.remove_handler(self.nc, sub)
             with contextlib.suppress(Exception):  # the connection is gone; so is the subscription
                 await sub.unsubscribe()
+
+
+class _TooManyKeys(Exception):
+    """The server refused a multi_last read: more keys than it answers at once."""
 
 
 def parse_view(entries: list[KvEntry]) -> View:
