@@ -35,7 +35,8 @@ from bridge.observe.http import HttpServer, ListenError, Response, json_response
 from bridge.observe.metrics import BridgeSnapshot, FleetSnapshot, Metrics
 from bridge.observe.systemd import Notifier, watchdog_loop
 from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
-from bridge.runtime.source import SourceRunner
+from bridge.runtime.source import TICK, SourceRunner
+from bridge.runtime.ticker import Ticker
 from bridge.runtime.waits import WaitLog
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class Bridge:
         self.metrics.read_from(self.snapshot)
         self.http_port: int | None = None  # bound port of the HTTP listener, once it listens
         self.log = get_logger(component="bridge")
+        self._ticker = Ticker(TICK)  # every source's clock, one task
         self._target_nc: NATS | None = None
         self._side: TargetSide | None = None
         self._tasks: dict[str, _SourceTask] = {}
@@ -126,6 +128,7 @@ class Bridge:
             tg.start_soon(watchdog_loop, self.notifier, self._loop_healthy)
             tg.start_soon(self._report_ready)
             tg.start_soon(self._announce_stopping)
+            tg.start_soon(self._ticker.run)
             if server is not None:
                 tg.start_soon(self._serve_http, server)
             nc = await self._connect_target()
@@ -248,6 +251,7 @@ class Bridge:
             stalled_after=self.config.http.stalled_after,
             fence=fence,
             on_config_error=self._config_error,
+            ticker=self._ticker,
         )
         task = _SourceTask(runner)
         self._tasks[source.name] = task

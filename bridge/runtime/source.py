@@ -8,7 +8,8 @@ Task ownership (all inside the runner's task group, cancelled together when the 
 * the origin's subscription hands deliveries to the engine (synchronously, from the wire parser; it never awaits
   I/O, it only queues effects);
 * the publisher's ack callback feeds publish outcomes;
-* ``_ticker`` feeds the clock every ``TICK`` seconds (timeouts, retries, silence, due resets, probes, stalls);
+* ``_ticker`` feeds the clock every ``TICK`` seconds (timeouts, retries, silence, due resets, probes, stalls): the
+  process's one ``Ticker`` when the app passes it (one task for every source), else a task of the runner's own;
 * ``_executor`` performs effects, in the order the engine produced them, so publishes reach the target in
   origin order. One shortcut: once the wire parser has handed over everything a read brought, ``_write_ready``
   writes the publishes at the head of the queue itself if the executor is idle (same order, one write per burst,
@@ -64,6 +65,7 @@ from bridge.io.target import AckOutcome
 from bridge.logs import Throttle, get_logger
 from bridge.observe.metrics import SourceObservers, SourceSnapshot
 from bridge.runtime.ports import OriginPort, OriginStream, PublisherPort, TargetPort
+from bridge.runtime.ticker import Ticker
 from bridge.runtime.waits import WaitLog
 
 TICK = 0.1
@@ -112,9 +114,11 @@ class SourceRunner:
         fence: Callable[[], bool] | None = None,
         origin: OriginPort | None = None,
         on_config_error: Callable[[str], None] | None = None,
+        ticker: Ticker | None = None,
     ):
         self.source = source
         self.engine_cfg = engine
+        self._shared_ticker = ticker  # the process's one clock; None: a ticker task of this runner's own
         self.target = target
         self.origin: OriginPort = origin if origin is not None else OriginClient(source, engine.reset_timeout)
         self.clock = clock
@@ -150,6 +154,13 @@ class SourceRunner:
 
     async def run(self, stop: anyio.Event) -> None:
         """Connect, bind the consumer, recover, replicate; on ``stop`` drain and return."""
+        try:
+            await self._run(stop)
+        finally:
+            if self._shared_ticker is not None:  # however it ended: a runner that is gone is not ticked
+                self._shared_ticker.discard(self._tick)
+
+    async def _run(self, stop: anyio.Event) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._watch_stop, stop, tg)
@@ -163,7 +174,10 @@ class SourceRunner:
                 await self._close()
                 return
             tg.start_soon(self._executor)
-            tg.start_soon(self._ticker)
+            if self._shared_ticker is None:
+                tg.start_soon(self._ticker)
+            else:
+                self._shared_ticker.add(self._tick)
         await self._close()
 
     def may_act(self) -> bool:
@@ -510,8 +524,12 @@ class SourceRunner:
     async def _ticker(self) -> None:
         while True:
             await anyio.sleep(TICK)
-            self._emit(self.engine.tick(self.clock()))
-            self._changed.set()
+            self._tick()
+
+    def _tick(self) -> None:
+        """Feed the engine the time (every ``TICK`` seconds, from this runner's ticker or the process's)."""
+        self._emit(self.engine.tick(self.clock()))
+        self._changed.set()
 
     # -- effects --------------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from bridge.core.engine import Phase
 from bridge.core.modes import Mode
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
 from bridge.runtime.source import SourceRunner
+from bridge.runtime.ticker import Ticker
 from bridge.testing.fakes import FakeOrigin, FakeTarget
 
 pytestmark = pytest.mark.anyio
@@ -45,10 +46,22 @@ async def until(condition: Callable[[], bool], what: str) -> None:
 
 @asynccontextmanager
 async def running(
-    origin: FakeOrigin, target: FakeTarget, *, fence: Callable[[], bool] | None = None, clock: Clock | None = None
+    origin: FakeOrigin,
+    target: FakeTarget,
+    *,
+    fence: Callable[[], bool] | None = None,
+    clock: Clock | None = None,
+    ticker: Ticker | None = None,
 ) -> AsyncIterator[tuple[SourceRunner, anyio.Event]]:
     runner = SourceRunner(
-        SOURCE, ENGINE, target, clock or Clock(), stalled_after=HttpConfig().stalled_after, origin=origin, fence=fence
+        SOURCE,
+        ENGINE,
+        target,
+        clock or Clock(),
+        stalled_after=HttpConfig().stalled_after,
+        origin=origin,
+        fence=fence,
+        ticker=ticker,
     )
     stop = anyio.Event()
     with anyio.fail_after(3 * DEADLINE):
@@ -245,3 +258,22 @@ async def test_flow_control_forced_on_an_old_origin_is_a_configuration_error() -
             stop.set()
     assert problems[0].startswith('sources[edge1].mode: mode = "flow_control" needs nats-server 2.14.0 or later')
     assert "bind" not in origin.ops  # nothing was created on the origin
+
+
+async def test_on_the_process_clock_the_runner_is_ticked_while_it_runs_and_dropped_after() -> None:
+    """With the app's shared ``Ticker`` the runner starts no ticker of its own; time still reaches the engine (a
+    blocked publish is retried on the shared clock), and the runner leaves the ticker when it ends."""
+    origin, target, clock, ticker = FakeOrigin(), FakeTarget(reject="no space"), Clock(), Ticker(0.02)
+    origin.publish(1)
+    async with anyio.create_task_group() as clocks:
+        clocks.start_soon(ticker.run)
+        async with running(origin, target, clock=clock, ticker=ticker) as (runner, _):
+            await until(runner.ready.is_set, "the start reset is done")
+            assert len(ticker) == 1
+            origin.deliver()
+            await until(lambda: runner.engine.pipeline.degraded, "the publish was refused")
+            target.reject = ""
+            clock.offset += 60.0  # past any retry backoff: only a tick can notice
+            await until(lambda: target.seqs("edge1") == [1], "retried on the shared clock, then stored")
+        assert len(ticker) == 0
+        clocks.cancel_scope.cancel()
