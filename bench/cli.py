@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import audit, fanin, profile, publish_modes, recovery, report, stream, wan
+from bench.common import REPO_ROOT, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, MODES, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
 from bench.procs import git_revision, machine
@@ -31,7 +31,6 @@ from bridge.testing.servers import (
     server_version,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SIZES = (256, 1024, 16384)
 # Enough messages that every run lasts seconds at native speed (~100k msg/s at 256 B on 2 CPUs), so the
 # store-time resolution (microseconds) and start-up noise are negligible; about 50-330 MB of payload each.
@@ -51,46 +50,11 @@ def default_messages(size: int, quick: bool) -> int:
     return table[1024] if size <= 4096 else table[16384]
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """``256,1024,16384`` (also ``1KiB``, ``16k``) -> sizes in bytes."""
-    out = []
-    for item in text.split(","):
-        item = item.strip().lower()
-        if not item:
-            continue
-        factor = 1
-        for suffix in ("kib", "kb", "k"):
-            if item.endswith(suffix):
-                item, factor = item[: -len(suffix)], 1024
-                break
-        value = int(item.rstrip("b")) * factor
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"message size must be >= 1 byte, got {value}")
-        out.append(value)
-    if not out:
-        raise argparse.ArgumentTypeError("no message sizes")
-    return tuple(out)
-
-
 def parse_retentions(text: str) -> tuple[str, ...]:
     out = tuple(item.strip().lower() for item in text.split(",") if item.strip())
     bad = [r for r in out if r not in RETENTIONS]
     if bad or not out:
         raise argparse.ArgumentTypeError(f"retention must be among {', '.join(RETENTIONS)}; got {text!r}")
-    return out
-
-
-def parse_messages(text: str) -> dict[int, int] | int:
-    """``100000`` (every size) or ``256=200000,1024=100000``."""
-    if "=" not in text:
-        value = int(text)
-        if value < 1:
-            raise argparse.ArgumentTypeError("--messages must be >= 1")
-        return value
-    out: dict[int, int] = {}
-    for item in text.split(","):
-        size, _, count = item.partition("=")
-        out[parse_sizes(size)[0]] = int(count)
     return out
 
 
@@ -164,20 +128,6 @@ def _parser() -> argparse.ArgumentParser:
     recovery.parser(sub)
     profile.parser(sub)
     return parser
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return ""
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
 
 
 def _describe(r: ThroughputRun | LatencyRun) -> str:
@@ -255,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     info = machine()
-    info["loadavg_start"] = _loadavg()
+    info["loadavg_start"] = loadavg()
     results = BenchResults(
         started=started.isoformat(timespec="seconds"),
         command=command,
@@ -349,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     results.finished = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    results.machine["loadavg_end"] = _loadavg()
+    results.machine["loadavg_end"] = loadavg()
     end = git_revision(REPO_ROOT)
     results.revision["at_end"] = end
     if end["bridge_sha256"] != results.revision["bridge_sha256"]:
@@ -376,24 +326,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     document["summary"] = [s.as_dict() for s in summaries]
     document["targets"] = [{"target": n, "measured": m, "met": met} for n, m, met in items]
     json_path.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"\nJSON  {_rel(json_path)}")
+    print(f"\nJSON  {rel(json_path)}")
     png_path: Path | None = out / f"{stamp}.png"
     try:
         assert png_path is not None
         report.write_chart(results, summaries, png_path)
-        print(f"chart {_rel(png_path)}")
+        print(f"chart {rel(png_path)}")
     except ImportError as exc:
         png_path = None
         print(f"chart skipped: {exc}", file=sys.stderr)
     if args.no_record or (quick and not args.record):
-        print(f"not appended to {_rel(args.results_md)} ({'--quick' if quick else '--no-record'})")
+        print(f"not appended to {rel(args.results_md)} ({'--quick' if quick else '--no-record'})")
     else:
         section = report.markdown_section(
-            results, summaries, _rel(json_path), _rel(png_path) if png_path is not None else None
+            results, summaries, rel(json_path), rel(png_path) if png_path is not None else None
         )
         with args.results_md.open("a", encoding="utf-8") as f:
             f.write("\n" + section)
-        print(f"appended to {_rel(args.results_md)}")
+        print(f"appended to {rel(args.results_md)}")
     failures = results.failures
     if failures:
         print(f"\n{len(failures)} measurement(s) failed:", file=sys.stderr)

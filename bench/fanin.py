@@ -50,6 +50,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from bench import natsops as ops
+from bench.common import REPO_ROOT, loadavg, rel
 from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes, rss_bytes
 from bench.stats import ack_info, median, parse_rfc3339_ns, percentile
 from bridge.testing.http import get
@@ -62,8 +63,6 @@ from bridge.testing.servers import (
     server_version,
     start_topology,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # The issue's target 3, reported next to each figure (never asserted).
 TARGET_P99_MS = 250.0
@@ -726,13 +725,6 @@ class Settings:
     max_ack_pending: int | None = None  # None: the bridge's default
 
 
-def _loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return ""
-
-
 def _sockets(pid: int) -> int:
     count = 0
     for entry in Path(f"/proc/{pid}/fd").iterdir():
@@ -819,7 +811,7 @@ class _Trial:
     def execute(self) -> None:
         """Start the servers, run the trial, tear everything down; failures land in ``run.error``."""
         run = self.run
-        run.loadavg = _loadavg()
+        run.loadavg = loadavg()
         try:
             self.topology = start_topology(
                 self.directory / "servers", binary=self.settings.binary, max_file_store=MAX_FILE_STORE
@@ -1459,13 +1451,6 @@ def parser(sub: Any) -> None:
     p.add_argument("--keep", action="store_true", help="keep every trial's directory (servers' and bridge's files)")
 
 
-def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the measurement; returns the exit code."""
     quick: bool = args.quick
@@ -1491,7 +1476,7 @@ def run(args: argparse.Namespace) -> int:
     argv = sys.argv[sys.argv.index("fanin") :] if "fanin" in sys.argv else ["fanin"]
     command = "python -m bench " + " ".join(shlex.quote(a) for a in argv)
     info = machine()
-    info["loadavg_start"] = _loadavg()
+    info["loadavg_start"] = loadavg()
     revision = git_revision(REPO_ROOT)
     workdir = Path(tempfile.mkdtemp(prefix="nats-bridge-fanin-"))
     settings = Settings(
@@ -1555,7 +1540,7 @@ def run(args: argparse.Namespace) -> int:
         md += search_table(search_doc, baseline)
     print("\nmarkdown for bench/RESULTS.md:\n")
     print(md)
-    info["loadavg_end"] = _loadavg()
+    info["loadavg_end"] = loadavg()
     document = {
         "started": started.isoformat(timespec="seconds"),
         "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -1589,7 +1574,7 @@ def run(args: argparse.Namespace) -> int:
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"JSON {_rel(out_path)}")
+    print(f"JSON {rel(out_path)}")
     failures = [r for r in (baseline, main) if r is not None and not r.ok]
     if failures:
         print(f"\n{len(failures)} trial(s) failed:", file=sys.stderr)

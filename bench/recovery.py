@@ -56,6 +56,7 @@ from unittest import mock
 from nats.aio.client import Client
 
 from bench import natsops as ops
+from bench.common import loadavg, rel
 from bench.procs import cpu_seconds, git_revision, machine
 from bench.runner import SOURCE, bridge_config
 from bench.stats import median, parse_rfc3339_ns
@@ -905,19 +906,6 @@ def parser(sub: Any) -> None:
     p.add_argument("--keep", action="store_true", help="keep every measurement's server and bridge files")
 
 
-def _rel(path: Path) -> str:
-    with contextlib.suppress(ValueError):
-        return str(path.resolve().relative_to(REPO_ROOT))
-    return str(path)
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return ""
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the measurement; returns the exit code."""
     quick: bool = args.quick
@@ -936,7 +924,7 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out or REPO_ROOT / "bench" / "results" / f"recovery-{started.strftime('%Y%m%d-%H%M%S')}.json"
     command = command_line(args)
     info = machine()
-    info["loadavg_start"] = _loadavg()
+    info["loadavg_start"] = loadavg()
     revision = git_revision(REPO_ROOT)
     workdir = Path(tempfile.mkdtemp(prefix="nats-bridge-bench-recovery-"))
     startup_reps = 0 if args.no_startup else reps
@@ -987,7 +975,7 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     rows = summarize(startup_runs, variant_runs)
-    info["loadavg_end"] = _loadavg()
+    info["loadavg_end"] = loadavg()
     print()
     print(format_table(rows))
     print()
@@ -1028,9 +1016,9 @@ def run(args: argparse.Namespace) -> int:
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"\nJSON  {_rel(out)}")
+    print(f"\nJSON  {rel(out)}")
     print("\nFor bench/RESULTS.md:\n")
-    print(markdown_section(document, rows, startup_runs, probe, variant_runs, _rel(out)))
+    print(markdown_section(document, rows, startup_runs, probe, variant_runs, rel(out)))
     failures = [s.error for s in startup_runs if not s.ok] + [v.error for v in variant_runs if not v.ok]
     if failures:
         print(f"\n{len(failures)} measurement(s) failed:", file=sys.stderr)

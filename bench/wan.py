@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 
 from bench import natsops as ops
+from bench.common import REPO_ROOT, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, BRIDGE_POSITIONS, MB, MODES, NATIVE, ThroughputRun
 from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes
 from bench.report import size_label
@@ -60,7 +61,6 @@ from bridge.testing.processes import BridgeProcess
 from bridge.testing.servers import NatsServer, ServerStartError, Topology, find_nats_server, free_ports, server_version
 from chaos.proxy import FaultProxy
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DIRECT = "direct"  # the RTT point without any proxy: the leaf solicits the hub itself
 DEFAULT_RTTS = "direct,0,20,50"
 QUICK_RTTS = "0,20"
@@ -125,49 +125,6 @@ def parse_rtts(text: str) -> tuple[RttPoint, ...]:
     if not out:
         raise argparse.ArgumentTypeError("no RTTs")
     return tuple(out)
-
-
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """``256,16384`` (also ``16k``, ``16KiB``) -> payload sizes in bytes."""
-    out: list[int] = []
-    for item in text.split(","):
-        item = item.strip().lower()
-        if not item:
-            continue
-        factor = 1
-        for suffix in ("kib", "kb", "k"):
-            if item.endswith(suffix):
-                item, factor = item[: -len(suffix)], 1024
-                break
-        try:
-            value = int(item.rstrip("b")) * factor
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a size: {item!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"message size must be >= 1 byte, got {value}")
-        out.append(value)
-    if not out:
-        raise argparse.ArgumentTypeError("no message sizes")
-    return tuple(dict.fromkeys(out))
-
-
-def parse_messages(text: str) -> dict[int, int] | int:
-    """``100000`` (every size) or ``256=100000,16384=20000``."""
-    try:
-        if "=" not in text:
-            value = int(text)
-            if value < 1:
-                raise argparse.ArgumentTypeError("--messages must be >= 1")
-            return value
-        out: dict[int, int] = {}
-        for item in text.split(","):
-            size, _, count = item.partition("=")
-            out[parse_sizes(size)[0]] = int(count)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--messages: N or SIZE=N,..., not {text!r}") from None
-    if any(v < 1 for v in out.values()):
-        raise argparse.ArgumentTypeError("--messages must be >= 1")
-    return out
 
 
 def default_messages(size: int, quick: bool) -> int:
@@ -914,20 +871,6 @@ def write_chart(summaries: Sequence[PointSummary], path: Path) -> Path:
 # The command
 
 
-def _loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return ""
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
-
-
 def _describe(wan: WanRun) -> str:
     run = wan.run
     link = f"link RTT {wan.measured_rtt_ms:.1f} ms" if wan.measured_rtt_ms is not None else "link RTT -"
@@ -1013,7 +956,7 @@ def run(args: argparse.Namespace) -> int:
     revision = git_revision(REPO_ROOT)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     info = machine()
-    info["loadavg_start"] = _loadavg()
+    info["loadavg_start"] = loadavg()
     total = len(sizes) * len(points) * len(windows) * reps * len(paths)
     print(f"bench wan: {command}", flush=True)
     print(
@@ -1077,7 +1020,7 @@ def run(args: argparse.Namespace) -> int:
         "started": started.isoformat(timespec="seconds"),
         "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": command,
-        "machine": {**info, "loadavg_end": _loadavg()},
+        "machine": {**info, "loadavg_end": loadavg()},
         "revision": revision,
         "server_version": version,
         "settings": {
@@ -1102,9 +1045,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / f"wan-{stamp}.json"
     json_path.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"\nJSON  {_rel(json_path)}")
+    print(f"\nJSON  {rel(json_path)}")
     try:
-        print(f"chart {_rel(write_chart(summaries, out / f'wan-{stamp}.png'))}")
+        print(f"chart {rel(write_chart(summaries, out / f'wan-{stamp}.png'))}")
     except ImportError as exc:
         print(f"chart skipped: {exc}", file=sys.stderr)
     failures = [w for w in runs if not w.run.ok]
