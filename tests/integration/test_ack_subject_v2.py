@@ -57,6 +57,8 @@ async def test_v2_ack_and_flow_control_subjects(
             config = tmp_path / "bridge.toml"
             config.write_text(
                 f"""
+[http]
+listen = "127.0.0.1:0"  # a port of its own: other test runs may be at work beside this one
 [target]
 servers = ["{topology.hub.url}"]
 stream = "AGG"

@@ -41,6 +41,9 @@ def _config(topology: Topology, tmp_path: Path) -> Path:
 publish_retry_initial = 0.1
 publish_retry_max = 0.5
 
+[http]
+listen = "127.0.0.1:0"  # a port of its own: other test runs may be at work beside this one
+
 [target]
 servers = ["{topology.hub.url}"]
 stream = "AGG"
