@@ -473,20 +473,22 @@ async def test_bridge_killed_mid_stream_the_next_process_reads_the_rest_from_the
     pending until ``ack_wait``. The next process recovers its watermark from the aggregate, and its resync reads
     what the consumer delivered above it from the origin stream at once (``resync.fetching``) instead of waiting
     for the redeliveries; those come after ``ack_wait`` and are acked."""
-    n, window = 5000, 1.0
+    # the live stream (2,000 msg/s) must outlast the first process's start-up on a busy machine: the kill needs
+    # the consumer to deliver while the process is frozen, and a fast bridge keeps nothing unstored otherwise
+    n, live, window = 12_500, 10_000, 1.0
     spec = pull_source(topology, 500)
     config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         await prepare(leaf_nc, hub_nc, duplicate_window=window)
         tap = ack_tap(leaf_nc, hub_nc, spec)
         async with tap.running():
-            backlog = Publisher(leaf_nc, n // 2)
+            backlog = Publisher(leaf_nc, n - live)
             await backlog.run()  # a backlog: the first process has a full window in flight when it dies
             first = bridge_procs(config)
-            publisher = Publisher(leaf_nc, n - n // 2, rate=2000)
+            publisher = Publisher(leaf_nc, live, rate=2000)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(publisher.run)
-                await copies_at_least(hub_nc, n // 5)
+                await copies_at_least(hub_nc, (n - live) // 2)
                 at_kill, delivered_at_kill = await kill_holding_unstored(first, leaf_nc, hub_nc, spec.consumer_name)
                 killed_at = time.monotonic()
                 assert at_kill < n, "not mid-stream: everything was already replicated"
