@@ -135,14 +135,7 @@ class SourcePublisher:
                     message.subject, message.payload, reply=f"{self._inbox}.{order}.{attempt}", headers=message.headers
                 )
             except Exception as exc:  # MaxPayload, not connected, closed, bad header: the engine retries all alike
-                name = type(exc).__name__
-                if name == "MaxPayloadError":
-                    why = f"message of {len(message.payload)} bytes exceeds the target server's max_payload"
-                elif name == "OutboundBufferLimitError":
-                    why = "target not connected"
-                else:
-                    why = describe(exc)
-                failures.append((order, attempt, why))
+                failures.append((order, attempt, _send_failure(exc, len(message.payload))))
         return failures
 
     def write_now(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]] | None:
@@ -174,7 +167,7 @@ class SourcePublisher:
                 if nc._flush_queue is not None and nc._flush_queue.empty():
                     await nc._flush_pending()
             except Exception as exc:  # e.g. the outbound buffer is full while reconnecting: the engine retries
-                why = "target not connected" if type(exc).__name__ == "OutboundBufferLimitError" else describe(exc)
+                why = _send_failure(exc, len(data))
                 sent = {(order, attempt) for order, attempt, _ in failures}
                 failures += [(order, attempt, why) for _, order, attempt in batch if (order, attempt) not in sent]
         return failures
@@ -211,6 +204,16 @@ def encode_publishes(
             % (message.subject.encode(), inbox, order, attempt, size, size + len(payload), block, payload)
         )
     return (commands[0] if len(commands) == 1 else b"".join(commands)), failures
+
+
+def _send_failure(exc: Exception, size: int) -> str:
+    """Why nats-py could not take a publish of ``size`` bytes, said the way the engine reports publish errors."""
+    name = type(exc).__name__
+    if name == "MaxPayloadError":
+        return f"message of {size} bytes exceeds the target server's max_payload"
+    if name == "OutboundBufferLimitError":
+        return "target not connected"
+    return describe(exc)
 
 
 def _has_raw_path(nc: Any) -> bool:
