@@ -5,4 +5,7 @@ their own), ``bridge.io`` the thin nats-py adapters, ``bridge.runtime`` the anyi
 one pipeline per source, ``bridge.commands`` the commands and ``bridge.cli`` the command line that dispatches to them.
 """
 
+from bridge._build import CORE_BUILD
+
 __version__ = "0.1.0"
+__all__ = ["CORE_BUILD", "__version__"]

@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bridge import __version__
+from bridge import CORE_BUILD, __version__
 from bridge.commands import audit as audit_command
 from bridge.commands import ingest as ingest_command
 from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded
@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="nats-bridge",
         description="Replicate NATS JetStream streams from edge servers into an aggregate stream, losing nothing.",
     )
-    parser.add_argument("--version", action="version", version=f"nats-bridge {__version__}")
+    parser.add_argument("--version", action="version", version=f"nats-bridge {__version__} (core {CORE_BUILD})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="replicate every configured source until SIGTERM/SIGINT")

@@ -13,10 +13,11 @@ which carries ``Nats-Pending-Messages``/``Nats-Pending-Bytes`` when the request 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bridge.core.ackreply import AckInfo, parse_ack_subject
+from bridge.core.headers import parse_header_block
 
 STATUS = "Status"
 DESCRIPTION = "Description"
@@ -115,3 +116,12 @@ def classify(subject: str, reply: str, headers: Mapping[str, str] | None, payloa
             )
         return Unrecognised(f"status {status} {headers.get(DESCRIPTION, '')}".strip())
     return Unrecognised(f"no JetStream ack subject (reply {reply!r})")
+
+
+def classify_frames(frames: Sequence[tuple[bytes, bytes, bytes | None, bytes]]) -> list[Inbound]:
+    """Classify what one read of the deliver subject brought, as it came off the wire: ``(subject, reply, header
+    block, payload)`` each, in order."""
+    return [
+        classify(subject.decode(), reply.decode(), parse_header_block(header) if header else None, payload)
+        for subject, reply, header, payload in frames
+    ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -233,10 +233,25 @@ class PublishPipeline:
         """The entry with this order token, while the pipeline still holds it (for metrics; never changes it)."""
         return self._by_order.get(order)
 
-    @property
-    def entries_by_order(self) -> Mapping[int, Entry]:
-        """Every entry the pipeline holds, by order token (read-only use: metrics look up what acks store)."""
-        return self._by_order
+    def storing(self, tokens: Sequence[tuple[int, int]]) -> tuple[int, list[int]]:
+        """What acks with these ``(order, attempt)`` tokens would newly store, for metrics (never changes anything):
+        the payload bytes, and the origin store times (ns) of the messages that carry one. Duplicate acks and
+        markers count nothing."""
+        by_order = self._by_order
+        stored = EntryState.STORED
+        payload_bytes = 0
+        origins: list[int] = []
+        for order, _ in tokens:
+            entry = by_order.get(order)
+            if entry is None or entry.state is stored:
+                continue
+            message = entry.message
+            if message is None:
+                continue
+            payload_bytes += len(message.payload)
+            if message.origin_ns:
+                origins.append(message.origin_ns)
+        return payload_bytes, origins
 
     # -- outcomes -----------------------------------------------------------------------------------------
 

@@ -23,11 +23,12 @@ from nats.aio.client import Client as NATS
 from bridge.core import headers as hdr
 from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy
+from bridge.core.targetwire import AckOutcome
 from bridge.errors import BridgeError, TargetUnavailable
 from bridge.io import wire
 from bridge.io.directget import read_batches
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
-from bridge.io.target import AckOutcome, SourcePublisher
+from bridge.io.target import SourcePublisher
 
 # A publish retried after an ack timeout must still meet its first attempt in the aggregate's duplicate window
 SHORT_WINDOW_ACK_TIMEOUTS = 2

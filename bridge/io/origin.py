@@ -20,7 +20,6 @@ from nats.aio.subscription import Subscription
 from bridge.config import SourceConfig
 from bridge.core import inbound
 from bridge.core.effects import AnswerFlowControl, OriginMessage, Pull, PullAnchor, ResetReply
-from bridge.core.headers import parse_header_block
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
@@ -177,13 +176,7 @@ class OriginClient:
         self._arrived = []
         if self._on_messages is None:
             return
-        classify = inbound.classify
-        self._on_messages(
-            [
-                classify(subject.decode(), reply.decode(), parse_header_block(header) if header else None, payload)
-                for subject, reply, header, payload in arrived
-            ]
-        )
+        self._on_messages(inbound.classify_frames(arrived))
 
     async def _on_msg(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)

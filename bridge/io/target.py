@@ -9,58 +9,19 @@ per message.
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from bridge.core.headers import parse_header_block
+from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import OutboundMessage
+from bridge.core.targetwire import AckOutcome, encode_publishes, parse_pub_acks
 from bridge.errors import TargetUnavailable
 from bridge.io import wire
 from bridge.io.connect import describe
-
-
-@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
-class AckOutcome:
-    """What the target answered to one publish attempt."""
-
-    order: int
-    attempt: int
-    stored: bool
-    duplicate: bool = False
-    error: str = ""
-
-
-def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:
-    """Interpret the reply to one publish (``subject_tail`` is ``<order>.<attempt>``)."""
-    order_s, dot, attempt_s = subject_tail.partition(b".")
-    if not (dot and order_s.isdigit() and attempt_s.isdigit()):
-        return None
-    order, attempt = int(order_s), int(attempt_s)
-    if data.startswith(b'{"stream":') and b'"seq":' in data and b'"error"' not in data and b'"duplicate"' not in data:
-        # the common case, a plain success: no JSON decode on the hot path (anything else takes the full path)
-        return AckOutcome(order, attempt, True)
-    if not data:
-        status = headers.get("Status", "") if headers else ""
-        if status == "503":
-            return AckOutcome(order, attempt, False, error="no responders: the target stream does not exist here")
-        return AckOutcome(order, attempt, False, error=f"empty publish ack (status {status or 'none'})")
-    try:
-        body = json.loads(data)
-    except ValueError:
-        return AckOutcome(order, attempt, False, error=f"undecodable publish ack {data[:80]!r}")
-    err = body.get("error")
-    if err:
-        text = f"{err.get('description', 'error')} (code {err.get('code')}, err_code {err.get('err_code')})"
-        return AckOutcome(order, attempt, False, error=text)
-    if body.get("seq") is None:
-        return AckOutcome(order, attempt, False, error=f"publish ack without seq: {body!r}"[:200])
-    return AckOutcome(order, attempt, True, duplicate=bool(body.get("duplicate")))
 
 
 class SourcePublisher:
@@ -69,7 +30,8 @@ class SourcePublisher:
     def __init__(self, nc: NATS, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> None:
         self._nc = nc
         self._on_outcomes = on_outcomes
-        self._arrived: list[AckOutcome] = []  # acks of the read being parsed, handed over once it is parsed
+        # acks of the read being parsed, (subject, header block, payload), judged and handed over once it is parsed
+        self._arrived: list[tuple[bytes, bytes | None, bytes]] = []
         self._inbox = nc.new_inbox()
         self._inbox_bytes = self._inbox.encode()
         self._prefix_len = len(self._inbox) + 1
@@ -101,23 +63,24 @@ class SourcePublisher:
 
     async def _handle(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
-        outcome = self._outcome(msg.subject.encode(), msg.data, msg.headers)
-        if outcome is not None:
-            self._on_outcomes((outcome,))
+        header = encode_header_block(msg.headers) if msg.headers else None
+        outcomes = self._outcomes([(msg.subject.encode(), header, msg.data)])
+        if outcomes:
+            self._on_outcomes(outcomes)
 
     def _handle_wire(self, subject: bytes, reply: bytes, header: bytes | None, payload: bytes) -> None:
-        outcome = self._outcome(subject, payload, parse_header_block(header) if header is not None else None)
-        if outcome is not None:
-            self._arrived.append(outcome)
+        self._arrived.append((subject, header, payload))
 
-    def _outcome(self, subject: bytes, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:
-        """What the ack on ``subject`` (``<inbox>.<order>.<attempt>``) says (a subclass may judge more)."""
-        return parse_pub_ack(subject[self._prefix_len :], data, headers)
+    def _outcomes(self, frames: Sequence[tuple[bytes, bytes | None, bytes]]) -> list[AckOutcome]:
+        """What the acks of one read say, ``(subject, header block, payload)`` each (a subclass may judge more)."""
+        return parse_pub_acks(frames, self._prefix_len)
 
     def _hand_over(self) -> None:
         if self._arrived:
             arrived, self._arrived = self._arrived, []
-            self._on_outcomes(arrived)
+            outcomes = self._outcomes(arrived)
+            if outcomes:
+                self._on_outcomes(outcomes)
 
     async def publish(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]]:
         """Send ``(message, order, attempt)`` publishes, in order; return ``(order, attempt, why)`` for each one
@@ -180,30 +143,6 @@ class SourcePublisher:
         # headers are valid by construction (they came off the wire or from the validated configuration), and the
         # header block was encoded once, by the engine. A batch becomes one write.
         return encode_publishes(self._inbox_bytes, batch, limit)
-
-
-def encode_publishes(
-    inbox: bytes, batch: Sequence[tuple[OutboundMessage, int, int]], limit: int
-) -> tuple[bytes, list[tuple[int, int, str]]]:
-    """The ``HPUB`` commands of ``(message, order, attempt)`` publishes, replying to ``<inbox>.<order>.<attempt>``,
-    as one write and exactly as nats-py would write each; and ``(order, attempt, why)`` for those larger than
-    ``limit`` (the server's ``max_payload``), which are left out."""
-    failures: list[tuple[int, int, str]] = []
-    commands: list[bytes] = []
-    for message, order, attempt in batch:
-        payload = message.payload
-        if len(payload) > limit:  # nats-py's check (the pipeline has already checked headers + payload)
-            failures.append(
-                (order, attempt, f"message of {len(payload)} bytes exceeds the target server's max_payload")
-            )
-            continue
-        block = message.header_block
-        size = len(block)
-        commands.append(
-            b"HPUB %s %s.%d.%d %d %d\r\n%s%s\r\n"
-            % (message.subject.encode(), inbox, order, attempt, size, size + len(payload), block, payload)
-        )
-    return (commands[0] if len(commands) == 1 else b"".join(commands)), failures
 
 
 def _send_failure(exc: Exception, size: int) -> str:

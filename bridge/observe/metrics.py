@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from bridge import __version__
+from bridge import CORE_BUILD, __version__
 from bridge.core.modes import Mode
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -253,8 +253,8 @@ class _SnapshotCollector(Collector):
         return []  # families depend on the running sources: collected fresh each scrape
 
     def collect(self) -> Iterator[Metric]:
-        info = InfoMetricFamily("nats_bridge_build", "nats-bridge version.")
-        info.add_metric([], {"version": __version__})
+        info = InfoMetricFamily("nats_bridge_build", "nats-bridge version, and whether its core runs compiled.")
+        info.add_metric([], {"version": __version__, "core": CORE_BUILD})
         yield info
         snap = self._metrics.snapshot()
         if snap is None:

@@ -23,6 +23,7 @@ import anyio.abc
 from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
 
+from bridge import CORE_BUILD
 from bridge.core.backoff import Backoff
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
 from bridge.io import wire
@@ -357,7 +358,7 @@ class Bridge:
         if waiting:
             status += f"; waiting for {', '.join(waiting)} (see /readyz)"
         self.notifier.ready(status)
-        self.log.info("bridge.ready", sources=list(self._tasks), waiting=waiting)
+        self.log.info("bridge.ready", sources=list(self._tasks), waiting=waiting, core=CORE_BUILD)
 
     # -- reload -------------------------------------------------------------------------------------------
 

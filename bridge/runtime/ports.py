@@ -16,7 +16,7 @@ from bridge.core.inbound import Inbound
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.pipeline import OutboundMessage, TargetLimits
 from bridge.core.recovery import Copy
-from bridge.io.target import AckOutcome
+from bridge.core.targetwire import AckOutcome
 
 Callback = Callable[[], Awaitable[None]]
 ErrorCallback = Callable[[Exception], Awaitable[None]]

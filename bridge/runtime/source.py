@@ -38,7 +38,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from bridge.config import EngineConfig, SourceConfig
-from bridge.core import inbound
+from bridge.core import inbound, targetwire
 from bridge.core.backoff import Backoff
 from bridge.core.effects import (
     Ack,
@@ -55,13 +55,12 @@ from bridge.core.effects import (
 )
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
 from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode, mode_key
-from bridge.core.pipeline import EntryState, OutboundMessage
 from bridge.core.pull import PullEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
+from bridge.core.targetwire import AckOutcome
 from bridge.errors import ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
 from bridge.io.connect import describe, error_fields
 from bridge.io.origin import OriginClient
-from bridge.io.target import AckOutcome
 from bridge.logs import Throttle, get_logger
 from bridge.observe.metrics import SourceObservers, SourceSnapshot
 from bridge.runtime.ports import OriginPort, OriginStream, PublisherPort, TargetPort
@@ -377,7 +376,7 @@ class SourceRunner:
         if not (self._effects and isinstance(self._effects[0], Publish)) or not self.may_act():
             return
         batch = self._take_publishes()
-        failures = self._publisher.write_now(_sends(batch))
+        failures = self._publisher.write_now(targetwire.publish_sends(batch))
         if failures is None:  # nats-py has unwritten data: these go behind it, through the executor
             self._effects.extendleft(reversed(batch))
             return
@@ -417,7 +416,13 @@ class SourceRunner:
         """The acks one read of the target connection brought, in order."""
         now = self.clock()
         engine = self.engine
-        stored: list[tuple[int, int]] = []
+        stored = targetwire.stored_tokens(outcomes)
+        if stored is not None:  # the common read: every ack says stored
+            self._observe_stored(stored)
+            self._emit(engine.publish_stored_many(stored, now))
+            self._changed.set()
+            return
+        stored = []
         for outcome in outcomes:
             if outcome.stored:
                 stored.append((outcome.order, outcome.attempt))
@@ -435,23 +440,10 @@ class SourceRunner:
 
     def _observe_stored(self, tokens: list[tuple[int, int]]) -> None:
         """Bytes and latency of the messages these acks store (before the engine forgets them)."""
-        entries = self.engine.pipeline.entries_by_order
-        stored = EntryState.STORED
-        newest = self._last_replicated_origin_ns or 0
-        replicated = 0
-        origins: list[int] = []
-        for order, _ in tokens:
-            entry = entries.get(order)
-            if entry is None or entry.state is stored or entry.message is None:
-                continue  # a duplicate ack, or a marker
-            message = entry.message
-            replicated += len(message.payload)
-            if message.origin_ns:
-                origins.append(message.origin_ns)
+        replicated, origins = self.engine.pipeline.storing(tokens)
         self._replicated_bytes += replicated
         if origins:
-            newest = max(newest, max(origins))
-            self._last_replicated_origin_ns = newest
+            self._last_replicated_origin_ns = max(self._last_replicated_origin_ns or 0, max(origins))
             if self.observers is not None:
                 wall_ns = time.time_ns()
                 self.observers.latency.observe_many([max(0.0, (wall_ns - ns) / 1e9) for ns in origins])
@@ -555,7 +547,7 @@ class SourceRunner:
 
     async def _publish(self, batch: list[Publish]) -> None:
         assert self._publisher is not None
-        self._publish_failures(await self._publisher.publish(_sends(batch)))
+        self._publish_failures(await self._publisher.publish(targetwire.publish_sends(batch)))
 
     def _publish_failures(self, failures: list[tuple[int, int, str]]) -> None:
         for order, attempt, error in failures:
@@ -699,13 +691,3 @@ class SourceRunner:
             await self.origin.subscribe(self._receive)
         except OriginUnavailable as exc:  # not connected: the next reset (silence) subscribes again
             self.log.warning("subscribe.failed", error=str(exc))
-
-
-def _sends(batch: list[Publish]) -> list[tuple[OutboundMessage, int, int]]:
-    """What the publisher takes for each Publish effect: the message, its order token and the attempt."""
-    sends = []
-    for publish in batch:
-        message = publish.entry.message
-        assert message is not None  # markers (no message) are never published
-        sends.append((message, publish.entry.order, publish.attempt))
-    return sends

@@ -73,9 +73,10 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 from bridge.config.validators import LiteralSubject, int_between
 from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import OutboundMessage
+from bridge.core.targetwire import AckOutcome
 from bridge.errors import BridgeError
 from bridge.io.connect import describe, open_connection
-from bridge.io.target import AckOutcome, SourcePublisher
+from bridge.io.target import SourcePublisher
 from bridge.spark.options import StreamOptions
 from bridge.spark.read import stream_info
 
@@ -270,7 +271,7 @@ class RowConverter:
 
 
 def check_ack(outcome: AckOutcome, data: bytes, stream: str) -> AckOutcome:
-    """``outcome`` (from :func:`~bridge.io.target.parse_pub_ack`), refused when the ack came from another stream
+    """``outcome`` (from :func:`~bridge.core.targetwire.parse_pub_ack`), refused when the ack came from another stream
     than ``stream``, and with a no-responders reply said the sink's way."""
     if outcome.stored:
         fast = b'{"stream":' + json.dumps(stream).encode() + b","
@@ -294,9 +295,11 @@ class _StreamCheckingPublisher(SourcePublisher):
         super().__init__(nc, on_outcomes)
         self._stream = stream
 
-    def _outcome(self, subject: bytes, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:
-        outcome = super()._outcome(subject, data, headers)
-        return check_ack(outcome, data, self._stream) if outcome is not None else None
+    def _outcomes(self, frames: Sequence[tuple[bytes, bytes | None, bytes]]) -> list[AckOutcome]:
+        judged: list[AckOutcome] = []
+        for frame in frames:  # each ack judged with its own payload
+            judged += [check_ack(outcome, frame[2], self._stream) for outcome in super()._outcomes((frame,))]
+        return judged
 
 
 @dataclass

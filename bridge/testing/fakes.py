@@ -27,9 +27,9 @@ from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, Pu
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy
+from bridge.core.targetwire import AckOutcome
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
 from bridge.io.connect import Callback, ErrorCallback
-from bridge.io.target import AckOutcome
 from bridge.runtime.ports import BoundConsumer, Failures, OriginStream, Sends
 
 

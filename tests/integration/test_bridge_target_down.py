@@ -9,7 +9,7 @@ flow-control answers (``FcTap``), or in pull mode (an origin older than 2.14, ma
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,8 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
-from bridge.io.target import AckOutcome, SourcePublisher
+from bridge.core.targetwire import AckOutcome
+from bridge.io.target import SourcePublisher
 from bridge.testing.configs import AGGREGATE, ORIGIN, TEST_ENGINE, SourceSpec, write_config
 from bridge.testing.inprocess import running_bridge
 from bridge.testing.jetstream import (
@@ -269,18 +270,19 @@ async def test_hub_outage_longer_than_duplicate_window_does_not_duplicate(
     # could find the whole backlog stored by then on a fast machine, with nothing left in flight to withhold
     state = {"routed": 0, "released": False}
     withheld: list[str] = []
-    original = SourcePublisher._outcome
+    original = SourcePublisher._outcomes
 
-    def outcome(
-        self: SourcePublisher, subject: bytes, data: bytes, headers: Mapping[str, str] | None
-    ) -> AckOutcome | None:
-        if not state["released"] and state["routed"] >= 500:
-            withheld.append(subject.decode())  # this ack "died with the connection"
-            return None
-        state["routed"] += 1
-        return original(self, subject, data, headers)
+    def outcomes(self: SourcePublisher, frames: Sequence[tuple[bytes, bytes | None, bytes]]) -> list[AckOutcome]:
+        passed = []
+        for frame in frames:
+            if not state["released"] and state["routed"] >= 500:
+                withheld.append(frame[0].decode())  # this ack "died with the connection"
+                continue
+            state["routed"] += 1
+            passed.append(frame)
+        return original(self, passed)
 
-    monkeypatch.setattr(SourcePublisher, "_outcome", outcome)
+    monkeypatch.setattr(SourcePublisher, "_outcomes", outcomes)
     spec = source(topology, origin_mode)
     config = write_config(tmp_path / "bridge.toml", target_url=hub.url, sources=[spec])
     async with connect(topology.leaf.url) as leaf_nc, connect(hub.url) as hub_nc:

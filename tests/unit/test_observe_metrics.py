@@ -67,7 +67,8 @@ def test_scrape_reads_every_source_snapshot() -> None:
     assert s[("nats_bridge_source_stalled", b)] == 1
     assert s[("nats_bridge_source_stalled", a)] == 0
     assert s[("nats_bridge_target_connected", ())] == 1
-    assert ("nats_bridge_build_info", (("version", __import__("bridge").__version__),)) in s
+    bridge = __import__("bridge")
+    assert ("nats_bridge_build_info", (("core", bridge.CORE_BUILD), ("version", bridge.__version__))) in s
 
 
 def test_the_mode_is_a_state_set_per_source() -> None:

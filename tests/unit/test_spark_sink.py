@@ -16,7 +16,7 @@ from pyspark.sql.types import (
 )
 
 from bridge.core.headers import parse_header_block
-from bridge.io.target import AckOutcome
+from bridge.core.targetwire import AckOutcome
 from bridge.spark.writer import (
     RowConverter,
     SinkError,

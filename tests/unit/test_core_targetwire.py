@@ -1,4 +1,4 @@
-"""``bridge.io.target.parse_pub_ack``: every shape of publish ack, and the no-decode fast path agreeing with JSON."""
+"""``bridge.core.targetwire``: every shape of publish ack, the no-decode fast path agreeing with JSON, and HPUB."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.io.target import AckOutcome, parse_pub_ack
+from bridge.core.targetwire import AckOutcome, parse_pub_ack
 
 
 def reply(data: bytes, headers: dict[str, str] | None = None) -> tuple[bytes, dict[str, str] | None]:
@@ -74,7 +74,7 @@ def test_raw_publish_encodes_exactly_as_nats_py(
 
     from bridge.core.headers import encode_header_block
     from bridge.core.pipeline import OutboundMessage
-    from bridge.io.target import encode_publishes
+    from bridge.core.targetwire import encode_publishes
 
     block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     assert encode_header_block(headers) == block.encode()

@@ -1,0 +1,58 @@
+"""Build step: compile the sans-IO core (``bridge/core``) to C with mypyc, unless told not to.
+
+Everything else about the package is in pyproject.toml. The core decides what happens to every message and is
+strictly typed (``mypy --strict``), which is what mypyc needs: compiled, it costs about a third less CPU per
+message (bench/RESULTS.md). The ``.py`` files stay in the package beside the compiled modules, and ``bridge``
+falls back to them by itself when they are newer than the build or when ``NATS_BRIDGE_PURE_PYTHON=1`` is set at
+run time (``bridge/_build.py``).
+
+``NATS_BRIDGE_PURE_PYTHON=1`` at install time skips the compilation: for a machine without a C compiler. The same
+code runs, only slower.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import setup
+
+PURE = "NATS_BRIDGE_PURE_PYTHON"
+
+
+def compiled_core() -> list[object]:
+    """The extension modules of ``bridge/core`` (none when the pure-Python build is asked for)."""
+    if os.environ.get(PURE, "") not in ("", "0"):
+        return []
+    compiler = os.environ.get("CC", "cc").split()[0]
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    missing = [
+        what
+        for what, present in (
+            (f"a C compiler ({compiler})", shutil.which(compiler) is not None),
+            (f"the Python headers ({headers})", headers.is_file()),
+        )
+        if not present
+    ]
+    if missing:
+        sys.exit(
+            f"nats-bridge compiles its core with mypyc and needs {' and '.join(missing)}: install them "
+            f"(Debian/Ubuntu: apt install gcc python3-dev), or set {PURE}=1 to install the pure-Python build "
+            "(the same code, more CPU per message)"
+        )
+    from mypyc.build import mypycify
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bridge._build import DIGEST_FILE, core_digest
+
+    sources = sorted(str(path) for path in Path("bridge/core").glob("*.py"))
+    modules = list(mypycify(sources, opt_level="3", debug_level="0"))
+    # what these modules are compiled from: bridge/_build.py runs the source instead when it differs
+    Path("bridge", DIGEST_FILE).write_text(core_digest() + "\n")
+    return modules
+
+
+setup(ext_modules=compiled_core())

@@ -1,0 +1,76 @@
+"""The compiled core (setup.py, bridge/_build.py): used only when it was compiled from the sources beside it."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bridge
+import bridge.core.engine
+from bridge import _build
+
+EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+PACKAGE = Path(bridge.__file__).resolve().parent
+COMPILED = any(p.name.endswith(EXTENSIONS) for p in (PACKAGE / "core").iterdir())
+needs_compiled = pytest.mark.skipif(not COMPILED, reason="the core was installed without compiling (pure Python)")
+
+PROBE = "import bridge, bridge.core.engine as e; print(bridge.CORE_BUILD); print(e.__file__)"
+
+
+def _probe(root: Path, **env: str) -> tuple[str, str]:
+    """(CORE_BUILD, the file bridge.core.engine came from) in a fresh interpreter importing ``bridge`` from ``root``."""
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split("\n")
+    return out[0], out[1]
+
+
+def test_the_build_named_is_the_one_imported() -> None:
+    compiled = bridge.core.engine.__file__.endswith(EXTENSIONS)
+    assert (bridge.CORE_BUILD == "compiled") == compiled
+    assert bridge.CORE_BUILD == "compiled" or bridge.CORE_BUILD.startswith("interpreted")
+
+
+def test_the_digest_covers_every_source_file_and_its_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    core = tmp_path / "core"
+    core.mkdir()
+    (core / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(_build, "_CORE_DIR", core)
+    first = _build.core_digest()
+    (core / "a.py").write_text("x = 2\n")
+    assert _build.core_digest() != first
+    (core / "a.py").write_text("x = 1\n")
+    assert _build.core_digest() == first
+    (core / "b.py").write_text("")
+    assert _build.core_digest() != first
+
+
+@needs_compiled
+def test_pure_python_at_run_time_loads_every_core_module_from_source() -> None:
+    build, engine = _probe(PACKAGE.parent, NATS_BRIDGE_PURE_PYTHON="1")
+    assert build == "interpreted (NATS_BRIDGE_PURE_PYTHON)"
+    assert engine == str(PACKAGE / "core" / "engine.py")
+
+
+@needs_compiled
+def test_an_edited_core_runs_its_source_not_the_older_compiled_modules(tmp_path: Path) -> None:
+    # a copy of the installed package with its compiled modules (and mypyc's shared library beside the package)
+    shutil.copytree(PACKAGE, tmp_path / "bridge", ignore=shutil.ignore_patterns("__pycache__"))
+    for shared in PACKAGE.parent.glob("*__mypyc*"):
+        shutil.copy2(shared, tmp_path)
+    assert _probe(tmp_path) == ("compiled", str(next((tmp_path / "bridge" / "core").glob("engine.*.so"))))
+
+    pipeline = tmp_path / "bridge" / "core" / "pipeline.py"
+    pipeline.write_text(pipeline.read_text() + "\n# edited after the build\n")
+    assert _probe(tmp_path) == ("interpreted (stale build)", str(tmp_path / "bridge" / "core" / "engine.py"))
