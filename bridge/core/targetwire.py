@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from bridge.core.frames import Frame
 from bridge.core.headers import parse_header_block
 from bridge.core.pipeline import OutboundMessage, Send
 
@@ -53,11 +54,11 @@ def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] |
     return AckOutcome(order, attempt, True, duplicate=bool(body.get("duplicate")))
 
 
-def parse_pub_acks(frames: Sequence[tuple[bytes, bytes | None, bytes]], prefix_len: int) -> list[AckOutcome]:
-    """What the acks of one read say, in order: ``(subject, header block, payload)`` each, the subject being
-    ``<inbox>.<order>.<attempt>`` with an inbox of ``prefix_len - 1`` bytes (replies that are not acks are left out)."""
+def parse_pub_acks(frames: Sequence[Frame], prefix_len: int) -> list[AckOutcome]:
+    """What the acks of one read say, in order, each subject being ``<inbox>.<order>.<attempt>`` with an inbox of
+    ``prefix_len - 1`` bytes (replies that are not acks are left out)."""
     outcomes: list[AckOutcome] = []
-    for subject, header, payload in frames:
+    for subject, _, header, payload in frames:
         outcome = parse_pub_ack(
             subject[prefix_len:], payload, parse_header_block(header) if header is not None and not payload else None
         )

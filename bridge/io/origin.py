@@ -20,6 +20,7 @@ from nats.aio.subscription import Subscription
 from bridge.config import SourceConfig
 from bridge.core import inbound
 from bridge.core.effects import AnswerFlowControl, OriginMessage, Pull, PullAnchor, ResetReply
+from bridge.core.frames import Frame
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
@@ -45,7 +46,7 @@ class OriginClient:
         self._inbox = ""  # pull mode: the subscribed inbox, the reply subject of every pull request
         self._on_messages: Callable[[Sequence[inbound.Inbound]], None] | None = None
         # raw deliveries of the read being parsed: classified and handed over together once it is parsed
-        self._arrived: list[tuple[bytes, bytes, bytes | None, bytes]] = []
+        self._arrived: list[Frame] = []  # the deliveries of the read being parsed (wire.add_sink)
 
     @property
     def connected(self) -> bool:
@@ -151,7 +152,7 @@ class OriginClient:
         else:
             subject = self.source.deliver_subject
         self._on_messages = on_messages
-        self._arrived = []  # anything of an earlier subscription not handed over yet is not this one's
+        self._arrived.clear()  # anything of an earlier subscription not handed over yet is not this one's
         # generous pending limits: the server never has more than max_ack_pending deliveries outstanding, and a
         # slow-consumer drop would only cost a reset
         limit = max(4 * self.source.max_ack_pending, 65536)
@@ -161,22 +162,20 @@ class OriginClient:
             )
         except Exception as exc:  # not connected: the next reset (silence) subscribes again
             raise OriginUnavailable(f"cannot subscribe to {subject}: {describe(exc)}") from exc
-        wire.add_handler(self._nc, self._sub, self._on_wire)
+        wire.add_sink(self._nc, self._sub, self._arrived)
         if self.mode is Mode.PULL:
             self._inbox = subject
         return True
 
-    def _on_wire(self, subject: bytes, reply: bytes, header: bytes | None, payload: bytes) -> None:
-        self._arrived.append((subject, reply, header, payload))
-
     def _hand_over(self) -> None:
+        # the wire parser appends to this very list (wire.add_sink): taken by copy, then emptied
         arrived = self._arrived
         if not arrived:
             return
-        self._arrived = []
-        if self._on_messages is None:
-            return
-        self._on_messages(inbound.classify_frames(arrived))
+        frames = arrived.copy()
+        arrived.clear()
+        if self._on_messages is not None:
+            self._on_messages(inbound.classify_frames(frames))
 
     async def _on_msg(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
@@ -186,7 +185,7 @@ class OriginClient:
     async def unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
         self._inbox = ""  # no more pull requests until the next subscribe
-        self._arrived = []
+        self._arrived.clear()
         if sub is not None:
             wire.remove_handler(self._nc, sub)
             with contextlib.suppress(Exception):
@@ -194,7 +193,7 @@ class OriginClient:
 
     def detach(self) -> None:
         self._on_messages = None
-        self._arrived = []
+        self._arrived.clear()
         if self._sub is not None:
             wire.remove_handler(self._nc, self._sub)
 

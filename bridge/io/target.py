@@ -16,6 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from bridge.core.frames import Frame
 from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import OutboundMessage
 from bridge.core.targetwire import AckOutcome, encode_publishes, parse_pub_acks
@@ -30,8 +31,7 @@ class SourcePublisher:
     def __init__(self, nc: NATS, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> None:
         self._nc = nc
         self._on_outcomes = on_outcomes
-        # acks of the read being parsed, (subject, header block, payload), judged and handed over once it is parsed
-        self._arrived: list[tuple[bytes, bytes | None, bytes]] = []
+        self._arrived: list[Frame] = []  # the acks of the read being parsed (wire.add_sink)
         self._inbox = nc.new_inbox()
         self._inbox_bytes = self._inbox.encode()
         self._prefix_len = len(self._inbox) + 1
@@ -49,7 +49,7 @@ class SourcePublisher:
             )
         except Exception as exc:  # nats-py's own errors (closed, outbound buffer full while reconnecting)
             raise TargetUnavailable(f"cannot subscribe to the publish acks: {describe(exc)}") from exc
-        if wire.add_handler(self._nc, self._sub, self._handle_wire):
+        if wire.add_sink(self._nc, self._sub, self._arrived):
             wire.add_after_parse(self._nc, self._hand_over)
 
     async def stop(self) -> None:
@@ -64,21 +64,21 @@ class SourcePublisher:
     async def _handle(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
         header = encode_header_block(msg.headers) if msg.headers else None
-        outcomes = self._outcomes([(msg.subject.encode(), header, msg.data)])
+        outcomes = self._outcomes([(msg.subject.encode(), b"", header, msg.data)])
         if outcomes:
             self._on_outcomes(outcomes)
 
-    def _handle_wire(self, subject: bytes, reply: bytes, header: bytes | None, payload: bytes) -> None:
-        self._arrived.append((subject, header, payload))
-
-    def _outcomes(self, frames: Sequence[tuple[bytes, bytes | None, bytes]]) -> list[AckOutcome]:
-        """What the acks of one read say, ``(subject, header block, payload)`` each (a subclass may judge more)."""
+    def _outcomes(self, frames: Sequence[Frame]) -> list[AckOutcome]:
+        """What the acks of one read say, in order (a subclass may judge more)."""
         return parse_pub_acks(frames, self._prefix_len)
 
     def _hand_over(self) -> None:
-        if self._arrived:
-            arrived, self._arrived = self._arrived, []
-            outcomes = self._outcomes(arrived)
+        # the wire parser appends to this very list (wire.add_sink): taken by copy, then emptied
+        arrived = self._arrived
+        if arrived:
+            frames = arrived.copy()
+            arrived.clear()
+            outcomes = self._outcomes(frames)
             if outcomes:
                 self._on_outcomes(outcomes)
 

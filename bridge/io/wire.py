@@ -9,7 +9,9 @@ and none of it buys anything: both callbacks only feed a pure state machine and 
 :class:`WireParser` replaces the connection's protocol parser (``nc._ps``) before the connection is made. It
 parses control lines with ``find``/``split`` instead of regular expressions, and a message for a subscription
 registered with :func:`add_handler` is handed to a plain synchronous function as ``(subject, reply,
-header_block, payload)`` bytes, in wire order, from the read loop itself. Every other message, and every other
+header_block, payload)`` bytes, in wire order, from the read loop itself; one registered with :func:`add_sink`
+(the two hot ones) is appended to a list as such a tuple by the compiled core (``bridge.core.frames``), and its
+owner takes the list once the read is parsed. Every other message, and every other
 protocol line (``PING``, ``PONG``, ``INFO``, ``-ERR``, ``+OK``), goes to nats-py exactly as its own parser would
 send it, so requests, JetStream API calls and reconnects are untouched.
 
@@ -27,11 +29,14 @@ from typing import Any
 from nats.errors import ProtocolError
 from nats.protocol.parser import ERR_RE, INFO_RE, MAX_CONTROL_LINE_SIZE, Parser
 
+from bridge.core.frames import Frame, take_messages
+
 __all__ = [
     "RawHandler",
     "WireParser",
     "add_after_parse",
     "add_handler",
+    "add_sink",
     "install",
     "missing_hooks",
     "remove_after_parse",
@@ -49,6 +54,7 @@ class WireParser(Parser):
 
     def __init__(self, nc: Any) -> None:
         self.handlers: dict[int, RawHandler] = {}
+        self.sinks: dict[int, list[Frame]] = {}
         self.after_parse: list[Callable[[], None]] = []
         super().__init__(nc)
 
@@ -77,9 +83,15 @@ class WireParser(Parser):
         pos = 0
         end_of_data = len(buf)
         handlers = self.handlers
+        sinks = self.sinks
         nc = self.nc
         try:
             while pos < end_of_data:
+                if sinks:
+                    # the hot subscriptions' frames, taken by the compiled core; the rest is parsed below
+                    pos = take_messages(buf, pos, sinks)
+                    if pos >= end_of_data:
+                        break
                 eol = buf.find(_CRLF, pos)
                 if eol < 0:
                     if end_of_data - pos > MAX_CONTROL_LINE_SIZE:
@@ -97,6 +109,8 @@ class WireParser(Parser):
                             reply = args[3] if count == 5 else b""
                             subject, sid, header_size, total = args[1], int(args[2]), 0, int(args[-1])
                         else:
+                            raise ProtocolError
+                        if not 0 <= header_size <= total:  # a header block larger than the whole message
                             raise ProtocolError
                     except ValueError as exc:  # nats-py's read loop only recovers from a ProtocolError
                         raise ProtocolError from exc
@@ -203,6 +217,17 @@ def add_handler(nc: Any, sub: Any, handler: RawHandler) -> bool:
     return True
 
 
+def add_sink(nc: Any, sub: Any, sink: list[Frame]) -> bool:
+    """Append ``sub``'s messages to ``sink`` as :data:`~bridge.core.frames.Frame` tuples from now on, in wire order
+    (its owner takes them in an :func:`add_after_parse` hook); False when ``nc`` has no :class:`WireParser`."""
+    parser = getattr(nc, "_ps", None)
+    sid = getattr(sub, "_id", None)
+    if not isinstance(parser, WireParser) or not isinstance(sid, int):
+        return False
+    parser.sinks[sid] = sink
+    return True
+
+
 def add_after_parse(nc: Any, hook: Callable[[], None]) -> bool:
     """Call ``hook`` each time everything one read brought has been handed over; False without a WireParser."""
     parser = getattr(nc, "_ps", None)
@@ -220,7 +245,8 @@ def remove_after_parse(nc: Any, hook: Callable[[], None]) -> None:
 
 
 def remove_handler(nc: Any, sub: Any) -> None:
-    """Stop handing ``sub``'s messages to a raw handler (before unsubscribing it)."""
+    """Stop handing ``sub``'s messages to a raw handler or sink (before unsubscribing it)."""
     parser = getattr(nc, "_ps", None)
     if isinstance(parser, WireParser):
         parser.handlers.pop(getattr(sub, "_id", None), None)  # type: ignore[arg-type]
+        parser.sinks.pop(getattr(sub, "_id", None), None)  # type: ignore[arg-type]

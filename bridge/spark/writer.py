@@ -71,6 +71,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, Wri
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from bridge.config.validators import LiteralSubject, int_between
+from bridge.core.frames import Frame
 from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import OutboundMessage
 from bridge.core.targetwire import AckOutcome
@@ -295,10 +296,10 @@ class _StreamCheckingPublisher(SourcePublisher):
         super().__init__(nc, on_outcomes)
         self._stream = stream
 
-    def _outcomes(self, frames: Sequence[tuple[bytes, bytes | None, bytes]]) -> list[AckOutcome]:
+    def _outcomes(self, frames: Sequence[Frame]) -> list[AckOutcome]:
         judged: list[AckOutcome] = []
         for frame in frames:  # each ack judged with its own payload
-            judged += [check_ack(outcome, frame[2], self._stream) for outcome in super()._outcomes((frame,))]
+            judged += [check_ack(outcome, frame[3], self._stream) for outcome in super()._outcomes((frame,))]
         return judged
 
 

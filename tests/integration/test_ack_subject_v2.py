@@ -7,6 +7,7 @@ answers to v2 ``$JS.FC`` subjects must ack the origin (a WorkQueue that empties 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,9 @@ import pytest
 from nats.js.api import RetentionPolicy, StreamConfig
 
 from bridge.config import load_config
+from bridge.core import inbound
 from bridge.core.ackreply import parse_ack_subject
-from bridge.io.origin import OriginClient
+from bridge.core.frames import Frame
 from bridge.runtime.app import Bridge
 from bridge.testing.servers import start_topology
 
@@ -30,19 +32,21 @@ async def test_v2_ack_and_flow_control_subjects(
     nats_server_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: dict[str, set[Any]] = {"tokens": set(), "domains": set(), "fc": set()}
-    original = OriginClient._on_wire
+    original = inbound.classify_frames
 
-    def spy(self: OriginClient, subject: bytes, reply_bytes: bytes, header: bytes | None, payload: bytes) -> None:
-        reply = reply_bytes.decode()
-        if reply.startswith("$JS.ACK."):
-            seen["tokens"].add(len(reply.split(".")))
-            info = parse_ack_subject(reply)
-            seen["domains"].add(info.domain if info else "unparsed")
-        elif reply.startswith("$JS.FC."):
-            seen["fc"].add(len(reply.split(".")))
-        original(self, subject, reply_bytes, header, payload)
+    def spy(frames: Sequence[Frame]) -> list[inbound.Inbound]:
+        for _, reply_bytes, _, _ in frames:
+            reply = reply_bytes.decode()
+            if reply.startswith("$JS.ACK."):
+                seen["tokens"].add(len(reply.split(".")))
+                info = parse_ack_subject(reply)
+                seen["domains"].add(info.domain if info else "unparsed")
+            elif reply.startswith("$JS.FC."):
+                seen["fc"].add(len(reply.split(".")))
+        return original(frames)
 
-    monkeypatch.setattr(OriginClient, "_on_wire", spy)
+    # the origin client classifies what each read brought through this function (its own module attribute)
+    monkeypatch.setattr(inbound, "classify_frames", spy)
     with start_topology(
         tmp_path / "servers", binary=nats_server_bin, leaf_extra="feature_flags { js_ack_fc_v2: true }"
     ) as topology:

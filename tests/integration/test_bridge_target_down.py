@@ -17,6 +17,7 @@ import anyio
 import pytest
 from nats.aio.client import Client
 
+from bridge.core.frames import Frame
 from bridge.core.targetwire import AckOutcome
 from bridge.io.target import SourcePublisher
 from bridge.testing.configs import AGGREGATE, ORIGIN, TEST_ENGINE, SourceSpec, write_config
@@ -272,7 +273,7 @@ async def test_hub_outage_longer_than_duplicate_window_does_not_duplicate(
     withheld: list[str] = []
     original = SourcePublisher._outcomes
 
-    def outcomes(self: SourcePublisher, frames: Sequence[tuple[bytes, bytes | None, bytes]]) -> list[AckOutcome]:
+    def outcomes(self: SourcePublisher, frames: Sequence[Frame]) -> list[AckOutcome]:
         passed = []
         for frame in frames:
             if not state["released"] and state["routed"] >= 500:

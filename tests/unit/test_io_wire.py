@@ -15,8 +15,17 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
+from bridge.core.frames import Frame, take_messages
 from bridge.io import wire
-from bridge.io.wire import WireParser, add_after_parse, add_handler, install, remove_after_parse, remove_handler
+from bridge.io.wire import (
+    WireParser,
+    add_after_parse,
+    add_handler,
+    add_sink,
+    install,
+    remove_after_parse,
+    remove_handler,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -158,6 +167,64 @@ async def test_a_message_larger_than_many_reads_is_joined_once() -> None:
     assert client.calls == [("raw1", b"deliver.a", b"$JS.ACK.S.C.1.1.1.1.0", None, big), ("ping",)]
 
 
+def sinked() -> tuple[Recorder, WireParser, dict[int, list[Frame]]]:
+    """Sids 1 and 3 as sinks (the origin's and the publisher's way): lists the compiled core appends frames to."""
+    client = Recorder()
+    parser = install(client)
+    assert isinstance(parser, WireParser)
+    sinks: dict[int, list[Frame]] = {1: [], 3: []}
+    for sid, sink in sinks.items():
+        assert add_sink(client, type("Sub", (), {"_id": sid})(), sink)
+    return client, parser, sinks
+
+
+def split_expected() -> tuple[list[tuple[Any, ...]], dict[int, list[Frame]]]:
+    """:func:`expected` with sids 1 and 3 taken out into their sinks, each in wire order."""
+    others = [c for c in expected() if c[0] not in ("raw1", "raw3")]
+    frames: dict[int, list[Frame]] = {1: [], 3: []}
+    for call in expected():
+        if call[0] in ("raw1", "raw3"):
+            frames[int(call[0][3:])].append(call[1:])
+    return others, frames
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(0, len(STREAM)), max_size=40))
+async def test_sinks_take_the_same_frames_for_any_cutting_of_the_stream(cuts: list[int]) -> None:
+    client, parser, sinks = sinked()
+    await feed(parser, STREAM, cuts)
+    assert (client.calls, sinks) == split_expected()
+
+
+async def test_sinks_byte_by_byte_and_a_message_larger_than_many_reads() -> None:
+    client, parser, sinks = sinked()
+    await feed(parser, STREAM, list(range(len(STREAM))))
+    assert (client.calls, sinks) == split_expected()
+    client, parser, sinks = sinked()
+    big = bytes(range(256)) * 4096  # 1 MiB
+    data = msg("deliver.a", 1, "$JS.ACK.S.C.1.1.1.1.0", big) + b"PING\r\n"
+    await feed(parser, data, list(range(0, len(data), 32768)))
+    assert client.calls == [("ping",)] and sinks[1] == [(b"deliver.a", b"$JS.ACK.S.C.1.1.1.1.0", None, big)]
+
+
+def test_take_messages_stops_at_what_is_not_a_complete_message_of_a_sink() -> None:
+    one = msg("d", 1, "r", b"x")
+    sinks: dict[int, list[Frame]] = {1: []}
+    assert take_messages(one + one, 0, sinks) == 2 * len(one) and sinks[1] == [(b"d", b"r", None, b"x")] * 2
+    for rest in (b"PING\r\n", msg("d", 2, "", b"x"), one[:-1], b"MSG d x 1\r\nx\r\n", b"MSG d 1\r\n", b"M"):
+        sinks = {1: []}
+        assert take_messages(one + rest, 0, sinks) == len(one), rest
+        assert sinks[1] == [(b"d", b"r", None, b"x")]
+
+
+@pytest.mark.parametrize("line", [b"MSG d 1 x\r\nabc\r\n", b"HMSG d 1 9 3\r\nabc\r\n", b"MSG d 1 r 1 2\r\nabc\r\n"])
+async def test_malformed_message_of_a_sink_is_a_protocol_error(line: bytes) -> None:
+    _, parser, sinks = sinked()
+    with pytest.raises(ProtocolError):
+        await parser.parse(line)
+    assert sinks == {1: [], 3: []}
+
+
 async def test_a_failing_handler_is_reported_and_reading_goes_on() -> None:
     client = Recorder()
     parser = install(client)
@@ -187,7 +254,16 @@ async def test_reset_drops_a_partial_message() -> None:
 
 
 @pytest.mark.parametrize(
-    "line", [b"BOGUS\r\n", b"MSG a\r\n", b"HMSG a 1 2 3 4 5 6\r\n", b"MSG a x 3\r\nabc\r\n", b"INFO\r\n", b"INFO {\r\n"]
+    "line",
+    [
+        b"BOGUS\r\n",
+        b"MSG a\r\n",
+        b"HMSG a 1 2 3 4 5 6\r\n",
+        b"MSG a x 3\r\nabc\r\n",
+        b"INFO\r\n",
+        b"INFO {\r\n",
+        b"HMSG a 1 9 3\r\nabc\r\n",
+    ],
 )
 async def test_malformed_input_is_a_protocol_error(line: bytes) -> None:
     _, parser = wired()

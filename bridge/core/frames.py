@@ -1,0 +1,58 @@
+"""The NATS protocol's message frames (``MSG``/``HMSG``), taken off a read's bytes for the hot subscriptions.
+
+A pure function of bytes, in the core so that it is compiled with it (setup.py): every delivery and every publish
+ack passes through it. ``bridge.io.wire`` calls :func:`take_messages` first on each stretch of a read and parses
+whatever it leaves (protocol lines, other subscriptions' messages, an incomplete frame, anything malformed) the
+way nats-py would.
+"""
+
+from __future__ import annotations
+
+Frame = tuple[bytes, bytes, bytes | None, bytes]
+"""``(subject, reply, header block or None, payload)`` of one message, as it came off the wire."""
+
+_MSG = 77  # "M"
+_HMSG = 72  # "H"
+
+
+def take_messages(buf: bytes, pos: int, sinks: dict[int, list[Frame]]) -> int:
+    """Append the complete message frames at ``buf[pos:]`` whose subscription id has a list in ``sinks`` to that
+    list, in order; return the position of the first thing not taken (``len(buf)`` when it took everything).
+
+    It stops at anything else: a protocol line, a message of another subscription, a frame not complete in
+    ``buf``, a malformed control line. What it has taken is exactly what nats-py's parser would have delivered.
+    """
+    end = len(buf)
+    while pos < end:
+        first = buf[pos]
+        if first != _MSG and first != _HMSG:
+            return pos
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return pos
+        args = buf[pos:eol].split()
+        count = len(args)
+        op = args[0]
+        try:
+            if op == b"HMSG" and (count == 6 or count == 5):
+                reply = args[3] if count == 6 else b""
+                header_size = int(args[count - 2])
+            elif op == b"MSG" and (count == 5 or count == 4):
+                reply = args[3] if count == 5 else b""
+                header_size = 0
+            else:
+                return pos
+            sink = sinks.get(int(args[2]))
+            total = int(args[count - 1])
+        except ValueError:
+            return pos  # the caller's parser reports it
+        if sink is None or not 0 <= header_size <= total:
+            return pos
+        start = eol + 2
+        stop = start + total
+        if stop + 2 > end:
+            return pos
+        body = start + header_size
+        sink.append((args[1], reply, buf[start:body] if header_size else None, buf[body:stop]))
+        pos = stop + 2
+    return pos
