@@ -16,15 +16,22 @@ from bridge.core.headers import parse_header_block
 from bridge.core.pipeline import OutboundMessage, Send
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more to build, per message
+@dataclass(slots=True, init=False)  # per message: a written __init__ compiles (mypyc)
 class AckOutcome:
     """What the target answered to one publish attempt."""
 
     order: int
     attempt: int
     stored: bool
-    duplicate: bool = False
-    error: str = ""
+    duplicate: bool
+    error: str
+
+    def __init__(self, order: int, attempt: int, stored: bool, duplicate: bool = False, error: str = "") -> None:
+        self.order = order
+        self.attempt = attempt
+        self.stored = stored
+        self.duplicate = duplicate
+        self.error = error
 
 
 def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:

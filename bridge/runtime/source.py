@@ -405,11 +405,10 @@ class SourceRunner:
         if self.fenced:
             return
         now = self.clock()
-        for message in messages:
-            if type(message) is inbound.FlowControlRequest:
-                if len(self._fc_arrivals) > 16:  # requests superseded or answered while disconnected
-                    self._fc_arrivals.clear()
-                self._fc_arrivals[message.reply] = now
+        for reply in inbound.flow_control_replies(messages):
+            if len(self._fc_arrivals) > 16:  # requests superseded or answered while disconnected
+                self._fc_arrivals.clear()
+            self._fc_arrivals[reply] = now
         self._emit(self.engine.receive_many(messages, now))
 
     def _on_outcomes(self, outcomes: Sequence[AckOutcome]) -> None:
