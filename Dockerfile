@@ -26,13 +26,19 @@ ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# The install compiles bridge/core with mypyc (setup.py): a C compiler here, in the build stage only (the image's
+# Python already has its headers). The final stage copies the venv, not the compiler.
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/nats-bridge
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY bridge ./bridge
 # No extras and no dependency group: [demo] and the dev group bring nats-server and test tools, which production
 # does not need. pip and setuptools go afterwards: nothing installs into the venv at run time.
 RUN /opt/nats-bridge/bin/pip install . \
+    && /opt/nats-bridge/bin/nats-bridge --version | grep -q "core compiled" \
     && /opt/nats-bridge/bin/pip uninstall --yes pip setuptools
 
 FROM ${PYTHON_IMAGE}

@@ -203,6 +203,9 @@ def test_dockerignore_lets_in_what_the_build_copies_and_nothing_else(instruction
     for unwanted in (".git/config", ".venv/bin/python", ".cache/x", "tests/conftest.py", "chaos-results/run/x.json"):
         assert ignored(unwanted, patterns), f"{unwanted} would be sent to the build"
     assert ignored("bridge/__pycache__/config.cpython-311.pyc", patterns)
+    # a local build's compiled core: the image compiles its own
+    assert ignored("bridge/core/engine.cpython-311-x86_64-linux-gnu.so", patterns)
+    assert ignored("bridge/core.sha256", patterns)
 
 
 @pytest.mark.parametrize("example", ["kubernetes-sidecar.yaml", "kubernetes-deployment.yaml"])
