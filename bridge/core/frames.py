@@ -1,12 +1,15 @@
-"""The NATS protocol's message frames (``MSG``/``HMSG``), taken off a read's bytes for the hot subscriptions.
+"""The NATS protocol's message frames (``MSG``/``HMSG``), taken off a read's bytes for the hot subscriptions, and
+the ``PUB`` commands of pull mode's acks.
 
-A pure function of bytes, in the core so that it is compiled with it (setup.py): every delivery and every publish
-ack passes through it. ``bridge.io.wire`` calls :func:`take_messages` first on each stretch of a read and parses
+Pure functions of bytes, in the core so that they are compiled with it (setup.py): every delivery and every publish
+ack passes through :func:`take_messages`. ``bridge.io.wire`` calls it first on each stretch of a read and parses
 whatever it leaves (protocol lines, other subscriptions' messages, an incomplete frame, anything malformed) the
 way nats-py would.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 Frame = tuple[bytes, bytes, bytes | None, bytes]
 """``(subject, reply, header block or None, payload)`` of one message, as it came off the wire."""
@@ -56,3 +59,9 @@ def take_messages(buf: bytes, pos: int, sinks: dict[int, list[Frame]]) -> int:
         sink.append((args[1], reply, buf[start:body] if header_size else None, buf[body:stop]))
         pos = stop + 2
     return pos
+
+
+def encode_acks(replies: Sequence[str]) -> bytes:
+    """The ``PUB`` commands of explicit acks (an empty message to each delivery's ``$JS.ACK`` reply subject), as one
+    write and exactly as nats-py writes each."""
+    return b"".join([b"PUB %s  0\r\n\r\n" % reply.encode() for reply in replies])

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from bridge.config import SourceConfig
-from bridge.core import inbound
+from bridge.core import frames, inbound
 from bridge.core.effects import AnswerFlowControl, OriginMessage, Pull, PullAnchor, ResetReply
 from bridge.core.frames import Frame
 from bridge.core.modes import ConsumerKind, Mode
@@ -234,10 +235,17 @@ class OriginClient:
     async def ack(self, replies: Sequence[str]) -> None:
         nc = self._connection("acks not sent")
         try:
-            # an explicit ack is an empty message to the delivery's $JS.ACK subject; the publishes only queue
-            # them, and nats-py's flusher writes them together
-            for reply in replies:
-                await nc.publish(reply, b"")
+            # an explicit ack is an empty message to the delivery's $JS.ACK subject
+            if nc.is_connected and wire.has_raw_writes(nc):
+                # those of one cover as one command in nats-py's buffer, written by its flusher (the subjects came
+                # off the wire: nothing of nats-py's per-publish validation applies)
+                raw: Any = nc
+                await raw._send_command(frames.encode_acks(replies))
+                if raw._flush_queue is not None and raw._flush_queue.empty():
+                    await raw._flush_pending()
+            else:  # reconnecting: nats-py's publish buffers (or refuses) them
+                for reply in replies:
+                    await nc.publish(reply, b"")
         except Exception as exc:
             raise OriginUnavailable(f"acks not sent: {describe(exc)}") from exc
 

@@ -36,7 +36,7 @@ class SourcePublisher:
         self._inbox_bytes = self._inbox.encode()
         self._prefix_len = len(self._inbox) + 1
         self._sub: Subscription | None = None
-        self._raw = _has_raw_path(nc)
+        self._raw = wire.has_raw_writes(nc)
 
     async def start(self) -> None:
         """Subscribe the ack inbox (before the first publish); raises ``TargetUnavailable`` when it cannot."""
@@ -153,11 +153,3 @@ def _send_failure(exc: Exception, size: int) -> str:
     if name == "OutboundBufferLimitError":
         return "target not connected"
     return describe(exc)
-
-
-def _has_raw_path(nc: Any) -> bool:
-    """Whether this nats-py client has the internals :meth:`SourcePublisher.write_now` writes through."""
-    return all(
-        hasattr(nc, name)
-        for name in ("_send_command", "_flush_queue", "_flush_pending", "_pending", "_transport", "max_payload")
-    )

@@ -37,6 +37,7 @@ __all__ = [
     "add_after_parse",
     "add_handler",
     "add_sink",
+    "has_raw_writes",
     "install",
     "missing_hooks",
     "remove_after_parse",
@@ -196,6 +197,15 @@ def missing_hooks() -> list[str]:
     if "_ps" not in missing and not isinstance(client._ps, Parser):
         missing.append("_ps (a nats.protocol.parser.Parser)")
     return missing
+
+
+def has_raw_writes(nc: Any) -> bool:
+    """Whether this nats-py client has the internals the bridge writes commands through (``_send_command`` into its
+    buffer, ``_transport`` straight to the socket): the publisher's batches and pull mode's acks."""
+    return all(
+        hasattr(nc, name)
+        for name in ("_send_command", "_flush_queue", "_flush_pending", "_pending", "_transport", "max_payload")
+    )
 
 
 def install(nc: Any) -> WireParser | None:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from bridge.core.frames import Frame, take_messages
+from bridge.core.frames import Frame, encode_acks, take_messages
 from bridge.io import wire
 from bridge.io.wire import (
     WireParser,
@@ -315,3 +315,11 @@ def test_missing_hooks_names_what_an_untested_nats_py_lacks(monkeypatch: pytest.
     assert wire.missing_hooks() == []  # the pinned nats-py has every internal the fast path uses
     monkeypatch.delattr(Client, "_process_msg")
     assert wire.missing_hooks() == ["_process_msg"]
+
+
+def test_pull_acks_are_encoded_exactly_as_nats_py_publishes_them() -> None:
+    from nats.protocol.command import pub_cmd
+
+    replies = ["$JS.ACK.S.C.1.1.1.1732590000000000000.0", "$JS.ACK.hub.ABC.S.C.1.2.2.1732590000000000001.5.tok"]
+    assert encode_acks(replies) == b"".join(pub_cmd(reply, "", b"") for reply in replies)
+    assert encode_acks([]) == b""
