@@ -219,9 +219,8 @@ def install(nc: Any) -> WireParser | None:
 
 def add_handler(nc: Any, sub: Any, handler: RawHandler) -> bool:
     """Hand ``sub``'s messages to ``handler`` from now on; False when ``nc`` has no :class:`WireParser`."""
-    parser = getattr(nc, "_ps", None)
-    sid = getattr(sub, "_id", None)
-    if not isinstance(parser, WireParser) or not isinstance(sid, int):
+    parser, sid = _parser_and_sid(nc, sub)
+    if parser is None:
         return False
     parser.handlers[sid] = handler
     return True
@@ -230,12 +229,19 @@ def add_handler(nc: Any, sub: Any, handler: RawHandler) -> bool:
 def add_sink(nc: Any, sub: Any, sink: list[Frame]) -> bool:
     """Append ``sub``'s messages to ``sink`` as :data:`~bridge.core.frames.Frame` tuples from now on, in wire order
     (its owner takes them in an :func:`add_after_parse` hook); False when ``nc`` has no :class:`WireParser`."""
-    parser = getattr(nc, "_ps", None)
-    sid = getattr(sub, "_id", None)
-    if not isinstance(parser, WireParser) or not isinstance(sid, int):
+    parser, sid = _parser_and_sid(nc, sub)
+    if parser is None:
         return False
     parser.sinks[sid] = sink
     return True
+
+
+def _parser_and_sid(nc: Any, sub: Any) -> tuple[WireParser | None, int]:
+    parser = getattr(nc, "_ps", None)
+    sid = getattr(sub, "_id", None)
+    if not isinstance(parser, WireParser) or not isinstance(sid, int):
+        return None, 0
+    return parser, sid
 
 
 def add_after_parse(nc: Any, hook: Callable[[], None]) -> bool:
