@@ -20,7 +20,7 @@ from bench import audit, fanin, profile, publish_modes, recovery, report, stream
 from bench.common import REPO_ROOT, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, MODES, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
-from bench.procs import git_revision, machine
+from bench.procs import git_revision, machine, revision_text
 from bench.runner import Options, bridge_config, latency, throughput
 from bridge.core.modes import Mode
 from bridge.testing.servers import (
@@ -256,8 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not with_native:
         print(f"  native sourcing skipped: the origin's nats-server {origin_version} predates 2.14", flush=True)
     print(
-        f"  commit {results.revision['commit']}{' (bridge/ modified)' if results.revision['bridge_dirty'] else ''}; "
-        f"{total} measurements, each on a fresh hub + leaf under {workdir}",
+        f"  {revision_text(results.revision)}; {total} measurements, each on a fresh hub + leaf under {workdir}",
         flush=True,
     )
     done = 0

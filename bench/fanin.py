@@ -51,7 +51,7 @@ from nats.aio.msg import Msg
 
 from bench import natsops as ops
 from bench.common import REPO_ROOT, loadavg, rel
-from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes, rss_bytes
+from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes, revision_text, rss_bytes
 from bench.stats import ack_info, median, parse_rfc3339_ns, percentile
 from bridge.testing.http import get
 from bridge.testing.processes import BridgeProcess
@@ -1493,7 +1493,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"fanin: {command}", flush=True)
     print(
         f"  {info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, load average {info['loadavg_start']}; "
-        f"commit {revision['commit']}{' (bridge/ modified)' if revision['bridge_dirty'] else ''}; "
+        f"{revision_text(revision)}; "
         f"trials under {workdir}",
         flush=True,
     )
@@ -1527,7 +1527,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_targets(items))
     header = (
         f"### Fan-in, {started.date().isoformat()}: `{command}`\n\n"
-        f"{info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, commit {revision['commit']}, load "
+        f"{info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, {revision_text(revision)}, load "
         f"average at start {info['loadavg_start']} (a shared machine: other work ran meanwhile); "
         f"{args.size} B payloads, the bridge in the sidecar position, defaults otherwise"
         + (" except coordination.enabled = false" if args.no_leases else "")

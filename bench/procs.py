@@ -6,10 +6,12 @@ import hashlib
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from bench.stats import cpu_model, mem_total_bytes, parse_proc_stat_ticks, parse_status_kib
+from bridge.testing.processes import child_env
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -74,7 +76,32 @@ def git_revision(repo: Path) -> dict[str, Any]:
         "commit": git("rev-parse", "--short=12", "HEAD") or "unknown",
         "bridge_dirty": bool(git("status", "--porcelain", "--", "bridge")),
         "bridge_sha256": bridge_digest(repo),
+        "core": bridge_core_build(repo),
     }
+
+
+def bridge_core_build(repo: Path) -> str:
+    """How the bridge processes this bench starts run their core: ``compiled``, or ``interpreted`` and why
+    (``bridge.CORE_BUILD``, asked of an interpreter started as they are)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "import bridge; print(bridge.CORE_BUILD)"],
+            cwd=repo,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
+def revision_text(revision: dict[str, Any]) -> str:
+    """``commit X`` with what else decides what was measured: uncommitted changes, the core's build."""
+    dirty = " (bridge/ modified)" if revision.get("bridge_dirty") else ""
+    return f"commit {revision.get('commit')}{dirty}, core {revision.get('core', 'unknown')}"
 
 
 def bridge_digest(repo: Path) -> str:

@@ -35,8 +35,9 @@ from typing import Any
 from nats.aio.client import Client
 
 from bench import natsops as ops
+from bench.common import REPO_ROOT
 from bench.model import BRIDGE
-from bench.procs import cpu_seconds
+from bench.procs import bridge_core_build, cpu_seconds
 from bench.runner import STALL_SECONDS, Options, _deadline, _measure, _World
 
 PROFILERS = ("cprofile", "py-spy", "none")
@@ -106,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         print(failure[0], file=sys.stderr)
         return 1
     print(
-        f"{args.messages:,} x {args.size} B, mode {args.mode}, profiler {args.profiler}: "
+        f"{args.messages:,} x {args.size} B, mode {args.mode}, core {bridge_core_build(REPO_ROOT)}, "
+        f"profiler {args.profiler}: "
         f"{figures['msgs_per_s']:,.0f} msg/s, bridge CPU {figures['cpu_us_per_msg']:.1f} us/msg "
         f"(of which system {figures['sys_us_per_msg']:.1f})"
     )

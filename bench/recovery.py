@@ -57,7 +57,7 @@ from nats.aio.client import Client
 
 from bench import natsops as ops
 from bench.common import loadavg, rel
-from bench.procs import cpu_seconds, git_revision, machine
+from bench.procs import cpu_seconds, git_revision, machine, revision_text
 from bench.runner import SOURCE, bridge_config
 from bench.stats import median, parse_rfc3339_ns
 from bridge.config.defaults import DEFAULT_PUBLISH_WINDOW
@@ -932,7 +932,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench: {command}", flush=True)
     print(
         f"  {info['nproc']} CPUs ({info['cpu_model']}), load average {info['loadavg_start']}; nats-server {version}; "
-        f"commit {revision['commit']}{' (bridge/ modified)' if revision['bridge_dirty'] else ''}",
+        f"{revision_text(revision)}",
         flush=True,
     )
     print(f"  {total} measurements, each on a fresh hub + leaf under {workdir}", flush=True)
@@ -1074,7 +1074,7 @@ def markdown_section(
     s = document["settings"]
     lines = [
         f"### Start-up and recovery, {str(document['started'])[:16].replace('T', ' ')} UTC, commit {rev['commit']}"
-        f"{dirty}",
+        f"{dirty}, core {rev.get('core', 'unknown')}",
         "",
         f"`{document['command']}` on {m.get('nproc')} CPUs ({m.get('cpu_model')}), nats-server "
         f"{document['server_version']}, load average {m.get('loadavg_start')} at the start and "

@@ -321,7 +321,8 @@ def markdown_section(
     else:
         repetitions = "repetitions of the bridge only (native sourcing needs an origin on nats-server 2.14+)"
     lines = [
-        f"### {results.started[:16].replace('T', ' ')} UTC, commit {rev.get('commit')}{dirty}",
+        f"### {results.started[:16].replace('T', ' ')} UTC, commit {rev.get('commit')}{dirty}, "
+        f"core {rev.get('core', 'unknown')}",
         "",
         f"`{results.command}` on {machine_line(results)}.",
         f"Bridge {mode_label(results)}, in the sidecar position (hub only, leaf reached through its domain, like "

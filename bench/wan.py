@@ -51,7 +51,7 @@ from nats.aio.client import Client
 from bench import natsops as ops
 from bench.common import REPO_ROOT, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, BRIDGE_POSITIONS, MB, MODES, NATIVE, ThroughputRun
-from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes
+from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes, revision_text
 from bench.report import size_label
 from bench.runner import BRIDGE_STOP_TIMEOUT, MAX_FILE_STORE, STALL_SECONDS, bridge_config, bridge_log_summary
 from bench.stats import Spread, median, parse_proc_stat_ticks, spread
@@ -968,9 +968,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if settings:
         print("  bridge settings: " + ", ".join(f"{k} = {v}" for k, v in settings.items()), flush=True)
-    dirty = " (bridge/ modified)" if revision["bridge_dirty"] else ""
     print(
-        f"  commit {revision['commit']}{dirty}; {total} measurements, each on a fresh hub + leaf under {workdir}",
+        f"  {revision_text(revision)}; {total} measurements, each on a fresh hub + leaf under {workdir}",
         flush=True,
     )
     runs: list[WanRun] = []

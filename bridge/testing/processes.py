@@ -27,6 +27,7 @@ from typing import Any
 
 import anyio
 
+from bridge._build import PURE_ENV
 from bridge.testing.http import LOOPBACK, get
 from bridge.testing.polling import wait_until
 
@@ -116,8 +117,10 @@ def _all_threads_stopped(tasks: Path) -> bool:
 
 
 def child_env() -> dict[str, str]:
-    """The environment for a bridge child: ours without any ``NATS_BRIDGE_*`` override, with the repo importable."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("NATS_BRIDGE_")}
+    """The environment for a bridge child: ours without any ``NATS_BRIDGE_*`` configuration override, with the repo
+    importable."""
+    # (NATS_BRIDGE_PURE_PYTHON is no configuration: it chooses the core's build, bridge/_build.py)
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("NATS_BRIDGE_") or k == PURE_ENV}
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     return env

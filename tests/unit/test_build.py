@@ -74,3 +74,24 @@ def test_an_edited_core_runs_its_source_not_the_older_compiled_modules(tmp_path:
     pipeline = tmp_path / "bridge" / "core" / "pipeline.py"
     pipeline.write_text(pipeline.read_text() + "\n# edited after the build\n")
     assert _probe(tmp_path) == ("interpreted (stale build)", str(tmp_path / "bridge" / "core" / "engine.py"))
+
+
+def test_bridge_children_keep_the_build_choice_but_no_configuration_override(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bridge.testing.processes import child_env
+
+    monkeypatch.setenv("NATS_BRIDGE_PURE_PYTHON", "1")
+    monkeypatch.setenv("NATS_BRIDGE_TARGET__STREAM", "OTHER")
+    env = child_env()
+    assert env["NATS_BRIDGE_PURE_PYTHON"] == "1"
+    assert "NATS_BRIDGE_TARGET__STREAM" not in env
+
+
+def test_bench_headers_say_which_build_was_measured() -> None:
+    from bench.procs import revision_text
+
+    assert revision_text({"commit": "abc", "bridge_dirty": True, "core": "compiled"}) == (
+        "commit abc (bridge/ modified), core compiled"
+    )
+    assert revision_text({"commit": "abc", "bridge_dirty": False}) == "commit abc, core unknown"
