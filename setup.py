@@ -27,7 +27,8 @@ def compiled_core() -> list[object]:
     """The extension modules of ``bridge/core`` (none when the pure-Python build is asked for)."""
     if os.environ.get(PURE, "") not in ("", "0"):
         return []
-    compiler = os.environ.get("CC", "cc").split()[0]
+    # the compiler setuptools will call: $CC, else the one this Python was built with
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
     missing = [
         what
@@ -39,7 +40,7 @@ def compiled_core() -> list[object]:
     ]
     if missing:
         sys.exit(
-            f"nats-bridge compiles its core with mypyc and needs {' and '.join(missing)}: install them "
+            f"nats-bridge compiles its core with mypyc and needs {' and '.join(missing)}: install what is missing "
             f"(Debian/Ubuntu: apt install gcc python3-dev), or set {PURE}=1 to install the pure-Python build "
             "(the same code, more CPU per message)"
         )

@@ -95,3 +95,24 @@ def test_bench_headers_say_which_build_was_measured() -> None:
         "commit abc (bridge/ modified), core compiled"
     )
     assert revision_text({"commit": "abc", "bridge_dirty": False}) == "commit abc, core unknown"
+
+
+def test_an_install_without_a_compiler_stops_and_names_the_fix(tmp_path: Path) -> None:
+    setup = PACKAGE.parent / "setup.py"
+    if not setup.is_file():
+        pytest.skip("not a source checkout")
+    env = {"PATH": "/usr/bin:/bin", "CC": str(tmp_path / "no-such-cc")}
+    done = subprocess.run(
+        [sys.executable, str(setup), "--name"], cwd=PACKAGE.parent, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "needs a C compiler" in done.stderr and "NATS_BRIDGE_PURE_PYTHON=1" in done.stderr
+    pure = subprocess.run(
+        [sys.executable, str(setup), "--name"],
+        cwd=PACKAGE.parent,
+        env={**env, "NATS_BRIDGE_PURE_PYTHON": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert pure.returncode == 0 and pure.stdout.strip().endswith("nats-bridge")
