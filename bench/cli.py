@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import audit, fanin, profile, publish_modes, recovery, report, stream, wan
-from bench.common import REPO_ROOT, loadavg, parse_messages, parse_sizes, rel
+from bench.common import REPO_ROOT, list_items, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, MODES, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
 from bench.procs import git_revision, machine, revision_text
@@ -51,7 +51,7 @@ def default_messages(size: int, quick: bool) -> int:
 
 
 def parse_retentions(text: str) -> tuple[str, ...]:
-    out = tuple(item.strip().lower() for item in text.split(",") if item.strip())
+    out = tuple(list_items(text))
     bad = [r for r in out if r not in RETENTIONS]
     if bad or not out:
         raise argparse.ArgumentTypeError(f"retention must be among {', '.join(RETENTIONS)}; got {text!r}")

@@ -26,13 +26,15 @@ def rel(path: Path) -> str:
         return str(path)
 
 
+def list_items(text: str) -> list[str]:
+    """The items of a comma-separated option value, stripped and lower-cased, empty ones left out."""
+    return [item for item in (part.strip().lower() for part in text.split(",")) if item]
+
+
 def parse_sizes(text: str) -> tuple[int, ...]:
     """``256,1024,16384`` (also ``1KiB``, ``16k``) -> payload sizes in bytes, each once."""
     out: list[int] = []
-    for item in text.split(","):
-        item = item.strip().lower()
-        if not item:
-            continue
+    for item in list_items(text):
         factor = 1
         for suffix in ("kib", "kb", "k"):
             if item.endswith(suffix):

@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 
 from bench import natsops as ops
-from bench.common import REPO_ROOT, loadavg, parse_messages, parse_sizes, rel
+from bench.common import REPO_ROOT, list_items, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, BRIDGE_POSITIONS, MB, MODES, NATIVE, ThroughputRun
 from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes, revision_text
 from bench.report import size_label
@@ -106,10 +106,7 @@ class RttPoint:
 def parse_rtts(text: str) -> tuple[RttPoint, ...]:
     """``direct,0,20,50`` (``20ms`` accepted) -> the RTT points, in the order given, without repeats."""
     out: list[RttPoint] = []
-    for item in text.split(","):
-        item = item.strip().lower()
-        if not item:
-            continue
+    for item in list_items(text):
         if item == DIRECT:
             point = RttPoint(DIRECT, 0.0, proxied=False)
         else:

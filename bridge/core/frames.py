@@ -18,6 +18,36 @@ _MSG = 77  # "M"
 _HMSG = 72  # "H"
 
 
+MsgLine = tuple[bytes, int, bytes, int, int]
+"""``(subject, subscription id, reply, header block size, total size)`` of a ``MSG``/``HMSG`` control line."""
+
+
+def parse_msg_line(line: bytes) -> MsgLine | None:
+    """The fields of a ``MSG``/``HMSG`` control line (without its CRLF); None when it is not a well-formed one (a
+    wrong field count or operation, a number that is not one, a header block larger than the message)."""
+    args = line.split()
+    count = len(args)
+    if not count:
+        return None
+    op = args[0]
+    try:
+        if op == b"HMSG" and (count == 6 or count == 5):
+            reply = args[3] if count == 6 else b""
+            header_size = int(args[count - 2])
+        elif op == b"MSG" and (count == 5 or count == 4):
+            reply = args[3] if count == 5 else b""
+            header_size = 0
+        else:
+            return None
+        sid = int(args[2])
+        total = int(args[count - 1])
+    except ValueError:
+        return None
+    if not 0 <= header_size <= total:
+        return None
+    return args[1], sid, reply, header_size, total
+
+
 def take_messages(buf: bytes, pos: int, sinks: dict[int, list[Frame]]) -> int:
     """Append the complete message frames at ``buf[pos:]`` whose subscription id has a list in ``sinks`` to that
     list, in order; return the position of the first thing not taken (``len(buf)`` when it took everything).
@@ -33,30 +63,19 @@ def take_messages(buf: bytes, pos: int, sinks: dict[int, list[Frame]]) -> int:
         eol = buf.find(b"\r\n", pos)
         if eol < 0:
             return pos
-        args = buf[pos:eol].split()
-        count = len(args)
-        op = args[0]
-        try:
-            if op == b"HMSG" and (count == 6 or count == 5):
-                reply = args[3] if count == 6 else b""
-                header_size = int(args[count - 2])
-            elif op == b"MSG" and (count == 5 or count == 4):
-                reply = args[3] if count == 5 else b""
-                header_size = 0
-            else:
-                return pos
-            sink = sinks.get(int(args[2]))
-            total = int(args[count - 1])
-        except ValueError:
+        fields = parse_msg_line(buf[pos:eol])
+        if fields is None:
             return pos  # the caller's parser reports it
-        if sink is None or not 0 <= header_size <= total:
+        subject, sid, reply, header_size, total = fields
+        sink = sinks.get(sid)
+        if sink is None:
             return pos
         start = eol + 2
         stop = start + total
         if stop + 2 > end:
             return pos
         body = start + header_size
-        sink.append((args[1], reply, buf[start:body] if header_size else None, buf[body:stop]))
+        sink.append((subject, reply, buf[start:body] if header_size else None, buf[body:stop]))
         pos = stop + 2
     return pos
 

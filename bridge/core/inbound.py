@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bridge.core.ackreply import AckInfo, parse_ack_subject
+from bridge.core.frames import Frame
 from bridge.core.headers import parse_header_block
 
 STATUS = "Status"
@@ -127,9 +128,8 @@ def classify(subject: str, reply: str, headers: Mapping[str, str] | None, payloa
     return Unrecognised(f"no JetStream ack subject (reply {reply!r})")
 
 
-def classify_frames(frames: Sequence[tuple[bytes, bytes, bytes | None, bytes]]) -> list[Inbound]:
-    """Classify what one read of the deliver subject brought, as it came off the wire: ``(subject, reply, header
-    block, payload)`` each, in order."""
+def classify_frames(frames: Sequence[Frame]) -> list[Inbound]:
+    """Classify what one read of the deliver subject brought, as it came off the wire, in order."""
     return [
         classify(subject.decode(), reply.decode(), parse_header_block(header) if header else None, payload)
         for subject, reply, header, payload in frames

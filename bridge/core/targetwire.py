@@ -74,14 +74,20 @@ def parse_pub_acks(frames: Sequence[Frame], prefix_len: int) -> list[AckOutcome]
     return outcomes
 
 
-def stored_tokens(outcomes: Sequence[AckOutcome]) -> list[tuple[int, int]] | None:
-    """The ``(order, attempt)`` of every outcome when all of them say stored (the common read); None otherwise."""
+def outcome_runs(outcomes: Sequence[AckOutcome]) -> list[tuple[list[tuple[int, int]], AckOutcome | None]]:
+    """The acks of one read as runs, in order: the ``(order, attempt)`` tokens of consecutive stored acks, then the
+    failed one that ends the run (None for the last run). The common read is one run with no failure."""
+    runs: list[tuple[list[tuple[int, int]], AckOutcome | None]] = []
     tokens: list[tuple[int, int]] = []
     for outcome in outcomes:
-        if not outcome.stored:
-            return None
-        tokens.append((outcome.order, outcome.attempt))
-    return tokens
+        if outcome.stored:
+            tokens.append((outcome.order, outcome.attempt))
+        else:
+            runs.append((tokens, outcome))
+            tokens = []
+    if tokens:
+        runs.append((tokens, None))
+    return runs
 
 
 def publish_sends(batch: Sequence[Send]) -> list[tuple[OutboundMessage, int, int]]:

@@ -46,8 +46,9 @@ class OriginClient:
         self._filters: list[str] = list(source.filter_subjects)  # the consumer's, once bound
         self._inbox = ""  # pull mode: the subscribed inbox, the reply subject of every pull request
         self._on_messages: Callable[[Sequence[inbound.Inbound]], None] | None = None
-        # raw deliveries of the read being parsed: classified and handed over together once it is parsed
-        self._arrived: list[Frame] = []  # the deliveries of the read being parsed (wire.add_sink)
+        # the deliveries of the read being parsed, appended by the wire parser (wire.add_sink): classified and handed
+        # over together once it is parsed
+        self._arrived: list[Frame] = []
 
     @property
     def connected(self) -> bool:
@@ -169,13 +170,8 @@ class OriginClient:
         return True
 
     def _hand_over(self) -> None:
-        # the wire parser appends to this very list (wire.add_sink): taken by copy, then emptied
-        arrived = self._arrived
-        if not arrived:
-            return
-        frames = arrived.copy()
-        arrived.clear()
-        if self._on_messages is not None:
+        frames = wire.take(self._arrived)
+        if frames and self._on_messages is not None:
             self._on_messages(inbound.classify_frames(frames))
 
     async def _on_msg(self, msg: Msg) -> None:

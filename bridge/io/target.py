@@ -73,11 +73,8 @@ class SourcePublisher:
         return parse_pub_acks(frames, self._prefix_len)
 
     def _hand_over(self) -> None:
-        # the wire parser appends to this very list (wire.add_sink): taken by copy, then emptied
-        arrived = self._arrived
-        if arrived:
-            frames = arrived.copy()
-            arrived.clear()
+        frames = wire.take(self._arrived)
+        if frames:
             outcomes = self._outcomes(frames)
             if outcomes:
                 self._on_outcomes(outcomes)

@@ -29,7 +29,7 @@ from typing import Any
 from nats.errors import ProtocolError
 from nats.protocol.parser import ERR_RE, INFO_RE, MAX_CONTROL_LINE_SIZE, Parser
 
-from bridge.core.frames import Frame, take_messages
+from bridge.core.frames import Frame, parse_msg_line, take_messages
 
 __all__ = [
     "RawHandler",
@@ -42,6 +42,7 @@ __all__ = [
     "missing_hooks",
     "remove_after_parse",
     "remove_handler",
+    "take",
 ]
 
 RawHandler = Callable[[bytes, bytes, bytes | None, bytes], None]
@@ -100,21 +101,10 @@ class WireParser(Parser):
                     break
                 first = buf[pos]
                 if first == 77 or first == 72:  # "M"SG, "H"MSG
-                    args = buf[pos:eol].split()
-                    op, count = args[0], len(args)
-                    try:
-                        if op == b"HMSG" and (count == 6 or count == 5):
-                            reply = args[3] if count == 6 else b""
-                            subject, sid, header_size, total = args[1], int(args[2]), int(args[-2]), int(args[-1])
-                        elif op == b"MSG" and (count == 5 or count == 4):
-                            reply = args[3] if count == 5 else b""
-                            subject, sid, header_size, total = args[1], int(args[2]), 0, int(args[-1])
-                        else:
-                            raise ProtocolError
-                        if not 0 <= header_size <= total:  # a header block larger than the whole message
-                            raise ProtocolError
-                    except ValueError as exc:  # nats-py's read loop only recovers from a ProtocolError
-                        raise ProtocolError from exc
+                    fields = parse_msg_line(buf[pos:eol])
+                    if fields is None:  # nats-py's read loop only recovers from a ProtocolError
+                        raise ProtocolError
+                    subject, sid, reply, header_size, total = fields
                     start = eol + 2
                     stop = start + total
                     if stop + 2 > end_of_data:
@@ -234,6 +224,14 @@ def add_sink(nc: Any, sub: Any, sink: list[Frame]) -> bool:
         return False
     parser.sinks[sid] = sink
     return True
+
+
+def take(sink: list[Frame]) -> list[Frame]:
+    """What the parser has appended to ``sink`` (:func:`add_sink`), leaving it empty: the parser keeps appending to
+    that very list, so it is copied and cleared, never replaced."""
+    frames = sink.copy()
+    sink.clear()
+    return frames
 
 
 def _parser_and_sid(nc: Any, sub: Any) -> tuple[WireParser | None, int]:

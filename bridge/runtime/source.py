@@ -415,26 +415,13 @@ class SourceRunner:
         """The acks one read of the target connection brought, in order."""
         now = self.clock()
         engine = self.engine
-        stored = targetwire.stored_tokens(outcomes)
-        if stored is not None:  # the common read: every ack says stored
-            self._observe_stored(stored)
-            self._emit(engine.publish_stored_many(stored, now))
-            self._changed.set()
-            return
-        stored = []
-        for outcome in outcomes:
-            if outcome.stored:
-                stored.append((outcome.order, outcome.attempt))
-                continue
-            if stored:  # in order: what was stored before this failure first
+        for stored, failed in targetwire.outcome_runs(outcomes):
+            if stored:  # in order: what was stored before a failure first
                 self._observe_stored(stored)
                 self._emit(engine.publish_stored_many(stored, now))
-                stored = []
-            self._publish_error(outcome.error)
-            self._emit(engine.publish_failed(outcome.order, outcome.attempt, outcome.error, now))
-        if stored:
-            self._observe_stored(stored)
-            self._emit(engine.publish_stored_many(stored, now))
+            if failed is not None:
+                self._publish_error(failed.error)
+                self._emit(engine.publish_failed(failed.order, failed.attempt, failed.error, now))
         self._changed.set()
 
     def _observe_stored(self, tokens: list[tuple[int, int]]) -> None:

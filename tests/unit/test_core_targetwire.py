@@ -88,3 +88,14 @@ def test_raw_publish_encodes_exactly_as_nats_py(
     # over the server's max_payload: left out, reported
     data, failures = encode_publishes(b"_INBOX.a", batch, limit=len(payload) - 1)
     assert (data, [f[:2] for f in failures]) == (b"", tokens) if payload else True
+
+
+def test_a_read_of_acks_becomes_runs_of_stored_tokens_each_ended_by_its_failure() -> None:
+    from bridge.core.targetwire import outcome_runs
+
+    ok = [AckOutcome(1, 1, True), AckOutcome(2, 1, True, duplicate=True)]
+    assert outcome_runs(ok) == [([(1, 1), (2, 1)], None)]
+    refused = AckOutcome(3, 2, False, error="maximum messages exceeded")
+    assert outcome_runs([*ok, refused, AckOutcome(4, 1, True)]) == [([(1, 1), (2, 1)], refused), ([(4, 1)], None)]
+    assert outcome_runs([refused, refused]) == [([], refused), ([], refused)]
+    assert outcome_runs([]) == []

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from bridge.core.frames import Frame, encode_acks, take_messages
+from bridge.core.frames import Frame, encode_acks, parse_msg_line, take_messages
 from bridge.io import wire
 from bridge.io.wire import (
     WireParser,
@@ -323,3 +323,23 @@ def test_pull_acks_are_encoded_exactly_as_nats_py_publishes_them() -> None:
     replies = ["$JS.ACK.S.C.1.1.1.1732590000000000000.0", "$JS.ACK.hub.ABC.S.C.1.2.2.1732590000000000001.5.tok"]
     assert encode_acks(replies) == b"".join(pub_cmd(reply, "", b"") for reply in replies)
     assert encode_acks([]) == b""
+
+
+@pytest.mark.parametrize(
+    ("line", "fields"),
+    [
+        (b"MSG d 1 5", (b"d", 1, b"", 0, 5)),
+        (b"MSG d 1 r 5", (b"d", 1, b"r", 0, 5)),
+        (b"HMSG d 2 12 20", (b"d", 2, b"", 12, 20)),
+        (b"HMSG d 2 r 12 20", (b"d", 2, b"r", 12, 20)),
+        (b"HMSG d 2 r 21 20", None),  # a header block larger than the message
+        (b"MSG d x 5", None),
+        (b"MSG d 1 r 5 6", None),
+        (b"PUB d 1 5", None),
+        (b"", None),
+    ],
+)
+def test_a_message_control_line_is_read_as_nats_py_reads_it_or_refused(
+    line: bytes, fields: tuple[bytes, int, bytes, int, int] | None
+) -> None:
+    assert parse_msg_line(line) == fields
