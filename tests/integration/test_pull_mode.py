@@ -296,7 +296,9 @@ async def test_leaf_restarted_mid_stream(topology: Topology, tmp_path: Path, bri
     a backlog. The connection's return (or the silence) leads to a resync. The consumer survives in the server's
     store with its pending deliveries (not created again): what the bridge holds of them is redelivered and dropped
     (acked once stored), what was lost in transit is read from the stream."""
-    backlog, after = 4000, 1000
+    # a backlog large enough that the restart lands inside it: 4,000 were all stored before the leaf went down
+    # once the bridge's pull-mode acks became one write (about 60k msg/s drains it in well under a second)
+    backlog, after = 40_000, 1000
     leaf = topology.leaf
     spec = pull_source(topology, 100)
     config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
@@ -307,7 +309,7 @@ async def test_leaf_restarted_mid_stream(topology: Topology, tmp_path: Path, bri
             first = Publisher(leaf_nc, backlog)
             await first.run()
             bridge = bridge_procs(config)
-            await copies_at_least(hub_nc, backlog // 10)
+            await copies_at_least(hub_nc, backlog // 40)
             await anyio.to_thread.run_sync(leaf.restart)
             at_restart = await copies(hub_nc)
             assert at_restart < backlog, "not mid-stream: the backlog was replicated before the restart"
