@@ -58,8 +58,20 @@ class RequestReset:
     cause: ResetCause
     attempt: int
     seq: int | None = None
-    # pull mode: once unsubscribed, wait until this time (the engine's clock) before reading the consumer, so that
-    # the requests of the old inbox are gone (docs/protocol.md 10: served to nobody for 2 s after they were sent)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResync:
+    """Pull mode's repair (``bridge.core.pull``): stop taking deliveries, bind the consumer again (create a managed
+    one, look up a bound one), read its last delivery (``CONSUMER.INFO``), then take deliveries again on a new inbox.
+
+    Performing it: unsubscribe, wait until ``settle_until`` (the engine's clock) when set, so that the requests of
+    the old inbox are gone (docs/protocol.md 10: served to nobody for 2 s after they were sent), bind, read the
+    anchor, then subscribe again whatever the outcome. Report ``resynced(PullAnchor)`` or ``reset_failed(reason)``.
+    """
+
+    cause: ResetCause
+    attempt: int
     settle_until: float | None = None
 
 
@@ -157,6 +169,25 @@ class PullAnchor:
 
 
 @dataclass(frozen=True, slots=True)
+class OriginStream:
+    """What start-up reads of the origin stream (``OriginPort.stream``)."""
+
+    workqueue: bool  # WorkQueue retention: acked messages are deleted (and can be stranded)
+    last_seq: int
+    api_level: int | None = None  # the server's JetStream API level (``_nats.level``; None: older than 2.11)
+    version: str | None = None  # the server's version (``_nats.ver``), when it says
+
+
+@dataclass(frozen=True, slots=True)
+class BoundConsumer:
+    """The origin consumer as created or looked up (``OriginPort.bind``)."""
+
+    created: str | None
+    ack_floor: int
+    num_pending: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Notice:
     """A state change worth one log line (never per message)."""
 
@@ -169,6 +200,7 @@ Effect = (
     Publish
     | AnswerFlowControl
     | RequestReset
+    | RequestResync
     | VerifyStored
     | ReadTargetLimits
     | ProbeStranded

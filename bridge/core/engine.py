@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from bridge.core.effects import AnswerFlowControl, Effect, Notice, ProbeStranded, ResetCause, ResetReply
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, Unrecognised
 from bridge.core.ledger import FlowControlLedger
+from bridge.core.modes import Mode
 from bridge.core.phases import Event, Phase
 from bridge.core.replication import EngineSettings, EngineStats, Replication
 from bridge.core.watch import StrandedProbe
@@ -54,6 +55,14 @@ class SourceEngine(Replication):
         self._epoch_last_sseq = 0
 
     # -- views --------------------------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> Mode:
+        return Mode.FLOW_CONTROL
+
+    @property
+    def fc_answers(self) -> int:
+        return self.ledger.answers
 
     @property
     def position(self) -> tuple[int, int]:

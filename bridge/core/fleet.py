@@ -24,20 +24,16 @@ process; the source drains (everything stored is answered), the key is deleted, 
 it at its next view. So a standby that comes back takes nothing from a process at its fair share, and a newcomer
 takes from each process only what that process holds above its share.
 
-States of one lease (``LeaseState``), and the only transitions:
+**States.** One lease's states and every transition between them are one table, ``bridge.core.leases``: each
+input below is an event of that table, and one that does not fit the lease's state (a late reply for a lease given
+up meanwhile) changes nothing and returns no effects. What an input does besides moving the lease:
 
-    STANDBY   --acquire sent-->              ACQUIRING
-    ACQUIRING --acquired-->                  OWNED        (StartSource)
-    ACQUIRING --refused / failed-->          STANDBY
-    OWNED     --renewed-->                   OWNED        (the fence moves)
-    OWNED     --renew refused, key ours-->   OWNED        (a write whose reply was lost: adopt its revision)
-    OWNED     --handover or shutdown-->      RELEASING    (StopSource graceful)
-    RELEASING --source stopped-->            RELEASING    (Release: delete on the revision)
-    RELEASING --released / release failed--> STANDBY
-    OWNED, RELEASING --fence passed, or a renew refused--> STANDBY (StopSource not graceful: nothing more is done)
-
-An input that does not fit the lease's state (a late reply for a lease given up meanwhile) is ignored: every reply
-is matched against the request it answers, and a stale one changes nothing.
+* ``acquired``: StartSource (or, landed too late for its fence: ``lost``; during a shutdown or for a removed
+  source: ``hand_over`` at once).
+* ``renewed``: the fence moves. ``renew_adopted`` (a write of ours whose reply was lost): its revision is taken,
+  the fence stays. ``renew_failed``: retried soon.
+* ``hand_over``: StopSource graceful. ``source_stopped``: Release (a delete on our revision) and the fence closes.
+* ``lost`` and ``renew_refused``: StopSource not graceful, nothing more is done.
 """
 
 from __future__ import annotations
@@ -47,21 +43,13 @@ import math
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 
 from bridge.core.effects import Notice
+from bridge.core.leases import LeaseEvent, LeaseMachine
+from bridge.core.leases import LeaseState as LeaseState  # re-exported: the runtime and the tests name it from here
 
 LEASE_PREFIX = "lease."
 PRESENCE_PREFIX = "presence."
-
-
-class LeaseState(Enum):
-    """Where one source's lease is, as this process sees it."""
-
-    STANDBY = "standby"  # not ours
-    ACQUIRING = "acquiring"  # a create (or a take-back of our own key) is in flight
-    OWNED = "owned"  # ours: the source runs, fenced by ``valid_until``
-    RELEASING = "releasing"  # ours, the source draining or the delete in flight
 
 
 def _renew_spread(source: str) -> float:
@@ -204,14 +192,13 @@ def preferred_owner(source: str, candidates: Iterable[str]) -> str | None:
 
 @dataclass(slots=True)
 class Lease:
-    """One source's lease. Counters are for metrics only."""
+    """One source's lease: its state machine (``bridge.core.leases``) and what the states do not say. Counters are
+    for metrics only."""
 
     source: str
-    state: LeaseState = LeaseState.STANDBY
     revision: int = 0
     valid_until: float = -math.inf  # the fence: act only while now < valid_until
     renewed_at: float = -math.inf  # when the last successful write was sent
-    renewing: bool = False
     next_renew: float = math.inf
     free_since: float | None = None  # first view that showed the key free (None: held, or not seen free)
     since_wall: float = 0.0
@@ -220,11 +207,26 @@ class Lease:
     failing: int = 0  # renew failures since the last success (a notice on the first, then every fifth)
     changes: int = 0  # times it became ours or stopped being ours
     term: int = 0  # counts the times it became ours: a fence is bound to one term
-    stopping: bool = False  # a graceful StopSource is under way
+    machine: LeaseMachine = field(default_factory=LeaseMachine)
+
+    @property
+    def state(self) -> LeaseState:
+        """Where the lease is; it changes only through ``machine.process``."""
+        return self.machine.state
+
+    @property
+    def owned(self) -> bool:
+        """The key is ours (kept, draining or being released): status and metrics show the source as owned."""
+        return self.machine.owned
+
+    @property
+    def public_state(self) -> str:
+        """The state as users see it: ``standby``, ``acquiring``, ``owned`` or ``releasing``."""
+        return self.machine.public_state
 
     def holds(self, now: float) -> bool:
         """Whether this process may act on the source now."""
-        return self.state in (LeaseState.OWNED, LeaseState.RELEASING) and now < self.valid_until
+        return self.machine.owned and now < self.valid_until
 
 
 class Fleet:
@@ -262,12 +264,12 @@ class Fleet:
 
     def owned(self) -> list[str]:
         """Sources whose lease is this process's now."""
-        return [name for name, lease in self.leases.items() if lease.state in (LeaseState.OWNED, LeaseState.RELEASING)]
+        return [name for name, lease in self.leases.items() if lease.machine.owned]
 
     @property
     def done(self) -> bool:
         """Stopping, and no lease is ours or on its way to being ours."""
-        return self.stopping and all(lease.state is LeaseState.STANDBY for lease in self.leases.values())
+        return self.stopping and all(lease.machine.standby for lease in self.leases.values())
 
     @property
     def view_age_origin(self) -> float:
@@ -283,7 +285,7 @@ class Fleet:
         for name in list(self.leases):
             if name not in self.configured:
                 lease = self.leases[name]
-                if lease.state is LeaseState.STANDBY:
+                if lease.machine.standby:
                     del self.leases[name]
                 else:  # an acquisition in flight is handed over when it lands (see acquired)
                     effects += self._hand_over(lease, "removed from the configuration")
@@ -314,7 +316,7 @@ class Fleet:
                     lease.free_since = sent_at
             else:
                 lease.free_since = None
-            if lease.state is LeaseState.STANDBY:
+            if lease.machine.standby:
                 lease.revision = view.free.get(name, 0) if holder is None else holder.revision
         effects += self._decide(now)
         return effects
@@ -335,7 +337,7 @@ class Fleet:
         """Every configured source is ours or held by another live process: nothing waits for an owner."""
         for name in self.configured:
             lease = self.leases[name]
-            if lease.state is LeaseState.OWNED:
+            if lease.machine.serving:
                 continue
             holder = self.holders.get(name)
             if holder is None or holder.incarnation == self.incarnation:
@@ -349,16 +351,15 @@ class Fleet:
 
     def acquired(self, source: str, revision: int, sent_at: float, wall: float, now: float) -> list[FleetEffect]:
         """``lease.<source>`` is ours at ``revision``; the write was sent at ``sent_at``."""
-        lease = self.leases.get(source)
-        if lease is None or lease.state is not LeaseState.ACQUIRING:
+        lease = self._answered(source, LeaseEvent.ACQUIRED)
+        if lease is None:
             return []
-        lease.state = LeaseState.OWNED
         lease.changes += 1
         lease.term += 1
         lease.since_wall = wall
         self._written(lease, revision, sent_at)
         if not lease.holds(now):  # the reply came too late to act on: let it expire rather than act unfenced
-            return self._lost(lease, "acquired too late to act on", now)
+            return self._lost(lease, LeaseEvent.LOST, "acquired too late to act on")
         effects: list[FleetEffect] = [
             Notice("lease.acquired", fields={"source": source, "revision": revision, "instance": self.instance})
         ]
@@ -368,23 +369,18 @@ class Fleet:
 
     def acquire_failed(self, source: str, reason: str, now: float) -> list[FleetEffect]:
         """The create (or take-back) was refused or got no answer: someone else has it, or the next view decides."""
-        lease = self.leases.get(source)
-        if lease is None or lease.state is not LeaseState.ACQUIRING:
+        if self._answered(source, LeaseEvent.ACQUIRE_FAILED) is None:
             return []
-        lease.state = LeaseState.STANDBY
         return [Notice("lease.acquire_failed", "debug", {"source": source, "reason": reason})]
 
-    def _renew_answered(self, source: str) -> Lease | None:
-        """The lease a renew reply is for, if it is still ours and the renew still awaited."""
+    def _answered(self, source: str, event: LeaseEvent) -> Lease | None:
+        """The lease ``event`` moved along the table; None (and nothing changed) when it does not fit its state."""
         lease = self.leases.get(source)
-        if lease is None or not lease.renewing:
-            return None
-        lease.renewing = False
-        return lease if lease.state in (LeaseState.OWNED, LeaseState.RELEASING) else None
+        return lease if lease is not None and lease.machine.process(event) else None
 
     def renewed(self, source: str, revision: int, sent_at: float, now: float) -> list[FleetEffect]:
         """A renew succeeded: the fence moves to ``sent_at + ttl - guard``."""
-        lease = self._renew_answered(source)
+        lease = self._answered(source, LeaseEvent.RENEWED)
         if lease is None:
             return []
         lease.renewals += 1
@@ -394,13 +390,16 @@ class Fleet:
 
     def renew_failed(self, source: str, reason: str, definitive: bool, now: float) -> list[FleetEffect]:
         """A renew failed. ``definitive``: the key is no longer on our revision (someone else's, or expired)."""
-        lease = self._renew_answered(source)
-        if lease is None:
+        lease = self.leases.get(source)
+        if definitive:
+            if lease is None or not lease.machine.can(LeaseEvent.RENEW_REFUSED):
+                return []
+            lease.renew_failures += 1
+            return self._lost(lease, LeaseEvent.RENEW_REFUSED, f"renew refused: {reason}")
+        if lease is None or not lease.machine.process(LeaseEvent.RENEW_FAILED):
             return []
         lease.renew_failures += 1
         lease.failing += 1
-        if definitive:
-            return self._lost(lease, f"renew refused: {reason}", now)
         # try again soon: the fence still has time (a renew is due every ttl/3, the fence closes at 4/5 ttl)
         lease.next_renew = now + min(1.0, self.timing.renew_every / 3)
         if lease.failing % 5 != 1:
@@ -423,7 +422,7 @@ class Fleet:
         whose reply never came was stored after all. Nobody else wrote since, so the lease is still ours; the fence
         stays where the last *confirmed* write put it (this write's send time is unknown), and a renew goes out now.
         """
-        lease = self._renew_answered(source)
+        lease = self._answered(source, LeaseEvent.RENEW_ADOPTED)
         if lease is None:
             return []
         lease.revision = revision
@@ -433,22 +432,19 @@ class Fleet:
     def source_stopped(self, source: str, now: float) -> list[FleetEffect]:
         """A graceful StopSource finished: the source drained. Delete the key (on our revision) if still ours."""
         lease = self.leases.get(source)
-        if lease is None or not lease.stopping:
-            return []
-        lease.stopping = False
-        if lease.state is not LeaseState.RELEASING:
+        if lease is None or not lease.machine.can(LeaseEvent.SOURCE_STOPPED):
             return []
         if not lease.holds(now):
-            return self._lost(lease, "fence passed while draining", now)
+            return self._lost(lease, LeaseEvent.LOST, "fence passed while draining")
+        lease.machine.process(LeaseEvent.SOURCE_STOPPED)
         lease.valid_until = -math.inf  # the source has stopped: nothing may act on it once the delete can land
         return [Release(source, lease.revision)]
 
     def released(self, source: str, ok: bool, reason: str, now: float) -> list[FleetEffect]:
         """The delete was made (or could not be: then the key expires by itself). The source is free either way."""
-        lease = self.leases.get(source)
-        if lease is None or lease.state is not LeaseState.RELEASING or lease.stopping:
+        lease = self._answered(source, LeaseEvent.RELEASED)
+        if lease is None:
             return []
-        lease.state = LeaseState.STANDBY
         lease.valid_until = lease.renewed_at = -math.inf
         lease.changes += 1
         lease.free_since = now if ok else None
@@ -466,12 +462,11 @@ class Fleet:
         """Renewals due, fences passed, the bucket read and presence written when due."""
         effects: list[FleetEffect] = []
         for lease in list(self.leases.values()):
-            if lease.state is LeaseState.OWNED or (lease.state is LeaseState.RELEASING and lease.stopping):
-                if now >= lease.valid_until:
-                    effects += self._lost(lease, "no renew succeeded in time", now)
-                elif not lease.renewing and now >= lease.next_renew:
-                    lease.renewing = True
-                    effects.append(Renew(lease.source, lease.revision))
+            machine = lease.machine
+            if machine.source_runs and now >= lease.valid_until:
+                effects += self._lost(lease, LeaseEvent.LOST, "no renew succeeded in time")
+            elif machine.renews and now >= lease.next_renew and machine.process(LeaseEvent.RENEW_SENT):
+                effects.append(Renew(lease.source, lease.revision))
         if not self.stopping and now >= self._next_presence:
             self._next_presence = now + self.timing.renew_every
             effects.append(WritePresence())
@@ -486,8 +481,7 @@ class Fleet:
         self.stopping = True
         effects: list[FleetEffect] = []
         for lease in self.leases.values():
-            if lease.state is LeaseState.OWNED:
-                effects += self._hand_over(lease, "shutting down")
+            effects += self._hand_over(lease, "shutting down")  # only what is kept: the table says which
         return effects
 
     # -- decisions --------------------------------------------------------------------------------------------
@@ -510,17 +504,17 @@ class Fleet:
         if self.stopping or not self._presence_ok:
             return []  # acquire only once the fleet can see us: otherwise every start would move sources twice
         effects: list[FleetEffect] = []
-        excess = sum(1 for lease in self.leases.values() if lease.state is LeaseState.OWNED) - self.fair_share()
+        excess = sum(1 for lease in self.leases.values() if lease.machine.serving) - self.fair_share()
         for name in self.configured:
             lease = self.leases[name]
             holder = self.holders.get(name)
             preferred = self.preferred(name)
-            if lease.state is LeaseState.OWNED:
+            if lease.machine.serving:
                 # sticky: a source moves only off a process above its fair share, and only to its preferred member
                 if excess > 0 and preferred is not None and preferred != self.instance and preferred in self.members:
                     excess -= 1
                     effects += self._hand_over(lease, f"rebalancing: preferred owner {preferred} is live")
-            elif lease.state is LeaseState.STANDBY:
+            elif lease.machine.standby:
                 if holder is not None:
                     if holder.incarnation == self.incarnation:
                         # our own key, which we stopped tracking (the fence closed during a bucket outage): nobody
@@ -533,25 +527,24 @@ class Fleet:
         return effects
 
     def _acquire(self, lease: Lease, revision: int) -> list[FleetEffect]:
-        lease.state = LeaseState.ACQUIRING
+        if not lease.machine.process(LeaseEvent.ACQUIRE_SENT):
+            return []
         return [Acquire(lease.source, revision)]
 
     def _hand_over(self, lease: Lease, why: str) -> list[FleetEffect]:
-        if lease.state is not LeaseState.OWNED:
+        if not lease.machine.process(LeaseEvent.HAND_OVER):
             return []
-        lease.state = LeaseState.RELEASING
-        lease.stopping = True
         return [
             Notice("lease.handing_over", fields={"source": lease.source, "reason": why}),
             StopSource(lease.source, graceful=True),
         ]
 
-    def _lost(self, lease: Lease, why: str, now: float) -> list[FleetEffect]:
-        lease.state = LeaseState.STANDBY
+    def _lost(self, lease: Lease, event: LeaseEvent, why: str) -> list[FleetEffect]:
+        """``event`` (LOST or RENEW_REFUSED) took the lease from us: the source stops at once, without draining."""
+        if not lease.machine.process(event):
+            return []
         lease.valid_until = lease.renewed_at = -math.inf
-        lease.renewing = False
         lease.failing = 0
-        lease.stopping = False
         lease.changes += 1
         lease.free_since = None
         return [

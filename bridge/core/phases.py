@@ -25,8 +25,23 @@ The rule for inputs that arrive in the wrong phase (one rule, everywhere):
 * **Deliveries are taken only in RUNNING** (and flow-control requests also in STOPPING, to answer what is
   stored). Anything on the deliver subject in another phase belongs to an epoch the pending reset replaces: a
   flow-control request is released with an empty answer (it acks nothing) and every arrival counts as a sign
-  that the consumer is alive (a reset backing off is retried at once). ``takes_deliveries`` and
-  ``answers_flow_control`` say which phases these are.
+  that the consumer is alive (a reset backing off is retried at once). In FILLING, deliveries are held, and taken
+  in order once what the fill reads is taken.
+* **The outcome of an effect the engine never asks for** (a RESET reply to a pull-mode engine, a fill to a
+  flow-control one) is stale by definition: it changes nothing and returns no effects, like any input in the wrong
+  phase. So a runner feeds every outcome back to the engine it holds without asking which one it is.
+
+Every other phase-dependent behaviour reads one of the phase sets below (through ``PhaseMachine``'s attributes),
+never a comparison with one phase, so this module is the whole story:
+
+==================  ===========================================================================================
+``takes_deliveries``      RUNNING: deliveries are sequenced and taken
+``holds_deliveries``      FILLING: deliveries wait until the fill is taken
+``answers_flow_control``  RUNNING, STOPPING: a flow-control request is answered with what is stored
+``awaits_recovery``       RECOVERING: the watermark is not known yet (nothing may be acked)
+``publishes``             every phase but STOPPING: new publishes and target-limit reads go out
+``reset_pending``         RESET_WAIT, RESETTING: a reset is scheduled or in flight
+==================  ===========================================================================================
 """
 
 from __future__ import annotations
@@ -85,12 +100,25 @@ TAKES_DELIVERIES = frozenset({Phase.RUNNING})
 ANSWERS_FLOW_CONTROL = frozenset({Phase.RUNNING, Phase.STOPPING})
 # phases in which a reset is scheduled or in flight
 RESET_PENDING = frozenset({Phase.RESET_WAIT, Phase.RESETTING})
+# phases in which deliveries are kept aside, to be taken once the fill under way is taken (pull mode)
+HOLDS_DELIVERIES = frozenset({Phase.FILLING})
+# phases before the aggregate's watermark is known: nothing can be said to be stored, so nothing is acked
+AWAITS_RECOVERY = frozenset({Phase.RECOVERING})
+# phases in which new publishes (and reads of the target's limits for them) go out; STOPPING only drains
+PUBLISHES = frozenset(set(Phase) - {Phase.STOPPING})
 
 
 class PhaseMachine:
     """The current phase; changed only through ``process`` and the table."""
 
-    __slots__ = ("_phase", "answers_flow_control", "takes_deliveries")
+    __slots__ = (
+        "_phase",
+        "answers_flow_control",
+        "awaits_recovery",
+        "holds_deliveries",
+        "publishes",
+        "takes_deliveries",
+    )
 
     def __init__(self, phase: Phase = Phase.RECOVERING) -> None:
         self._enter(phase)
@@ -116,6 +144,9 @@ class PhaseMachine:
         # asked for every delivery: looked up once per change, not per delivery (an Enum hashes in Python)
         self.takes_deliveries = phase in TAKES_DELIVERIES
         self.answers_flow_control = phase in ANSWERS_FLOW_CONTROL
+        self.holds_deliveries = phase in HOLDS_DELIVERIES
+        self.awaits_recovery = phase in AWAITS_RECOVERY
+        self.publishes = phase in PUBLISHES
 
     @property
     def reset_pending(self) -> bool:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import replace
 
 from bridge.core.effects import (
     Ack,
@@ -45,10 +44,12 @@ from bridge.core.effects import (
     Pull,
     PullAnchor,
     RequestReset,
+    RequestResync,
     ResetCause,
 )
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, Unrecognised
-from bridge.core.phases import Event, Phase
+from bridge.core.modes import Mode
+from bridge.core.phases import Event
 from bridge.core.replication import EngineSettings, Replication
 
 __all__ = ["AckLedger", "PullCredits", "PullEngine", "pull_heartbeat"]
@@ -162,6 +163,10 @@ class PullEngine(Replication):
         self._last_pull_at = -math.inf
 
     @property
+    def mode(self) -> Mode:
+        return Mode.PULL
+
+    @property
     def acked_stream_seq(self) -> int:
         """The highest origin sequence any ack of this process named."""
         return self.acks.acked_stream_seq
@@ -201,7 +206,7 @@ class PullEngine(Replication):
     def _deliver(self, msg: Data, now: float, effects: list[Effect]) -> bool:
         """Sequence one delivery; True when the pipeline or the acks changed (the caller covers and pumps)."""
         ack = msg.ack
-        if self.phase is Phase.FILLING:
+        if self._phases.holds_deliveries:
             self._held.append(msg)  # after what the fill reads, in delivery order
             return False
         if not self._phases.takes_deliveries:
@@ -415,7 +420,7 @@ class PullEngine(Replication):
         # would make the new epoch start with a jump (and a second resync)
         settle = self._last_pull_at + REQUEST_INTEREST_GRACE
         return [
-            replace(e, settle_until=settle) if isinstance(e, RequestReset) and settle > now else e
+            RequestResync(e.cause, e.attempt, settle if settle > now else None) if isinstance(e, RequestReset) else e
             for e in super()._reset_if_due(now)
         ]
 
@@ -439,7 +444,7 @@ class PullEngine(Replication):
     # -- internals ------------------------------------------------------------------------------------------
 
     def _ack_if_stored(self, sseq: int, reply: str, effects: list[Effect]) -> bool:
-        if sseq > self.watermark or not reply or self.phase is Phase.RECOVERING:
+        if sseq > self.watermark or not reply or self._phases.awaits_recovery:
             return False
         effects.append(Ack(self.acks.sent([reply], sseq)))
         return True

@@ -19,8 +19,18 @@ from dataclasses import dataclass
 
 from bridge.core import headers as hdr
 from bridge.core.backoff import Backoff
-from bridge.core.effects import Effect, Notice, ReadTargetLimits, ResetCause, VerifyStored
+from bridge.core.effects import (
+    Effect,
+    Notice,
+    OriginMessage,
+    PullAnchor,
+    ReadTargetLimits,
+    ResetCause,
+    ResetReply,
+    VerifyStored,
+)
 from bridge.core.inbound import Data, Inbound, Unrecognised
+from bridge.core.modes import Mode
 from bridge.core.phases import Event, Phase, PhaseMachine
 from bridge.core.pipeline import OutboundMessage, PublishPipeline, TargetLimits
 from bridge.core.resets import ResetScheduler
@@ -107,7 +117,28 @@ class Replication(ABC):
 
     @property
     def phase(self) -> Phase:
+        """The phase, for display (metrics, status); decisions read the phase sets (``bridge.core.phases``)."""
         return self._phases.phase
+
+    @property
+    @abstractmethod
+    def mode(self) -> Mode:
+        """The consumer model this engine reads the origin with."""
+
+    @property
+    def awaits_recovery(self) -> bool:
+        """The aggregate's watermark has not been read back yet: the runner reads it and reports ``recovered``."""
+        return self._phases.awaits_recovery
+
+    @property
+    def takes_deliveries(self) -> bool:
+        """Replicating: deliveries are taken (the consumer is bound and the reset or resync is done)."""
+        return self._phases.takes_deliveries
+
+    @property
+    def fc_answers(self) -> int:
+        """Flow-control answers made (a metric; 0 where the model has none)."""
+        return 0
 
     @property
     def watermark(self) -> int:
@@ -154,8 +185,11 @@ class Replication(ABC):
 
         ``origin_last_seq`` is the origin stream's last sequence: below the watermark, the origin was recreated,
         and replicating would drop every new message up to the old watermark as a "duplicate". The source then
-        stays in RECOVERING with ``refusal`` set: an operator has to decide.
+        stays in RECOVERING with ``refusal`` set: an operator has to decide. In any other phase this input is stale
+        (the one rule): nothing changes, ``refusal`` included.
         """
+        if not self._phases.can(Event.RECOVERED):
+            return []
         if origin_last_seq is not None and watermark > origin_last_seq:
             self.refusal = (
                 f"origin stream {self.settings.stream!r} ends at sequence {origin_last_seq} but the aggregate "
@@ -163,8 +197,7 @@ class Replication(ABC):
                 "source a new name (new dedupe ids and provenance) or remove its old copies from the aggregate"
             )
             return []
-        if not self._phases.process(Event.RECOVERED):
-            return []
+        self._phases.process(Event.RECOVERED)
         self.refusal = None
         self.pipeline.watermark = watermark
         self.accepted = watermark
@@ -312,6 +345,34 @@ class Replication(ABC):
             return self._reset_if_due(now)
         return []
 
+    # -- outcomes of effects only the other consumer model asks for -----------------------------------------
+    # Each engine overrides those of its own model; the rest reach an engine only if stale, and by the one rule
+    # (bridge.core.phases) change nothing. The runner feeds every outcome back without asking which engine it has.
+
+    def reset_replied(self, reply: ResetReply, now: float) -> list[Effect]:
+        """The consumer answered a ``RequestReset`` (flow-control mode)."""
+        return []
+
+    def stranded_probed(self, first_seq: int, now: float) -> list[Effect]:
+        """A ``ProbeStranded`` found the origin's first message at or after its start (flow-control mode)."""
+        return []
+
+    def stranded_probe_failed(self, reason: str, now: float) -> list[Effect]:
+        """A ``ProbeStranded`` could not read the origin (flow-control mode)."""
+        return []
+
+    def resynced(self, anchor: PullAnchor, now: float) -> list[Effect]:
+        """A ``RequestResync`` bound the consumer and read its last delivery (pull mode)."""
+        return []
+
+    def fetched(self, messages: Iterable[OriginMessage], through: int, now: float) -> list[Effect]:
+        """A ``FetchOrigin`` read the origin stream (pull mode)."""
+        return []
+
+    def fetch_failed(self, reason: str, now: float) -> list[Effect]:
+        """A ``FetchOrigin`` could not read the origin stream (pull mode)."""
+        return []
+
     def reset_failed(self, reason: str, now: float) -> list[Effect]:
         """The RESET got an error or no reply; try again after a backoff."""
         if not self._phases.process(Event.RESET_FAILED):
@@ -412,6 +473,22 @@ class Replication(ABC):
 
     # -- time -----------------------------------------------------------------------------------------------
 
+    @abstractmethod
+    def tick(self, now: float) -> list[Effect]:
+        """Advance timers (each consumer model its own way, around ``_tick``)."""
+
+    @abstractmethod
+    def source_reconnected(self, now: float) -> list[Effect]:
+        """The connection to the origin came back."""
+
+    @abstractmethod
+    def begin_shutdown(self, now: float) -> list[Effect]:
+        """Stop taking deliveries and sending new publishes; in-flight publish acks still count."""
+
+    @abstractmethod
+    def final_answer(self) -> list[Effect]:
+        """What is owed to the origin once draining is over (flow control: the held request's answer)."""
+
     def _tick(self, now: float, effects: list[Effect]) -> None:
         """What every tick does: publish ack timeouts, silence, due resets, the target's limits while blocked."""
         if self.pipeline.expire(now):
@@ -425,7 +502,7 @@ class Replication(ABC):
         effects += self._reset_if_due(now)
         if (
             self.pipeline.degraded
-            and self.phase is not Phase.STOPPING
+            and self._phases.publishes
             and now - self._limits_read_at >= self.settings.limits_refresh
         ):
             self._limits_read_at = now
@@ -466,7 +543,7 @@ class Replication(ABC):
             effects.append(Notice("publish.unblocked", fields={"watermark": self.watermark}))
 
     def _pump(self, now: float, effects: list[Effect]) -> None:
-        if self.phase is Phase.STOPPING:
+        if not self._phases.publishes:
             return
         generation = self.pipeline.unverified
         if generation and not self._verifying and now >= self._verify_due:

@@ -1,0 +1,183 @@
+"""One lease's states and every transition between them, in one table (as ``bridge.core.phases`` is for the engine).
+
+``Fleet`` (``bridge.core.fleet``) never assigns a lease's state itself: it reports a ``LeaseEvent`` to
+``LeaseMachine.process``, which looks the pair up in ``TRANSITIONS``. Reading this module is enough to know the life
+cycle of a lease::
+
+    STANDBY --acquire_sent--> ACQUIRING --acquired--> OWNED --hand_over--> DRAINING --source_stopped--> RELEASING
+     ^ ^ ^                        |                     |                     |                            |
+     | | +-----acquire_failed-----+                     |                     |                            |
+     | +-------lost (the fence passed)------------------+---------------------+                            |
+     +---------released (the delete was made, or failed and the key expires by itself)---------------------+
+
+A renew goes out when due from OWNED and DRAINING. While it is in flight the lease is in that state's renewing
+twin, which moves along the line above as the state does (a handover or a stop does not wait for the reply), and
+the reply is taken only there::
+
+    OWNED    --renew_sent--> RENEWING --hand_over--> DRAINING_RENEWING --source_stopped--> RELEASING_RENEWING
+    DRAINING --renew_sent--> DRAINING_RENEWING
+
+    RENEWING           --renewed / renew_failed / renew_adopted--> OWNED
+    DRAINING_RENEWING  --renewed / renew_failed / renew_adopted--> DRAINING
+    RELEASING_RENEWING --renewed / renew_failed / renew_adopted--> RELEASING
+    RENEWING, DRAINING_RENEWING, RELEASING_RENEWING --renew_refused--> STANDBY   (the key is someone else's)
+    RENEWING, DRAINING_RENEWING                     --lost-->          STANDBY
+    RELEASING_RENEWING                              --released-->      STANDBY
+
+The rule for inputs that arrive in the wrong state (one rule, everywhere):
+
+* **An event the table does not list for the current state changes nothing, and the input that caused it returns
+  no effects.** Such inputs are stale, never errors: a renew reply for a lease lost or released meanwhile (the
+  next term's renew is a new request), an ``acquired`` for a lease that is not being acquired, a second
+  ``source_stopped``, a ``released`` while the source still drains. No input raises because of the state.
+
+Everything else in ``Fleet`` that depends on the state asks the table (``LeaseMachine.can``) or reads one of the
+state sets below (through ``LeaseMachine``'s attributes), never a comparison with one state, so this module is the
+whole story:
+
+================  =================================================================================================
+``standby``       STANDBY: not ours; the next view may decide to acquire it
+``owned``         every state but STANDBY and ACQUIRING: the key is ours, the fence may be open (``Lease.holds``)
+``serving``       OWNED, RENEWING: ours and kept, counted against the fair share; what ``hand_over`` leaves
+``source_runs``   OWNED, RENEWING, DRAINING, DRAINING_RENEWING: the source may act, so the ticker watches the
+                  fence (``lost`` once it passes)
+``renews``        OWNED, DRAINING: a renew goes out when one is due (none is in flight)
+================  =================================================================================================
+
+What users see (``status``, metrics) are four names, ``public_state``: standby, acquiring, owned (OWNED,
+RENEWING) and releasing (the draining and releasing states).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class LeaseState(Enum):
+    """Where one source's lease is, as this process sees it."""
+
+    STANDBY = "standby"  # not ours
+    ACQUIRING = "acquiring"  # a create (or a take-back of our own key) is in flight
+    OWNED = "owned"  # ours: the source runs, fenced by ``valid_until``
+    RENEWING = "renewing"  # OWNED, and a renew is in flight
+    DRAINING = "draining"  # ours, being given up: a graceful StopSource is under way, renews go on
+    DRAINING_RENEWING = "draining_renewing"  # DRAINING, and a renew is in flight
+    RELEASING = "releasing"  # the source stopped: the delete is in flight and the fence closed
+    RELEASING_RENEWING = "releasing_renewing"  # RELEASING, and a renew sent while draining is not answered yet
+
+
+class LeaseEvent(Enum):
+    """What moves a lease from one state to another."""
+
+    ACQUIRE_SENT = "acquire_sent"  # the next view decided to take the key: a create (or take-back) went out
+    ACQUIRED = "acquired"  # the create was stored: the key is ours from the time it was sent
+    ACQUIRE_FAILED = "acquire_failed"  # the create was refused or unanswered: the next view decides again
+    RENEW_SENT = "renew_sent"  # a renew fell due and went out
+    RENEWED = "renewed"  # the renew was stored: the fence moves to its send time + ttl - guard
+    RENEW_FAILED = "renew_failed"  # the renew got no answer or an error: it is tried again soon
+    RENEW_ADOPTED = "renew_adopted"  # refused, but the key holds an earlier write of ours: take its revision
+    RENEW_REFUSED = "renew_refused"  # refused: the key is someone else's (or gone); the source stops at once
+    HAND_OVER = "hand_over"  # a rebalance, a shutdown or a source removed: drain the source, then release
+    SOURCE_STOPPED = "source_stopped"  # the graceful stop finished: the delete goes out
+    RELEASED = "released"  # the delete was made, or failed (the key then expires by itself)
+    LOST = "lost"  # the fence passed while the source may act (or the acquisition landed too late to act on)
+
+
+_RENEW_REPLIES = (LeaseEvent.RENEWED, LeaseEvent.RENEW_FAILED, LeaseEvent.RENEW_ADOPTED)
+
+TRANSITIONS: dict[LeaseState, dict[LeaseEvent, LeaseState]] = {
+    LeaseState.STANDBY: {LeaseEvent.ACQUIRE_SENT: LeaseState.ACQUIRING},
+    LeaseState.ACQUIRING: {LeaseEvent.ACQUIRED: LeaseState.OWNED, LeaseEvent.ACQUIRE_FAILED: LeaseState.STANDBY},
+    LeaseState.OWNED: {
+        LeaseEvent.RENEW_SENT: LeaseState.RENEWING,
+        LeaseEvent.HAND_OVER: LeaseState.DRAINING,
+        LeaseEvent.LOST: LeaseState.STANDBY,
+    },
+    LeaseState.RENEWING: {
+        **dict.fromkeys(_RENEW_REPLIES, LeaseState.OWNED),
+        LeaseEvent.RENEW_REFUSED: LeaseState.STANDBY,
+        LeaseEvent.HAND_OVER: LeaseState.DRAINING_RENEWING,
+        LeaseEvent.LOST: LeaseState.STANDBY,
+    },
+    LeaseState.DRAINING: {
+        LeaseEvent.RENEW_SENT: LeaseState.DRAINING_RENEWING,
+        LeaseEvent.SOURCE_STOPPED: LeaseState.RELEASING,
+        LeaseEvent.LOST: LeaseState.STANDBY,
+    },
+    LeaseState.DRAINING_RENEWING: {
+        **dict.fromkeys(_RENEW_REPLIES, LeaseState.DRAINING),
+        LeaseEvent.RENEW_REFUSED: LeaseState.STANDBY,
+        LeaseEvent.SOURCE_STOPPED: LeaseState.RELEASING_RENEWING,
+        LeaseEvent.LOST: LeaseState.STANDBY,
+    },
+    LeaseState.RELEASING: {LeaseEvent.RELEASED: LeaseState.STANDBY},
+    LeaseState.RELEASING_RENEWING: {
+        **dict.fromkeys(_RENEW_REPLIES, LeaseState.RELEASING),
+        LeaseEvent.RENEW_REFUSED: LeaseState.STANDBY,
+        LeaseEvent.RELEASED: LeaseState.STANDBY,
+    },
+}
+
+# ours: the fence may be open; status and metrics call these "owned"
+OURS = frozenset(set(LeaseState) - {LeaseState.STANDBY, LeaseState.ACQUIRING})
+# ours and kept: counted against the fair share, and what a handover can take
+SERVING = frozenset({LeaseState.OWNED, LeaseState.RENEWING})
+# the source may act on this lease: the ticker closes the fence (LOST) once it passes
+SOURCE_RUNS = frozenset({LeaseState.OWNED, LeaseState.RENEWING, LeaseState.DRAINING, LeaseState.DRAINING_RENEWING})
+# a renew goes out when due: the lease must outlive a long drain too, and one renew is in flight at a time
+RENEWS = frozenset({LeaseState.OWNED, LeaseState.DRAINING})
+
+PUBLIC_STATE: dict[LeaseState, str] = {
+    LeaseState.STANDBY: "standby",
+    LeaseState.ACQUIRING: "acquiring",
+    LeaseState.OWNED: "owned",
+    LeaseState.RENEWING: "owned",
+    LeaseState.DRAINING: "releasing",
+    LeaseState.DRAINING_RENEWING: "releasing",
+    LeaseState.RELEASING: "releasing",
+    LeaseState.RELEASING_RENEWING: "releasing",
+}
+
+
+class LeaseMachine:
+    """One lease's state; changed only through ``process`` and the table."""
+
+    __slots__ = ("_row", "_state", "owned", "renews", "serving", "source_runs", "standby")
+
+    def __init__(self, state: LeaseState = LeaseState.STANDBY) -> None:
+        self._enter(state)
+
+    def __repr__(self) -> str:
+        return f"LeaseMachine({self._state.name})"
+
+    @property
+    def state(self) -> LeaseState:
+        return self._state
+
+    @property
+    def public_state(self) -> str:
+        """The state as ``status`` and metrics show it: standby, acquiring, owned or releasing."""
+        return PUBLIC_STATE[self._state]
+
+    def can(self, event: LeaseEvent) -> bool:
+        """``event`` is a transition from the current state."""
+        return event in self._row
+
+    def process(self, event: LeaseEvent) -> bool:
+        """Move along the table; False (and no change) when ``event`` is not a transition from this state."""
+        target = self._row.get(event)
+        if target is None:
+            return False
+        self._enter(target)
+        return True
+
+    def _enter(self, state: LeaseState) -> None:
+        self._state = state
+        self._row = TRANSITIONS[state]
+        # read by the fence check before every action and by the ticker for every lease: looked up once per change
+        # (an Enum hashes in Python)
+        self.standby = state is LeaseState.STANDBY
+        self.owned = state in OURS
+        self.serving = state in SERVING
+        self.source_runs = state in SOURCE_RUNS
+        self.renews = state in RENEWS
