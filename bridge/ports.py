@@ -1,5 +1,7 @@
 """What a source runner needs from the world, as protocols: the origin and the aggregate.
 
+This module sits below both ``bridge.io`` (which implements the ports over nats-py) and ``bridge.runtime`` (which
+performs the engine's effects through them); the values they carry are the core's (``bridge.core.effects``).
 ``SourceRunner`` performs the engine's effects only through these, so the same runner runs against nats-py
 (``bridge.io.origin.OriginClient`` and ``bridge.io.aggregate.AggregateSide``) and, in its unit tests, against the
 in-memory fakes of ``bridge.testing.fakes``. Every method raises only the ``bridge.errors`` family.
@@ -8,40 +10,29 @@ in-memory fakes of ``bridge.testing.fakes``. Every method raises only the ``brid
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-from bridge.core.effects import AnswerFlowControl, OriginMessage, Pull, PullAnchor, ResetReply
+from bridge.core.effects import (
+    AnswerFlowControl,
+    BoundConsumer,
+    OriginMessage,
+    OriginStream,
+    Pull,
+    PullAnchor,
+    ResetReply,
+)
 from bridge.core.inbound import Inbound
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.pipeline import OutboundMessage, TargetLimits
 from bridge.core.recovery import Copy
 from bridge.core.targetwire import AckOutcome
 
+# what a connection reports: lost, back (no argument), or an error nats-py met on it
 Callback = Callable[[], Awaitable[None]]
 ErrorCallback = Callable[[Exception], Awaitable[None]]
 # (message, order, attempt) for each publish; (order, attempt, why) for each one that could not be sent
 Sends = Sequence[tuple[OutboundMessage, int, int]]
 Failures = list[tuple[int, int, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class OriginStream:
-    """What start-up reads of the origin stream."""
-
-    workqueue: bool  # WorkQueue retention: acked messages are deleted (and can be stranded)
-    last_seq: int
-    api_level: int | None = None  # the server's JetStream API level (``_nats.level``; None: older than 2.11)
-    version: str | None = None  # the server's version (``_nats.ver``), when it says
-
-
-@dataclass(frozen=True, slots=True)
-class BoundConsumer:
-    """The origin consumer as created or looked up."""
-
-    created: str | None
-    ack_floor: int
-    num_pending: int | None
 
 
 class OriginPort(Protocol):

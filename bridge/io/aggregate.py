@@ -49,7 +49,7 @@ def duplicate_window_short(window_seconds: float, ack_timeout: float) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class TargetSide:
-    """The shared connection to the aggregate (``bridge.runtime.ports.TargetPort`` over nats-py)."""
+    """The shared connection to the aggregate (``bridge.ports.TargetPort`` over nats-py)."""
 
     nc: NATS
     api: JsApi

@@ -12,7 +12,6 @@ not have tried another server anyway), and is bounded in time whatever happens.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -21,6 +20,7 @@ from nats.aio.client import Client as NATS
 
 from bridge.errors import BridgeError
 from bridge.io import wire
+from bridge.ports import Callback, ErrorCallback
 
 if TYPE_CHECKING:
     from pydantic import SecretStr
@@ -44,9 +44,6 @@ class ConnectionSettings(Protocol):
 # connect_timeout for the TCP connect, the INFO line, the TLS handshake and the PONG, plus the wait between tries.
 _ATTEMPTS_PER_SERVER = 2
 _TIMEOUTS_PER_ATTEMPT = 4
-
-Callback = Callable[[], Awaitable[None]]
-ErrorCallback = Callable[[Exception], Awaitable[None]]
 
 
 def _secret(value: SecretStr | None) -> str | None:

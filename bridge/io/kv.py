@@ -28,7 +28,7 @@ from bridge.errors import ApiError, ApiTimeout, ApiUnavailable, BridgeError
 from bridge.io import wire
 from bridge.io.connect import describe
 from bridge.io.directget import read_batches
-from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi, request_json
+from bridge.io.jsapi import STREAM_NAME_IN_USE, STREAM_NOT_FOUND, JsApi, request_json
 
 WRONG_LAST_SEQUENCE = 10071
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -120,7 +120,7 @@ class KvBucket:
         try:
             reply = await self.api.request(f"STREAM.CREATE.{self.stream}", config, timeout)
         except ApiError as exc:
-            if exc.err_code == 10058:  # created by a twin in the meantime
+            if exc.err_code == STREAM_NAME_IN_USE:  # created by a twin in the meantime
                 return await self.api.stream_info(self.stream, timeout=timeout), False
             raise
         return reply, True

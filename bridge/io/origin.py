@@ -1,7 +1,7 @@
 """The origin side of one source over nats-py: its connection, stream, consumer, and the deliver subject
 (flow-control mode) or the pull requests' inbox (pull mode).
 
-``OriginClient`` is the production ``bridge.runtime.ports.OriginPort``. It maps nats-py and JetStream API
+``OriginClient`` is the production ``bridge.ports.OriginPort``. It maps nats-py and JetStream API
 failures into ``bridge.errors`` here, once, so the runner never sees a nats-py exception: what cannot be sent or
 read for want of a connection is ``OriginUnavailable``; an API request answered with an error, or not answered,
 is ``ApiError``/``ApiTimeout``/``ApiUnavailable`` where the caller tells those apart (``reset``, ``anchor``,
@@ -20,15 +20,23 @@ from nats.aio.subscription import Subscription
 
 from bridge.config import SourceConfig
 from bridge.core import frames, inbound
-from bridge.core.effects import AnswerFlowControl, OriginMessage, Pull, PullAnchor, ResetReply
+from bridge.core.effects import (
+    AnswerFlowControl,
+    BoundConsumer,
+    OriginMessage,
+    OriginStream,
+    Pull,
+    PullAnchor,
+    ResetReply,
+)
 from bridge.core.frames import Frame
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
-from bridge.io.connect import Callback, ErrorCallback, describe, open_connection
+from bridge.io.connect import describe, open_connection
 from bridge.io.consumer import consumer_filters, consumer_kind, ensure_consumer
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
-from bridge.runtime.ports import BoundConsumer, OriginStream
+from bridge.ports import Callback, ErrorCallback
 
 PENDING_BYTES = 512 * 1024 * 1024
 

@@ -33,9 +33,12 @@ from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.io.kv import KvBucket
 from bridge.logs import Throttle, get_logger
 from bridge.observe.http import HttpServer, ListenError, Response, json_response, metrics_handler, parse_listen
-from bridge.observe.metrics import BridgeSnapshot, FleetSnapshot, Metrics
+from bridge.observe.metrics import BridgeSnapshot, Metrics
 from bridge.observe.systemd import Notifier, watchdog_loop
 from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
+from bridge.runtime.readiness import readyz, status_line, waiting_for
+from bridge.runtime.reload import plan_reload
+from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
 from bridge.runtime.source import TICK, SourceRunner
 from bridge.runtime.ticker import Ticker
 from bridge.runtime.waits import WaitLog
@@ -43,8 +46,8 @@ from bridge.runtime.waits import WaitLog
 if TYPE_CHECKING:
     from bridge.config import BridgeConfig, SourceConfig
 
-CONNECT_BACKOFF = Backoff(0.5, 15.0)
-CONNECT_LOG_EVERY = 30.0  # a first connect that keeps failing the same way is logged at most this often
+# a first connect that keeps failing the same way is logged at most every 30 s
+CONNECT_RETRY = RetryPolicy(Backoff(0.5, 15.0))
 
 
 LOOP_BEAT = 1.0  # how often the event loop proves it is responsive (for /healthz and the systemd watchdog)
@@ -225,6 +228,16 @@ class Bridge:
         )
 
     async def _signals(self) -> None:
+        try:
+            await self._receive_signals()
+        finally:
+            if self.stop.is_set():
+                # the receiver is gone (it leaves the default action, which kills): from here to the exit, a repeated
+                # SIGTERM or SIGINT must not turn the drain's exit code into a death by signal
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    async def _receive_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
             async for signum in received:
                 if signum == signal.SIGHUP:
@@ -291,7 +304,7 @@ class Bridge:
             sources=[s.name for s in self.config.sources],
             ttl=coordination.lease_ttl,
             replicas=coordination.replicas,
-            control=SourceControl(self._start_owned, self._stop_owned, self._abandon_owned),
+            control=SourceControl(self._start_named, self._stop_source, self._abandon_source),
             shutdown_grace=self.config.engine.shutdown_grace,
         )
         try:
@@ -312,19 +325,20 @@ class Bridge:
             self.log.info("coordination.connected", servers=list(coordination.servers or ()))
         return self._kv_nc
 
-    def _start_owned(self, name: str, fence: Fence) -> None:
+    def _start_named(self, name: str, fence: Fence | None = None) -> None:
+        """Start the configured source ``name`` (under ``fence`` with leases); nothing if it is not configured."""
         source = next((s for s in self.config.sources if s.name == name), None)
         if source is None or self._sources_tg is None:
             return
         self._start_source(source, fence)
 
-    async def _stop_owned(self, name: str) -> None:
+    async def _stop_source(self, name: str) -> None:
         task = self._tasks.pop(name, None)
         if task is not None:
             task.stop.set()
             await task.done.wait()
 
-    def _abandon_owned(self, name: str) -> None:
+    def _abandon_source(self, name: str) -> None:
         task = self._tasks.pop(name, None)
         if task is not None:
             task.runner.abandon("lease lost")
@@ -339,13 +353,13 @@ class Bridge:
         self.notifier.stopping("draining: answering flow control with what is stored")
 
     def _waiting_sources(self) -> list[str]:
-        waiting = [name for name, task in self._tasks.items() if not task.runner.ready.is_set()]
-        if self.config.coordination.enabled:
-            if self.fleet is None or not self.fleet.snapshot().ready:
-                waiting.append("the coordination bucket")
-            elif not self.fleet.fleet.settled():
-                waiting.append("sources without an owner yet")
-        return waiting
+        fleet = self.fleet
+        return waiting_for(
+            (name for name, task in self._tasks.items() if not task.runner.ready.is_set()),
+            coordinated=self.config.coordination.enabled,
+            fleet_ready=fleet is not None and fleet.ready(),
+            fleet_settled=fleet is not None and fleet.settled(),
+        )
 
     async def _report_ready(self) -> None:
         deadline = anyio.current_time() + READY_WAIT
@@ -363,14 +377,8 @@ class Bridge:
     # -- reload -------------------------------------------------------------------------------------------
 
     async def reload(self) -> bool:
-        """Re-read the configuration file and apply its sources; False (old configuration kept) if invalid.
-
-        Unchanged sources keep running untouched. A removed source drains and stops (flow control is answered with
-        what is stored, so nothing is lost or duplicated; its consumer stays on the origin). A changed source stops
-        the same way and starts again with its new settings; an added one starts. ``[target]``, ``[engine]``,
-        ``[http]``, ``[log]`` and ``[coordination]`` changes need a restart: they are reported, not applied. With
-        coordination, a removed source that this process owns is handed over (drained, its lease released).
-        """
+        """Re-read the configuration file and apply its sources (``bridge.runtime.reload`` says what changes);
+        False (old configuration kept) if invalid."""
         from bridge.config import load_config
 
         if self.config_path is None or self._sources_tg is None or self.stop.is_set():
@@ -383,53 +391,36 @@ class Bridge:
             self.log.error("reload.rejected", problems=list(err.problems), kept="the running configuration")
             self.notifier.ready("configuration reload rejected; running the previous one")
             return False
-        old_sources = {s.name: s for s in self.config.sources}
-        new_sources = {s.name: s for s in new.sources}
-        removed = [n for n in old_sources if n not in new_sources]
-        added = [n for n in new_sources if n not in old_sources]
-        changed = [n for n in old_sources if n in new_sources and old_sources[n] != new_sources[n]]
-        fixed = [
-            k for k in ("target", "engine", "http", "log", "coordination") if getattr(new, k) != getattr(self.config, k)
-        ]
-        if fixed:
-            self.log.warning("reload.restart_required", sections=fixed, hint="these sections apply on restart only")
-        self.config = self.config.model_copy(update={"sources": new.sources})
         fleet = self.fleet
+        plan = plan_reload(self.config, new, self._tasks.keys(), coordinated=fleet is not None)
+        if plan.restart_required:
+            self.log.warning(
+                "reload.restart_required", sections=plan.restart_required, hint="these sections apply on restart only"
+            )
+        self.config = self.config.model_copy(update={"sources": new.sources})
+        for name in plan.stop:
+            await self._stop_source(name)
+        for name in plan.start:
+            self._start_named(name)
         if fleet is not None:
-            # ownership decides what runs: a changed source that is ours restarts under the same lease; removed
-            # and added ones are handed over or taken up by the fleet
-            for name in changed:
-                if name in self._tasks:
-                    await self._stop_owned(name)
-                    if fleet.fleet.holds(name, fleet.clock()):
-                        self._start_owned(name, fleet.fence(name))
-            fleet.set_sources([s.name for s in new.sources])
-        else:
-            for name in removed + changed:
-                task = self._tasks.pop(name)
-                task.stop.set()
-                await task.done.wait()
-            for source in new.sources:
-                if source.name in added or source.name in changed:
-                    self._start_source(source)
+            for name in plan.restart_if_held:
+                if fleet.holds(name):
+                    self._start_named(name, fleet.fence(name))
+            fleet.set_sources(plan.sources)  # hands over what was removed, takes up what was added
         self.log.info(
-            "reload.applied",
-            added=added,
-            removed=removed,
-            changed=changed,
-            unchanged=[n for n in new_sources if n not in added and n not in changed],
+            "reload.applied", added=plan.added, removed=plan.removed, changed=plan.changed, unchanged=plan.unchanged
         )
         self.notifier.ready(self._status_line())
         return True
 
     def _status_line(self) -> str:
-        running = [name for name, task in self._tasks.items() if task.runner.ready.is_set()]
-        if self.config.coordination.enabled:
-            return (
-                f"replicating {len(running)} of {len(self.config.sources)} source(s), standby for the others"
-                f" (instance {self.config.coordination.instance})"
-            )
-        return f"replicating {len(running)} of {len(self._tasks)} source(s)"
+        coordination = self.config.coordination
+        return status_line(
+            sum(1 for task in self._tasks.values() if task.runner.ready.is_set()),
+            running=len(self._tasks),
+            configured=len(self.config.sources),
+            instance=coordination.instance if coordination.enabled else None,
+        )
 
     # -- health -------------------------------------------------------------------------------------------
 
@@ -458,42 +449,10 @@ class Bridge:
         return json_response(200, {"status": "ok"})
 
     def _readyz(self) -> Response:
-        snap = self.snapshot()
-        sources: dict[str, Any] = {}
-        body: dict[str, Any] = {}
-        if self.config.coordination.enabled:
-            # a healthy standby is ready: an orchestrator waiting for it before stopping the owner must not deadlock
-            fleet = snap.fleet
-            ready = snap.target_connected and fleet is not None and fleet.ready
-            body["fleet"] = _fleet_json(fleet)
-            for lease in fleet.leases if fleet is not None else ():
-                if not lease.owned:
-                    sources[lease.source] = {
-                        "ready": True,
-                        "reasons": [],
-                        "role": "standby",
-                        "owner": lease.owner or None,
-                        "owner_host": lease.owner_host or None,
-                    }
-        else:
-            ready = snap.target_connected and bool(snap.sources)
-        for src in snap.sources:
-            reasons = []
-            if not src.origin_connected:
-                reasons.append("origin not connected")
-            if not src.consumer_bound:
-                reasons.append("consumer not bound yet")
-            if src.stalled:
-                reasons.append(f"stalled: no progress for {src.seconds_since_progress:.0f}s with messages waiting")
-            ready = ready and not reasons
-            sources[src.source] = {"ready": not reasons, "reasons": reasons, "role": "owner", **src.to_json()}
-        body = {
-            "ready": ready,
-            "target": {"connected": snap.target_connected, "stream": self.config.target.stream},
-            **body,
-            "sources": sources,
-        }
-        return json_response(200 if ready else 503, body)
+        answer = readyz(
+            self.snapshot(), coordinated=self.config.coordination.enabled, target_stream=self.config.target.stream
+        )
+        return json_response(200 if answer.ready else 503, answer.body)
 
     async def _serve_http(
         self, server: HttpServer | None = None, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -561,36 +520,31 @@ class Bridge:
         """Connect to ``side``'s servers, retrying with backoff until connected or stopped (then None).
 
         A side that never connected is not "disconnected": its failed attempts are logged as ``<role>.connect_failed``
-        (the servers and the cause), the first one at once, then at most every ``CONNECT_LOG_EVERY`` seconds while
+        (the servers and the cause), the first one at once, then at most every 30 seconds (``CONNECT_RETRY``) while
         the cause stays the same, with the attempts made and how many lines were held back. The callbacks are for
         the live connection only (the callers ignore what nats-py reports while a first connect fails).
         """
-        attempt = 0
-        throttle = Throttle(CONNECT_LOG_EVERY)
-        while not self.stop.is_set():
-            attempt += 1
-            try:
-                return await open_connection(
-                    side, name=f"nats-bridge {role}", error_type=TargetUnavailable, **callbacks
+
+        def report(exc: BaseException, step: RetryStep) -> None:
+            error = str(exc)
+            if step.report:
+                self.log.warning(
+                    f"{role}.connect_failed",
+                    servers=list(side.servers),
+                    error=error,
+                    attempts=step.attempt,
+                    similar_suppressed=step.suppressed,
+                    retry_in=round(step.delay, 3),
                 )
-            except BridgeError as exc:
-                delay = CONNECT_BACKOFF.delay(attempt)
-                error = str(exc)
-                held = throttle.allow(time.monotonic(), error)
-                if held is not None:
-                    self.log.warning(
-                        f"{role}.connect_failed",
-                        servers=list(side.servers),
-                        error=error,
-                        attempts=attempt,
-                        similar_suppressed=held,
-                        retry_in=delay,
-                    )
-                if on_failed is not None:
-                    on_failed(error)
-                with anyio.move_on_after(delay):
-                    await self.stop.wait()
-        return None
+            if on_failed is not None:
+                on_failed(error)
+
+        async def attempt() -> NATS:
+            return await open_connection(side, name=f"nats-bridge {role}", error_type=TargetUnavailable, **callbacks)
+
+        return await retry_until_stopped(
+            self.stop, attempt, CONNECT_RETRY, retry_on=(BridgeError,), kind=str, report=report
+        )
 
     async def _check_target_stream(self, side: TargetSide) -> None:
         try:
@@ -653,16 +607,3 @@ class Bridge:
         suppressed = self._error_throttle.allow(time.monotonic())
         if suppressed is not None:
             self.log.warning("target.error", **error_fields(exc), similar_suppressed=suppressed)
-
-
-def _fleet_json(fleet: FleetSnapshot | None) -> dict[str, Any]:
-    if fleet is None:
-        return {"ready": False, "reason": "the coordination bucket is not usable yet"}
-    return {
-        "ready": fleet.ready,
-        "instance": fleet.instance,
-        "bucket": fleet.bucket,
-        "lease_ttl": fleet.ttl,
-        "members": list(fleet.members),
-        "owned": [lease.source for lease in fleet.leases if lease.owned],
-    }

@@ -43,10 +43,11 @@ from bridge.errors import BridgeError
 from bridge.io.kv import KvBucket, KvConflict, json_object, parse_view
 from bridge.logs import get_logger
 from bridge.observe.metrics import FleetSnapshot, LeaseSnapshot
+from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
 from bridge.runtime.waits import WaitLog
 
 TICK = 0.05
-SETUP_BACKOFF = Backoff(1.0, 15.0)
+SETUP_RETRY = RetryPolicy(Backoff(1.0, 15.0))  # the coordination bucket: the same failure logged every 30 s at most
 
 
 def lease_clock() -> float:
@@ -118,6 +119,18 @@ class FleetRunner:
 
         return holds
 
+    def holds(self, source: str) -> bool:
+        """The fence of ``source`` now: this process may act on it."""
+        return self.fleet.holds(source, self.clock())
+
+    def ready(self) -> bool:
+        """The bucket was read within a TTL: this process knows who owns what."""
+        return self.clock() - self.fleet.view_age_origin < self.fleet.timing.ttl
+
+    def settled(self) -> bool:
+        """Every configured source has an owner (this process or another live one)."""
+        return self.fleet.settled()
+
     def snapshot(self) -> FleetSnapshot:
         """The fleet as this process sees it now."""
         now = self.clock()
@@ -126,12 +139,12 @@ class FleetRunner:
         for name in fleet.configured:
             lease = fleet.leases[name]
             holder = fleet.holders.get(name)
-            owned = lease.state in (LeaseState.OWNED, LeaseState.RELEASING)
+            owned = lease.owned
             leases.append(
                 LeaseSnapshot(
                     source=name,
                     owned=owned,
-                    state=lease.state.value,
+                    state=lease.public_state,
                     owner=self.instance if owned else (holder.instance if holder else ""),
                     owner_host=self.host if owned else (holder.host if holder else ""),
                     owner_since=self._since.get(name) if owned else (holder.since if holder else None),
@@ -145,7 +158,7 @@ class FleetRunner:
             instance=self.instance,
             bucket=self.kv.bucket,
             ttl=fleet.timing.ttl,
-            ready=now - fleet.view_age_origin < fleet.timing.ttl,
+            ready=self.ready(),
             members=tuple(sorted(fleet.members)),
             leases=tuple(leases),
         )
@@ -183,43 +196,42 @@ class FleetRunner:
         self.log.info("fleet.left")
 
     async def _ensure_bucket(self, stop: anyio.Event) -> bool:
-        attempt = 0
-        timeout = 5.0
-        while not stop.is_set():
-            attempt += 1
-            try:
-                ttl = await self.kv.ensure(self.configured_ttl, self.replicas, timeout)
-            except BridgeError as exc:
-                delay = SETUP_BACKOFF.delay(attempt)
+        def report(exc: BaseException, step: RetryStep) -> None:
+            if step.report:
                 self.log.error(
                     "fleet.bucket_unavailable",
                     bucket=self.kv.bucket,
                     error=str(exc),
-                    retry_in=delay,
+                    attempts=step.attempt,
+                    similar_suppressed=step.suppressed,
+                    retry_in=round(step.delay, 3),
                     hint="no source is replicated until the coordination bucket can be used (see README, Deployment)",
                 )
-                with anyio.move_on_after(delay):
-                    await stop.wait()
-                continue
-            if abs(ttl - self.configured_ttl) > 1e-3:
-                self.log.warning(
-                    "fleet.ttl_from_bucket",
-                    bucket=self.kv.bucket,
-                    bucket_ttl=ttl,
-                    configured=self.configured_ttl,
-                    hint="the bucket's max_age is what the server enforces; leases are timed by it",
-                )
-                self.fleet.timing = LeaseTiming(ttl)
-            self.log.info(
-                "fleet.joined",
+
+        async def attempt() -> float:
+            return await self.kv.ensure(self.configured_ttl, self.replicas, 5.0)
+
+        ttl = await retry_until_stopped(stop, attempt, SETUP_RETRY, retry_on=(BridgeError,), kind=str, report=report)
+        if ttl is None:
+            return False
+        if abs(ttl - self.configured_ttl) > 1e-3:
+            self.log.warning(
+                "fleet.ttl_from_bucket",
                 bucket=self.kv.bucket,
-                ttl=ttl,
-                incarnation=self.incarnation,
-                sources=self.fleet.configured,
+                bucket_ttl=ttl,
+                configured=self.configured_ttl,
+                hint="the bucket's max_age is what the server enforces; leases are timed by it",
             )
-            self.bucket_ready.set()
-            return True
-        return False
+            self.fleet.timing = LeaseTiming(ttl)
+        self.log.info(
+            "fleet.joined",
+            bucket=self.kv.bucket,
+            ttl=ttl,
+            incarnation=self.incarnation,
+            sources=self.fleet.configured,
+        )
+        self.bucket_ready.set()
+        return True
 
     async def _ticker(self) -> None:
         while True:

@@ -1,7 +1,7 @@
 """One source's pipeline: the engine driven by a subscription, a publisher, a ticker and one effect executor.
 
 The runner decides nothing: the engine (``bridge.core.engine``) decides, and the runner performs its effects
-through the origin and target ports (``bridge.runtime.ports``) and feeds every outcome back.
+through the origin and target ports (``bridge.ports``) and feeds every outcome back.
 
 Task ownership (all inside the runner's task group, cancelled together when the runner ends):
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, assert_never
 
 import anyio
@@ -46,31 +46,34 @@ from bridge.core.effects import (
     Effect,
     FetchOrigin,
     Notice,
+    OriginStream,
     ProbeStranded,
     Publish,
     Pull,
     ReadTargetLimits,
     RequestReset,
+    RequestResync,
     VerifyStored,
 )
-from bridge.core.engine import EngineSettings, Phase, SourceEngine
+from bridge.core.engine import EngineSettings, SourceEngine
 from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode, mode_key
 from bridge.core.pull import PullEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
+from bridge.core.replication import Replication
 from bridge.core.targetwire import AckOutcome
 from bridge.errors import ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
 from bridge.io.connect import describe, error_fields
 from bridge.io.origin import OriginClient
 from bridge.logs import Throttle, get_logger
 from bridge.observe.metrics import SourceObservers, SourceSnapshot
-from bridge.runtime.ports import OriginPort, OriginStream, PublisherPort, TargetPort
+from bridge.ports import OriginPort, PublisherPort, TargetPort
+from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
 from bridge.runtime.ticker import Ticker
 from bridge.runtime.waits import WaitLog
 
 TICK = 0.1
 PUBLISH_BATCH = 256  # publishes written to the target in one command at most
-SETUP_BACKOFF = Backoff(1.0, 30.0)
-SETUP_LOG_EVERY = 30.0  # a setup that keeps failing the same way is logged at most this often
+SETUP_RETRY = RetryPolicy(Backoff(1.0, 30.0))  # a setup that keeps failing the same way: logged every 30 s at most
 
 
 def engine_settings(
@@ -93,7 +96,7 @@ def engine_settings(
     )
 
 
-def new_engine(mode: Mode, settings: EngineSettings, now: float) -> SourceEngine | PullEngine:
+def new_engine(mode: Mode, settings: EngineSettings, now: float) -> Replication:
     """The engine of a consumer model."""
     return PullEngine(settings, now) if mode is Mode.PULL else SourceEngine(settings, now)
 
@@ -210,37 +213,43 @@ class SourceRunner:
         tg.cancel_scope.cancel()
 
     async def _setup(self, stop: anyio.Event) -> None:
-        attempt = 0
-        throttle = Throttle(SETUP_LOG_EVERY)  # the same failure again is logged at most this often
-        began: set[str] = set()
-        while not stop.is_set():
-            attempt += 1
-            try:
-                await self._setup_once()
-                for reason in ("origin", "consumer", *sorted(began)):
-                    self.waits.end(reason)
-                return
-            except (BridgeError, OSError) as exc:
-                self.last_error = str(exc)
-                delay = SETUP_BACKOFF.delay(attempt)
-                reason, fields = self._setup_wait(exc)
-                for passed in sorted(began - {reason}):  # e.g. the origin answers now, its consumer is unfit
-                    self.waits.end(passed)
-                self.waits.begin(reason, **fields)
-                began = {reason}
-                held = throttle.allow(self.clock(), (reason, type(exc).__name__))
-                if held is not None:
-                    level = "error" if isinstance(exc, ConsumerUnfit) or attempt > 3 else "warning"
-                    getattr(self.log, level)(
-                        "source.setup_failed",
-                        error=str(exc),
-                        error_type=type(exc).__name__,
-                        attempts=attempt,
-                        similar_suppressed=held,
-                        retry_in=delay,
-                    )
-                with anyio.move_on_after(delay):
-                    await stop.wait()
+        began: set[str] = set()  # what the source is waiting for now (source.waiting lines)
+
+        def report(exc: BaseException, step: RetryStep) -> None:
+            self.last_error = str(exc)
+            reason, fields = self._setup_wait(exc)
+            for passed in sorted(began - {reason}):  # e.g. the origin answers now, its consumer is unfit
+                self.waits.end(passed)
+            self.waits.begin(reason, **fields)
+            began.clear()
+            began.add(reason)
+            if step.report:
+                level = "error" if isinstance(exc, ConsumerUnfit) or step.attempt > 3 else "warning"
+                getattr(self.log, level)(
+                    "source.setup_failed",
+                    error=str(exc),
+                    error_type=type(exc).__name__,
+                    attempts=step.attempt,
+                    similar_suppressed=step.suppressed,
+                    retry_in=round(step.delay, 3),
+                )
+
+        async def attempt() -> bool:
+            await self._setup_once()
+            return True
+
+        done = await retry_until_stopped(
+            stop,
+            attempt,
+            SETUP_RETRY,
+            retry_on=(BridgeError, OSError),
+            kind=lambda exc: (self._setup_wait(exc)[0], type(exc).__name__),
+            report=report,
+            clock=self.clock,
+        )
+        if done:
+            for reason in ("origin", "consumer", *sorted(began)):
+                self.waits.end(reason)
 
     def _setup_wait(self, exc: BaseException) -> tuple[str, dict[str, Any]]:
         """What a failed setup waits for, and the fields that say why (for ``source.waiting``)."""
@@ -279,7 +288,7 @@ class SourceRunner:
             ack_floor=bound.ack_floor,
             num_pending=bound.num_pending,
         )
-        if self.engine.phase is Phase.RECOVERING:
+        if self.engine.awaits_recovery:
             await self._recover(stream, bound.ack_floor)
         if self._publisher is None:
             self._publisher = self.target.publisher(self._on_outcomes)
@@ -301,7 +310,7 @@ class SourceRunner:
             raise ConsumerUnfit(message) from exc
         self.mode = choice
         self.origin.mode = choice.mode
-        if (choice.mode is Mode.PULL) != isinstance(self.engine, PullEngine):
+        if choice.mode is not self.engine.mode:
             self.engine = new_engine(choice.mode, self.engine.settings, self.clock())  # nothing happened in it yet
         self.log.info("source.mode", mode=choice.mode.value, reason=choice.reason)
 
@@ -449,7 +458,7 @@ class SourceRunner:
             source=self.source.name,
             phase=engine.phase.value,
             origin_connected=self.origin_connected,
-            consumer_bound=self.ready.is_set() and engine.phase is not Phase.RECOVERING,
+            consumer_bound=self.ready.is_set() and not engine.awaits_recovery,
             watermark=engine.watermark,
             last_delivered=engine.stats.last_delivered,
             origin_pending=engine.origin_pending,
@@ -460,7 +469,7 @@ class SourceRunner:
             deliveries=engine.stats.delivered,
             duplicates=engine.stats.duplicates,
             fc_requests=engine.stats.fc_requests,
-            fc_answers=engine.ledger.answers if isinstance(engine, SourceEngine) else 0,
+            fc_answers=engine.fc_answers,
             mode=self.mode.mode.value if self.mode is not None else "",
             mode_reason=self.mode.reason if self.mode is not None else "",
             resets=dict(engine.resets),
@@ -550,6 +559,9 @@ class SourceRunner:
             case RequestReset():
                 if not self._stopping:
                     self._tg.start_soon(self._reset, effect)
+            case RequestResync():
+                if not self._stopping:
+                    self._tg.start_soon(self._resync, effect)
             case VerifyStored():
                 self._tg.start_soon(self._verify, effect)
             case ReadTargetLimits():
@@ -581,16 +593,41 @@ class SourceRunner:
 
     async def _reset(self, request: RequestReset) -> None:
         self.log.info(
-            "resync.requested" if isinstance(self.engine, PullEngine) else "reset.requested",
+            "reset.requested",
             cause=request.cause.value,
             attempt=request.attempt,
             seq=request.seq,
             watermark=self.engine.watermark,
             last_dseq=self.engine.last_dseq,
         )
+
+        async def send() -> list[Effect]:
+            return self.engine.reset_replied(await self.origin.reset(request.seq), self.clock())
+
+        await self._repair(send)
+
+    async def _resync(self, request: RequestResync) -> None:
+        self.log.info(
+            "resync.requested",
+            cause=request.cause.value,
+            attempt=request.attempt,
+            seq=None,
+            watermark=self.engine.watermark,
+            last_dseq=self.engine.last_dseq,
+        )
+
+        async def anchor() -> list[Effect]:  # the consumer's last delivery anchors the new epoch
+            return self.engine.resynced(await self.origin.anchor(), self.clock())
+
+        await self._repair(anchor, request.settle_until)
+
+    async def _repair(self, exchange: Callable[[], Awaitable[list[Effect]]], settle_until: float | None = None) -> None:
+        """What a reset and a resync share: stop taking deliveries, wait until ``settle_until`` (the engine's clock)
+        when set, bind the consumer, ``exchange`` with it, take deliveries again whatever the outcome, and report the
+        outcome (a failure as ``reset_failed``)."""
         await self.origin.unsubscribe()
-        if request.settle_until is not None:  # pull mode: the old inbox's requests die first (the engine's wait)
-            await anyio.sleep(max(0.0, min(request.settle_until - self.clock(), 5.0)))
+        if settle_until is not None:  # pull mode: the old inbox's requests die first (the engine's wait)
+            await anyio.sleep(max(0.0, min(settle_until - self.clock(), 5.0)))
         effects: list[Effect]
         try:
             if not self.may_act():
@@ -601,11 +638,7 @@ class SourceRunner:
             await self.origin.bind()
             if not self.may_act():
                 return
-            engine = self.engine
-            if isinstance(engine, PullEngine):  # pull mode's resync: the consumer's last delivery anchors it
-                effects = engine.resynced(await self.origin.anchor(), self.clock())
-            else:
-                effects = engine.reset_replied(await self.origin.reset(request.seq), self.clock())
+            effects = await exchange()
         except ApiTimeout as exc:
             reason = f"{exc} (consumer leaderless, or origin unreachable)"
             self.last_error = f"reset: {reason}"
@@ -618,7 +651,7 @@ class SourceRunner:
         if self.fenced:
             return
         self._emit(effects)
-        if self.engine.phase is Phase.RUNNING:
+        if self.engine.takes_deliveries:
             self.ready.set()
 
     async def _pull(self, request: Pull) -> None:
@@ -639,7 +672,6 @@ class SourceRunner:
 
     async def _fetch(self, request: FetchOrigin) -> None:
         engine = self.engine
-        assert isinstance(engine, PullEngine)
         try:
             messages = await self.origin.fetch(request.after, request.through)
         except (BridgeError, OSError) as exc:
@@ -648,7 +680,7 @@ class SourceRunner:
         if self.fenced:
             return
         self._emit(engine.fetched(messages, request.through, self.clock()))
-        if engine.phase is Phase.RUNNING:
+        if engine.takes_deliveries:
             self.ready.set()
 
     async def _verify(self, request: VerifyStored) -> None:
@@ -663,7 +695,6 @@ class SourceRunner:
 
     async def _probe_stranded(self, probe: ProbeStranded) -> None:
         engine = self.engine
-        assert isinstance(engine, SourceEngine)  # a flow-control question (pull mode is acked per message)
         try:
             first = await self.origin.first_seq_from(probe.start)
         except (BridgeError, OSError) as exc:

@@ -1,4 +1,4 @@
-"""In-memory stand-ins for the runner's ports (``bridge.runtime.ports``), for unit tests of ``SourceRunner``.
+"""In-memory stand-ins for the runner's ports (``bridge.ports``), for unit tests of ``SourceRunner``.
 
 They model just enough of a consumer to drive the runner: a stream of messages, a consumer whose delivery sequence
 restarts at 1 on every RESET, answers that move the ack floor (and, on a WorkQueue, delete what they cover), and an
@@ -22,15 +22,22 @@ from dataclasses import dataclass, field
 
 from bridge.core import headers as hdr
 from bridge.core.ackreply import parse_ack_subject
-from bridge.core.effects import AnswerFlowControl, OriginMessage, Pull, PullAnchor, ResetReply
+from bridge.core.effects import (
+    AnswerFlowControl,
+    BoundConsumer,
+    OriginMessage,
+    OriginStream,
+    Pull,
+    PullAnchor,
+    ResetReply,
+)
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy
 from bridge.core.targetwire import AckOutcome
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
-from bridge.io.connect import Callback, ErrorCallback
-from bridge.runtime.ports import BoundConsumer, Failures, OriginStream, Sends
+from bridge.ports import Callback, ErrorCallback, Failures, Sends
 
 
 @dataclass

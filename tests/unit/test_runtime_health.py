@@ -17,8 +17,7 @@ from bridge.config import load_config
 from bridge.observe.systemd import Notifier
 from bridge.runtime import app
 from bridge.runtime.app import Bridge
-
-from .test_observe_http import get
+from bridge.testing.http import raw_request
 
 pytestmark = pytest.mark.anyio
 
@@ -46,7 +45,7 @@ stream = "ORDERS"
 
 
 async def _healthz(port: int) -> tuple[int, dict[str, str]]:
-    status, _, body = await get(port, "/healthz")
+    status, _, body = await raw_request(port, "/healthz")
     return status, json.loads(body)
 
 

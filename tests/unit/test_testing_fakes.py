@@ -8,7 +8,7 @@ from bridge.core.effects import OriginMessage, Pull, PullAnchor
 from bridge.core.inbound import Data, Heartbeat, Inbound, PullStatus
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import ApiTimeout, ConsumerUnfit, OriginUnavailable
-from bridge.runtime.ports import OriginPort
+from bridge.ports import OriginPort
 from bridge.testing.fakes import FakeOrigin
 
 pytestmark = pytest.mark.anyio
