@@ -38,7 +38,8 @@ from bench import natsops as ops
 from bench.common import REPO_ROOT
 from bench.model import BRIDGE
 from bench.procs import bridge_core_build, cpu_seconds
-from bench.runner import STALL_SECONDS, Options, _deadline, _measure, _World
+from bench.runner import STALL_SECONDS, Options, _deadline, measure, start_bridge
+from bench.world import World
 
 PROFILERS = ("cprofile", "py-spy", "none")
 
@@ -65,12 +66,12 @@ def run(args: argparse.Namespace) -> int:
     figures: dict[str, float] = {}
     failure: list[str] = []
 
-    async def body(world: _World, leaf: Client, hub: Client) -> None:
+    async def body(world: World, leaf: Client, hub: Client) -> None:
         await ops.create_origin(leaf, "workqueue")
         await ops.preload(leaf, args.messages, args.size, deadline=_deadline(args.messages, 5000))
         await ops.create_aggregate(hub, native=False)
         interpreter = ("-m", "cProfile", "-o", f"{base}.prof") if args.profiler == "cprofile" else ()
-        bridge = world.start_bridge(BRIDGE, interpreter_args=interpreter)
+        bridge = start_bridge(world, options, BRIDGE, interpreter_args=interpreter)
         assert bridge.pid is not None
         spy = _start_py_spy(bridge.pid, base) if args.profiler == "py-spy" else None
         marks: dict[str, float] = {}
@@ -93,14 +94,13 @@ def run(args: argparse.Namespace) -> int:
         state = await ops.stream_state(hub, ops.AGGREGATE)
         figures["msgs_per_s"] = (state.last_seq - state.first_seq) / max(state.last_ts_ns - state.first_ts_ns, 1) * 1e9
         code = await asyncio.to_thread(bridge.stop, 60.0)
-        world.bridge = None
         if spy is not None:
             _stop_py_spy(spy)
         if code != 0:
             failure.append(f"bridge exited {code} on SIGTERM")
 
     try:
-        _measure(options, "profile", body, lambda: bool(failure))
+        measure(options, "profile", body, lambda: bool(failure))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if failure:

@@ -1,6 +1,6 @@
 """``python -m bench recovery``: start-up to the first copy, and restart recovery with a large aggregate.
 
-Two measurements, every one on a fresh hub + leaf (``start_topology``, as ``bench run``), the bridge spawned as
+Two measurements, every one on a fresh hub + leaf (``bench.world``, as ``bench run``), the bridge spawned as
 ``python -m bridge run -c FILE`` in the sidecar position with ``bench.runner.bridge_config``:
 
 1. **Start-up.** A WorkQueue origin with :data:`STARTUP_WAITING` messages waiting, an empty aggregate; the time
@@ -60,13 +60,14 @@ from bench.common import loadavg, rel
 from bench.procs import cpu_seconds, git_revision, machine, revision_text
 from bench.runner import SOURCE, bridge_config
 from bench.stats import median, parse_rfc3339_ns
+from bench.world import World, guarded, in_world
 from bridge.config.defaults import DEFAULT_PUBLISH_WINDOW
 from bridge.core import headers as hdr
 from bridge.core.recovery import recovery_depth
 from bridge.io import aggregate, wire
 from bridge.io.jsapi import JsApi
-from bridge.testing.processes import REPO_ROOT, BridgeProcess, child_env
-from bridge.testing.servers import ServerStartError, Topology, find_nats_server, server_version, start_topology
+from bridge.testing.processes import REPO_ROOT, child_env
+from bridge.testing.servers import ServerStartError, find_nats_server, server_version
 
 T = TypeVar("T")
 
@@ -90,8 +91,6 @@ NEW_MESSAGES = 100  # published to the origin while the bridge is down, before e
 OTHER_SOURCE = "leaf2"  # the other source whose copies fill the newest half of a shared aggregate
 OTHER_STREAM = "ORIGIN2"
 MAX_ACK_PENDING = 1000  # the bridge's default, as `bench run`
-MAX_FILE_STORE = "64GB"  # a limit, not an allocation: a 1M aggregate with the bridge's headers is over 400 MB
-BRIDGE_STOP_TIMEOUT = 30.0
 RECOVERY_CAP = recovery_depth(DEFAULT_PUBLISH_WINDOW)  # what read_tail is given by a bridge with default settings
 REQUEST_TIMEOUT = 5.0  # the bridge's TargetSide.timeout
 CONSUMER = f"nats-bridge-{SOURCE}"  # the bridge's managed consumer (its default name)
@@ -467,86 +466,36 @@ async def _poll(
         await asyncio.sleep(ops.POLL_INTERVAL)
 
 
-# A world: fresh hub + leaf, one bridge
+# The bridge in a world (bench.world): one process, restarted
 
 
-class _World:
-    def __init__(self, directory: Path, *, deny_copies: bool) -> None:
-        self.directory = directory
-        # without a prefix the copies keep the origin's subjects: keep the hub's copies out of the leaf's origin
-        extra = f'deny_imports: ["{ops.ORIGIN_SUBJECTS}.>"]' if deny_copies else ""
-        self.topology: Topology = start_topology(
-            directory / "servers", max_file_store=MAX_FILE_STORE, leaf_remote_extra=extra
-        )
-        self.config = directory / "bridge.toml"
-        self.bridge = BridgeProcess(self.config, directory / "bridge.log")
-
-    def write_config(self, prefix: bool) -> str:
-        text = bridge_config(self.topology.hub.url, self.topology.leaf.url, "sidecar", MAX_ACK_PENDING)
-        if not prefix:
-            text = without_subject_prefix(text)
-        self.config.write_text(text)
-        return text
-
-    def spawn(self) -> int:
-        """Start the bridge; the wall-clock ns just before the spawn."""
-        spawn_ns = time.time_ns()
-        self.bridge.start()
-        return spawn_ns
-
-    def failure(self) -> str | None:
-        if self.bridge.is_running:
-            return None
-        return f"bridge exited early; log tail:\n{self.bridge.tail(15)}"
-
-    def events(self) -> list[dict[str, Any]]:
-        return run_events(self.bridge.log_text())
-
-    async def wait_event(self, name: str, deadline: float) -> Mapping[str, Any]:
-        async def probe() -> Mapping[str, Any] | None:
-            return first_event(self.events(), name)
-
-        return await _poll(f"bridge log event {name}", probe, deadline, self.failure)
-
-    async def stop_bridge(self) -> int:
-        """SIGTERM; the exit code (a bridge that ignores it for 30 s is killed and raises TimeoutError)."""
-        return await asyncio.to_thread(self.bridge.stop, BRIDGE_STOP_TIMEOUT)
-
-    def close(self, ok: bool, keep: bool) -> None:
-        try:
-            self.bridge.cleanup()
-        finally:
-            self.topology.stop()
-            if ok and not keep:
-                shutil.rmtree(self.directory, ignore_errors=True)
+def _leaf_remote_extra(prefix: bool) -> str:
+    # without a prefix the copies keep the origin's subjects: keep the hub's copies out of the leaf's origin
+    return "" if prefix else f'deny_imports: ["{ops.ORIGIN_SUBJECTS}.>"]'
 
 
-def _in_world(
-    directory: Path,
-    deny_copies: bool,
-    keep: bool,
-    body: Callable[[_World, Client, Client], Awaitable[None]],
-    failed: Callable[[], bool],
-) -> None:
-    """Start a world, run ``body(world, leaf, hub)`` in a fresh event loop, always tear the world down."""
-    world = _World(directory, deny_copies=deny_copies)
-    ok = False
-    try:
+def _write_config(world: World, prefix: bool) -> None:
+    text = bridge_config(world.topology.hub.url, world.topology.leaf.url, "sidecar", MAX_ACK_PENDING)
+    world.write_config(text if prefix else without_subject_prefix(text))
 
-        async def main() -> None:
-            leaf = await ops.connect(world.topology.leaf.url, "bench leaf")
-            hub = await ops.connect(world.topology.hub.url, "bench hub")
-            try:
-                await body(world, leaf, hub)
-            finally:
-                for nc in (leaf, hub):
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(nc.close(), 5)
 
-        asyncio.run(main())
-        ok = not failed()
-    finally:
-        world.close(ok, keep)
+def _spawn(world: World) -> int:
+    """Start the bridge; the wall-clock ns just before the spawn."""
+    spawn_ns = time.time_ns()
+    world.start_bridge()
+    return spawn_ns
+
+
+def _events(world: World) -> list[dict[str, Any]]:
+    """The log events of the bridge's latest run."""
+    return run_events(world.bridge.log_text()) if world.bridge is not None else []
+
+
+async def _wait_event(world: World, name: str, deadline: float) -> Mapping[str, Any]:
+    async def probe() -> Mapping[str, Any] | None:
+        return first_event(_events(world), name)
+
+    return await _poll(f"bridge log event {name}", probe, deadline, world.bridge_failure)
 
 
 def _aggregate_config(prefix: bool, cap: int | None) -> dict[str, Any]:
@@ -566,35 +515,24 @@ def startup(workdir: Path, rep: int, keep: bool) -> StartupRun:
     run = StartupRun(rep=rep, waiting=STARTUP_WAITING)
     directory = workdir / f"startup-{rep}-{time.strftime('%H%M%S')}"
 
-    async def body(world: _World, leaf: Client, hub: Client) -> None:
+    async def body(world: World, leaf: Client, hub: Client) -> None:
         await ops.create_origin(leaf, "workqueue")
         await ops.preload(leaf, STARTUP_WAITING, SIZE, deadline=60.0)
         await ops.api(hub, f"$JS.API.STREAM.CREATE.{ops.AGGREGATE}", _aggregate_config(prefix=True, cap=None))
-        world.write_config(prefix=True)
-        spawn_ns = world.spawn()
-        await ops.wait_for_count(hub, STARTUP_WAITING, deadline=60.0, stall=30.0, alive=world.failure)
+        _write_config(world, prefix=True)
+        spawn_ns = _spawn(world)
+        await ops.wait_for_count(hub, STARTUP_WAITING, deadline=60.0, stall=30.0, alive=world.bridge_failure)
         state = await ops.stream_state(hub, ops.AGGREGATE)
         run.spawn_to_first_copy_s = (state.first_ts_ns - spawn_ns) / 1e9
-        done = await world.wait_event("recovery.done", 10.0)
+        done = await _wait_event(world, "recovery.done", 10.0)
         run.copies_read = int(done.get("copies_read", 0))
-        run.milestones_s = milestones(world.events(), spawn_ns)
+        run.milestones_s = milestones(_events(world), spawn_ns)
         run.bridge_exit_code = await world.stop_bridge()
         if run.bridge_exit_code != 0:
             run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
 
-    _guarded(run, directory, lambda: _in_world(directory, False, keep, body, lambda: run.error is not None))
+    guarded(run, directory, lambda: in_world(directory, body, failed=lambda: run.error is not None, keep=keep))
     return run
-
-
-def _guarded(run: StartupRun | VariantRun, directory: Path, measure: Callable[[], None]) -> None:
-    """Run ``measure``; any failure ends up in ``run.error``, naming the directory with the logs."""
-    try:
-        measure()
-    except Exception as exc:
-        run.error = f"{type(exc).__name__}: {exc}"
-    run.ok = run.error is None
-    if not run.ok:
-        run.error = f"{run.error} (logs in {directory})"
 
 
 def probe_imports(reps: int) -> Probe:
@@ -636,12 +574,16 @@ def variant(
     directory = workdir / f"{name}-{time.strftime('%H%M%S')}"
     prefix = name in (PREFIX, SHARED_PREFIX)
 
-    async def body(world: _World, leaf: Client, hub: Client) -> None:
+    async def body(world: World, leaf: Client, hub: Client) -> None:
         await _variant(
             world, leaf, hub, run, prefix, [(rep, kind) for rep in range(1, reps + 1) for kind in kinds], report
         )
 
-    _guarded(run, directory, lambda: _in_world(directory, not prefix, keep, body, lambda: not _variant_ok(run)))
+    def measure() -> None:
+        extra = _leaf_remote_extra(prefix)
+        in_world(directory, body, failed=lambda: not _variant_ok(run), keep=keep, leaf_remote_extra=extra)
+
+    guarded(run, directory, measure)
     if run.ok and not _variant_ok(run):
         run.ok = False
         run.error = f"{sum(not r.ok for r in run.restarts)} restart(s) failed (logs in {directory})"
@@ -653,7 +595,7 @@ def _variant_ok(run: VariantRun) -> bool:
 
 
 async def _variant(
-    world: _World,
+    world: World,
     leaf: Client,
     hub: Client,
     run: VariantRun,
@@ -666,10 +608,10 @@ async def _variant(
     cap = run.messages if shared else None  # the other source's copies, written again per restart, push old ones out
     await ops.api(hub, f"$JS.API.STREAM.CREATE.{ops.AGGREGATE}", _aggregate_config(prefix, cap))
     run.preload_msgs_per_s = await ops.preload(leaf, run.own, SIZE, deadline=max(60.0, run.own / 5000))
-    world.write_config(prefix)
+    _write_config(world, prefix)
     began = time.monotonic()
-    world.spawn()
-    await ops.wait_for_count(hub, run.own, deadline=max(60.0, run.own / 1000), stall=30.0, alive=world.failure)
+    _spawn(world)
+    await ops.wait_for_count(hub, run.own, deadline=max(60.0, run.own / 1000), stall=30.0, alive=world.bridge_failure)
     state = await ops.stream_state(hub, ops.AGGREGATE)
     run.fill_msgs_per_s = (state.last_seq - state.first_seq) / max(state.last_ts_ns - state.first_ts_ns, 1) * 1e9
     report(
@@ -708,7 +650,7 @@ async def _variant(
     report(replay_line(run.variant, run.replay))
 
 
-async def _settle(world: _World, leaf: Client) -> float:
+async def _settle(world: World, leaf: Client) -> float:
     """Wait until the bridge's consumer has its ack floor at the origin's last message; the seconds it took."""
     started = time.monotonic()
     last = (await ops.stream_state(leaf, ops.ORIGIN)).last_seq
@@ -717,7 +659,7 @@ async def _settle(world: _World, leaf: Client) -> float:
         info = await ops.api(leaf, f"$JS.API.CONSUMER.INFO.{ops.ORIGIN}.{CONSUMER}")
         return True if int(info.get("ack_floor", {}).get("stream_seq", 0)) >= last else None
 
-    await _poll(f"the ack floor at origin sequence {last}", settled, SETTLE_DEADLINE, world.failure)
+    await _poll(f"the ack floor at origin sequence {last}", settled, SETTLE_DEADLINE, world.bridge_failure)
     return time.monotonic() - started
 
 
@@ -750,13 +692,13 @@ async def _bury(hub: Client, run: VariantRun, first_seq: int, prefix: bool) -> i
     return first_seq + run.other
 
 
-async def _restart(world: _World, leaf: Client, hub: Client, run: RestartRun, prefix: bool) -> None:
+async def _restart(world: World, leaf: Client, hub: Client, run: RestartRun, prefix: bool) -> None:
     if run.kind == SIGTERM:
         run.previous_exit_code = await world.stop_bridge()
         if run.previous_exit_code != 0:
             raise ops.BenchError(f"bridge exited {run.previous_exit_code} on SIGTERM")
     else:
-        run.previous_exit_code = await asyncio.to_thread(world.bridge.kill)
+        run.previous_exit_code = await world.kill_bridge()
     origin_last = (await ops.stream_state(leaf, ops.ORIGIN)).last_seq
     expected = range(origin_last + 1, origin_last + 1 + run.new_messages)
     async with ops.Publisher(leaf, run.new_messages) as pub:
@@ -769,21 +711,21 @@ async def _restart(world: _World, leaf: Client, hub: Client, run: RestartRun, pr
     hub_cpu = cpu_seconds(hub_pid) if hub_pid is not None else None
     deadline = max(120.0, run.aggregate_messages / 5000)
 
-    spawn_ns = world.spawn()
+    spawn_ns = _spawn(world)
     target = before.last_seq + run.new_messages
 
     async def stored() -> ops.StreamState | None:
         state = await ops.stream_state(hub, ops.AGGREGATE)
         return state if state.last_seq >= target else None
 
-    await _poll(f"{run.new_messages} new copies", stored, deadline, world.failure)
-    pid = world.bridge.pid
+    await _poll(f"{run.new_messages} new copies", stored, deadline, world.bridge_failure)
+    pid = world.bridge_pid
     if pid is not None:
         run.bridge_cpu_s = cpu_seconds(pid)
     if hub_pid is not None and hub_cpu is not None:
         run.hub_cpu_s = cpu_seconds(hub_pid) - hub_cpu
-    done = await world.wait_event("recovery.done", 10.0)
-    events = world.events()
+    done = await _wait_event(world, "recovery.done", 10.0)
+    events = _events(world)
     bound = first_event(events, "consumer.bound")
     if bound is None or bound.get("consumer") != CONSUMER:
         raise ops.BenchError(f"the bridge bound {bound and bound.get('consumer')!r}, not {CONSUMER!r}")
@@ -819,7 +761,7 @@ def describe_restart(run: RestartRun) -> str:
     return text
 
 
-async def _replay(world: _World, leaf: Client, prefix: bool) -> Replay:
+async def _replay(world: World, leaf: Client, prefix: bool) -> Replay:
     """Recovery's read from the consumer's current ack floor (what the next start would read), in-process on a
     client with the bridge's own protocol reader, counted; then once more under cProfile (its top functions).
     The bridge is stopped, so nothing else runs against the hub."""

@@ -9,11 +9,8 @@ then messages are published at a fixed rate. Every process is stopped by its PID
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import shutil
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +21,11 @@ from bench import natsops as ops
 from bench.model import BRIDGE_POSITIONS, MB, MODES, NATIVE, LatencyRun, ThroughputRun
 from bench.procs import cpu_seconds, peak_rss_bytes
 from bench.stats import percentile
+from bench.world import Body, World, guarded, in_world
 from bridge.testing.processes import BridgeProcess
-from bridge.testing.servers import Topology, start_topology
 
 SOURCE = "leaf1"
 WARMUP_MESSAGES = 10
-MAX_FILE_STORE = "64GB"  # a limit, not an allocation: the 1M backlog with the bridge's headers needs > 1 GB
-BRIDGE_STOP_TIMEOUT = 30.0
 STALL_SECONDS = 30.0  # no new copy for this long fails a measurement (the bridge resets a silent consumer in 5 s)
 
 
@@ -81,88 +76,31 @@ subject_prefix = "{ops.BRIDGE_PREFIX}"
 """
 
 
-class _World:
-    """A fresh hub + leaf for one measurement, in ``directory``; the bridge process when there is one."""
-
-    def __init__(self, options: Options, label: str) -> None:
-        self.options = options
-        self.directory = options.workdir / label
-        self.topology: Topology = start_topology(
-            self.directory / "servers",
-            binary=options.binary,
-            leaf_binary=options.origin_binary,
-            max_file_store=MAX_FILE_STORE,
-        )
-        self.bridge: BridgeProcess | None = None
-
-    def start_bridge(self, path: str, interpreter_args: Sequence[str] = ()) -> BridgeProcess:
-        config = self.directory / "bridge.toml"
-        hub, leaf = self.topology.hub.url, self.topology.leaf.url
-        position = BRIDGE_POSITIONS[path]
-        config.write_text(bridge_config(hub, leaf, position, self.options.max_ack_pending, self.options.mode))
-        self.bridge = BridgeProcess(config, self.directory / "bridge.log", interpreter_args=interpreter_args).start()
-        return self.bridge
-
-    def bridge_failure(self) -> str | None:
-        """Why the bridge is no longer running (with its log's tail), or None while it runs."""
-        if self.bridge is None or self.bridge.is_running:
-            return None
-        return f"bridge exited early; log tail:\n{self.bridge.tail(15)}"
-
-    def server_cpu(self) -> float:
-        total = 0.0
-        for server in self.topology.servers:
-            if server.pid is not None:
-                total += cpu_seconds(server.pid)
-        return total
-
-    def close(self, ok: bool) -> None:
-        try:
-            if self.bridge is not None:
-                self.bridge.cleanup()
-        finally:
-            self.topology.stop()
-            if ok and not self.options.keep:
-                shutil.rmtree(self.directory, ignore_errors=True)
+def start_bridge(world: World, options: Options, path: str, interpreter_args: Sequence[str] = ()) -> BridgeProcess:
+    """Configure the bridge for ``path`` (its position, and ``options``' consumer settings) and start it."""
+    hub, leaf = world.topology.hub.url, world.topology.leaf.url
+    position = BRIDGE_POSITIONS[path]
+    world.write_config(bridge_config(hub, leaf, position, options.max_ack_pending, options.mode))
+    return world.start_bridge(interpreter_args)
 
 
-def _measure(
-    options: Options,
-    label: str,
-    body: Callable[[_World, Client, Client], Coroutine[Any, Any, None]],
-    failed: Callable[[], bool],
-) -> None:
-    """Start a world, run ``body(world, leaf, hub)`` in a fresh event loop, always tear the world down.
-
-    The measurement's directory (server logs, bridge log) is removed unless it raised, ``failed()`` says so, or
-    ``--keep`` was given.
-    """
-    world = _World(options, label)
-    ok = False
-    try:
-
-        async def main() -> None:
-            leaf = await ops.connect(world.topology.leaf.url, "bench leaf")
-            hub = await ops.connect(world.topology.hub.url, "bench hub")
-            try:
-                await body(world, leaf, hub)
-            finally:
-                for nc in (leaf, hub):
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(nc.close(), 5)
-
-        asyncio.run(main())
-        ok = not failed()
-    finally:
-        world.close(ok)
+def measure(options: Options, label: str, body: Body, failed: Callable[[], bool]) -> None:
+    """Run ``body(world, leaf, hub)`` on a fresh world in ``options.workdir / label`` (``bench.world.in_world``)."""
+    in_world(
+        options.workdir / label,
+        body,
+        failed=failed,
+        keep=options.keep,
+        binary=options.binary,
+        leaf_binary=options.origin_binary,
+    )
 
 
-async def _stop_bridge(world: _World, run: ThroughputRun | LatencyRun) -> None:
+async def _stop_bridge(world: World, run: ThroughputRun | LatencyRun) -> None:
     """SIGTERM the bridge (it must exit 0), then read its log: the mode it ran in and its warnings."""
     bridge = world.bridge
     assert bridge is not None
-    run.bridge_exit_code = await asyncio.to_thread(bridge.stop, BRIDGE_STOP_TIMEOUT)
-    world.bridge = None
+    run.bridge_exit_code = await world.stop_bridge()
     run.bridge_mode, run.bridge_warnings = bridge_log_summary(bridge.events())
     if run.bridge_exit_code != 0:
         run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
@@ -194,45 +132,34 @@ def throughput(options: Options, path: str, size: int, retention: str, messages:
     """Replicate ``messages`` preloaded messages of ``size`` bytes by ``path``; a failed run carries its reason."""
     run = ThroughputRun(path=path, size=size, retention=retention, rep=rep, messages=messages)
     label = f"{path}-{size}-{retention}-{rep}-{time.strftime('%H%M%S')}"
-    _run_measured(options, label, run, lambda w, leaf, hub: _throughput(w, leaf, hub, run))
+    _run_measured(options, label, run, lambda w, leaf, hub: _throughput(w, leaf, hub, options, run))
     return run
 
 
-def _run_measured(
-    options: Options,
-    label: str,
-    run: ThroughputRun | LatencyRun,
-    body: Callable[[_World, Client, Client], Coroutine[Any, Any, None]],
-) -> None:
+def _run_measured(options: Options, label: str, run: ThroughputRun | LatencyRun, body: Body) -> None:
     """Run one measurement's ``body`` on fresh servers; any failure ends up in ``run.error``, naming the logs."""
-    try:
-        _measure(options, label, body, lambda: run.error is not None)
-    except Exception as exc:
-        run.error = f"{type(exc).__name__}: {exc}"
-    run.ok = run.error is None
-    if not run.ok:
-        run.error = f"{run.error} (logs in {options.workdir / label})"
+    guarded(run, options.workdir / label, lambda: measure(options, label, body, lambda: run.error is not None))
 
 
-async def _throughput(world: _World, leaf: Client, hub: Client, run: ThroughputRun) -> None:
+async def _throughput(world: World, leaf: Client, hub: Client, options: Options, run: ThroughputRun) -> None:
     await ops.create_origin(leaf, run.retention)
     run.preload_msgs_per_s = await ops.preload(leaf, run.messages, run.size, deadline=_deadline(run.messages, 5000))
     if run.path == NATIVE:
-        await ops.create_native_consumer(leaf, world.options.max_ack_pending)
+        await ops.create_native_consumer(leaf, options.max_ack_pending)
     else:
         await ops.create_aggregate(hub, native=False)
     marks: dict[str, float] = {}
 
     def on_first() -> None:  # CPU counters when the first copy is seen: the window leaves start-up out
         marks["servers_first"] = world.server_cpu()
-        if world.bridge is not None and world.bridge.pid is not None:
-            marks["bridge_first"] = cpu_seconds(world.bridge.pid)
+        if world.bridge_pid is not None:
+            marks["bridge_first"] = cpu_seconds(world.bridge_pid)
 
     started_ns = time.time_ns()
     if run.path == NATIVE:
         await ops.create_aggregate(hub, native=True)
     else:
-        world.start_bridge(run.path)
+        start_bridge(world, options, run.path)
     progress = await ops.wait_for_count(
         hub,
         run.messages,
@@ -244,8 +171,7 @@ async def _throughput(world: _World, leaf: Client, hub: Client, run: ThroughputR
     servers_done = world.server_cpu()
     window_msgs = max(1, run.messages - progress.first_seen_count)
     run.servers_cpu_s_per_million = (servers_done - marks["servers_first"]) / window_msgs * 1e6
-    if world.bridge is not None and world.bridge.pid is not None:
-        pid = world.bridge.pid
+    if (pid := world.bridge_pid) is not None:
         run.bridge_cpu_s = cpu_seconds(pid)
         run.bridge_peak_rss_bytes = peak_rss_bytes(pid)
         run.bridge_cpu_s_per_million = (run.bridge_cpu_s - marks["bridge_first"]) / window_msgs * 1e6
@@ -270,18 +196,18 @@ def latency(
     """Publish at ``rate`` msg/s for ``seconds`` through ``path`` (set up and warmed first); per-message latency."""
     run = LatencyRun(path=path, size=size, retention=retention, rep=rep, rate=rate, seconds=seconds)
     label = f"latency-{path}-{size}-{retention}-{rep}-{time.strftime('%H%M%S')}"
-    _run_measured(options, label, run, lambda w, leaf, hub: _latency(w, leaf, hub, run))
+    _run_measured(options, label, run, lambda w, leaf, hub: _latency(w, leaf, hub, options, run))
     return run
 
 
-async def _latency(world: _World, leaf: Client, hub: Client, run: LatencyRun) -> None:
+async def _latency(world: World, leaf: Client, hub: Client, options: Options, run: LatencyRun) -> None:
     await ops.create_origin(leaf, run.retention)
     if run.path == NATIVE:
-        await ops.create_native_consumer(leaf, world.options.max_ack_pending)
+        await ops.create_native_consumer(leaf, options.max_ack_pending)
         await ops.create_aggregate(hub, native=True)
     else:
         await ops.create_aggregate(hub, native=False)
-        world.start_bridge(run.path)
+        start_bridge(world, options, run.path)
     # warm-up: the path is up (bridge started, consumer bound) once these are stored
     async with ops.Publisher(leaf, window=WARMUP_MESSAGES) as pub:
         for k in range(WARMUP_MESSAGES):
@@ -309,7 +235,7 @@ async def _latency(world: _World, leaf: Client, hub: Client, run: LatencyRun) ->
         origin = [(s.store_ns - int(s.headers["Bridge-Time"])) / 1e6 for s in stored if "Bridge-Time" in s.headers]
         if origin:
             run.origin_store_p50_ms, run.origin_store_p99_ms = percentile(origin, 50), percentile(origin, 99)
-        bridge = world.bridge
-        assert bridge is not None and bridge.pid is not None
-        run.bridge_peak_rss_bytes = peak_rss_bytes(bridge.pid)
+        pid = world.bridge_pid
+        assert pid is not None
+        run.bridge_peak_rss_bytes = peak_rss_bytes(pid)
         await _stop_bridge(world, run)

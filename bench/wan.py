@@ -53,8 +53,9 @@ from bench.common import REPO_ROOT, list_items, loadavg, parse_messages, parse_s
 from bench.model import BRIDGE, BRIDGE_EDGE, BRIDGE_POSITIONS, MB, MODES, NATIVE, ThroughputRun
 from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes, revision_text
 from bench.report import size_label
-from bench.runner import BRIDGE_STOP_TIMEOUT, MAX_FILE_STORE, STALL_SECONDS, bridge_config, bridge_log_summary
+from bench.runner import STALL_SECONDS, bridge_config, bridge_log_summary
 from bench.stats import Spread, median, parse_proc_stat_ticks, spread
+from bench.world import BRIDGE_STOP_TIMEOUT, MAX_FILE_STORE
 from bridge.config import load_config
 from bridge.errors import ConfigError
 from bridge.testing.processes import BridgeProcess

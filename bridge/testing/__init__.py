@@ -8,16 +8,20 @@ nothing here imports pytest), the chaos suite (``chaos/``) and the benchmark (``
   :class:`~bridge.testing.servers.Topology` (:func:`~bridge.testing.servers.start_topology`); free ports.
 * :mod:`bridge.testing.processes`: the registry of child processes (SIGKILLed at interpreter exit unless reaped),
   pausing a process with SIGSTOP; the bridge CLI as a child process
-  (:class:`~bridge.testing.processes.BridgeProcess`, its log read as JSON events) and one-shot CLI runs.
+  (:class:`~bridge.testing.processes.BridgeProcess`, its log read as JSON events), started as a named fleet
+  instance or not, and one-shot CLI runs.
 * :mod:`bridge.testing.inprocess`: the bridge run in the caller's event loop, for scenarios that patch it.
-* :mod:`bridge.testing.polling`: waits on conditions against a deadline, and observation windows.
+* :mod:`bridge.testing.polling`: waits on conditions against a deadline (or for a value to settle), and
+  observation windows.
 * :mod:`bridge.testing.configs`: bridge TOML configurations for a topology, with short test timings.
 * :mod:`bridge.testing.jetstream`: raw JetStream API requests, a paced publisher, reading a stream back by
-  Direct Get, exact-sequence assertions, and a tap auditing the bridge's flow-control answers.
+  Direct Get, exact-sequence assertions (every source replicated exactly), and a tap auditing the bridge's
+  flow-control answers.
 * :mod:`bridge.testing.http`: GETs on loopback listeners (server monitoring, the bridge's ``/metrics`` and
-  ``/readyz``).
+  ``/readyz``, a standby's readiness), and requests written by hand for tests of an HTTP server itself.
 * :mod:`bridge.testing.security`: TLS certificates, NKeys, operator/account/user JWTs and creds files.
 * :mod:`bridge.testing.fakes`: in-memory stand-ins for the source runner's ports, for unit tests (no servers).
+* :mod:`bridge.testing.engines`: the stream, consumer and settings for driving the core's engines by hand.
 
 Importing this package imports none of its modules; import the one you need.
 """

@@ -1,7 +1,9 @@
 """GETs on loopback HTTP listeners: a nats-server's monitoring port and a bridge's own listener.
 
 :func:`get` is the one blocking request (any HTTP status is an answer, not an error); the async helpers read a
-running bridge's ``/metrics`` and ``/readyz`` without blocking the event loop.
+running bridge's ``/metrics`` and ``/readyz`` without blocking the event loop. :func:`raw_request` and
+:func:`exchange` write requests by hand on a socket and read the response exactly as it came, for tests of an
+HTTP server itself (``bridge.observe.http``): its headers, its framing, its answer to malformed requests.
 """
 
 from __future__ import annotations
@@ -12,12 +14,24 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from bridge.testing.processes import BridgeProcess
 
-__all__ = ["get", "http_get", "http_port", "metric", "readyz"]
+__all__ = [
+    "exchange",
+    "get",
+    "http_get",
+    "http_port",
+    "metric",
+    "parse_response",
+    "raw_request",
+    "read_all",
+    "readyz",
+    "standby_ready",
+]
 
 LOOPBACK = "127.0.0.1"
 
@@ -61,3 +75,54 @@ async def readyz(port: int) -> tuple[int, dict[str, Any]]:
     """``/readyz``: its status and JSON body."""
     status, body = await http_get(port, "/readyz")
     return status, json.loads(body)
+
+
+async def standby_ready(bridge: BridgeProcess, source: str) -> bool:
+    """Whether ``bridge`` is ready (``/readyz`` 200) and holds ``source`` as a standby, to take it over when its
+    owner's lease lapses."""
+    status, body = await readyz(await http_port(bridge))
+    entry = body.get("sources", {}).get(source, {})
+    return status == 200 and entry.get("role") == "standby"
+
+
+# -- requests written by hand ----------------------------------------------------------------------------------
+
+
+async def read_all(stream: anyio.abc.ByteStream) -> bytes:
+    """Everything ``stream`` receives until the other end closes it (``b""``: closed without a word)."""
+    chunks = []
+    try:
+        while True:
+            chunks.append(await stream.receive())
+    except anyio.EndOfStream:
+        return b"".join(chunks)
+
+
+async def exchange(port: int, raw: bytes) -> bytes:
+    """Send ``raw`` to 127.0.0.1:``port`` and return everything the server sends back before closing."""
+    async with await anyio.connect_tcp(LOOPBACK, port) as stream:
+        await stream.send(raw)
+        return await read_all(stream)
+
+
+def parse_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """An HTTP/1.1 response as received: ``(status, headers by lower-case name, body)``.
+
+    Raises AssertionError if it is not one (no end of the head, another version).
+    """
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise AssertionError(f"no end of the response head: {raw!r}")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    version, status, _reason = status_line.split(" ", 2)
+    if version != "HTTP/1.1":
+        raise AssertionError(f"an {version} response: {status_line!r}")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return int(status), headers, body
+
+
+async def raw_request(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 ``method path`` request on a connection of its own: ``(status, headers, body)``."""
+    return parse_response(
+        await exchange(port, f"{method} {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: t\r\n\r\n".encode())
+    )

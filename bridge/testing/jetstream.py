@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import time
@@ -30,7 +31,8 @@ from nats.aio.msg import Msg
 
 from bridge.core.ackreply import parse_ack_subject
 from bridge.core.modes import Mode
-from bridge.testing.configs import AGGREGATE
+from bridge.testing.configs import AGGREGATE, ORIGIN
+from bridge.testing.polling import wait_for_value
 from bridge.testing.servers import origin_mode_expected
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "js_request",
     "origin_seqs_by_source",
     "read_stream",
+    "replicate_exactly",
     "seqs_by_source",
     "stream_info",
     "stream_messages",
@@ -321,6 +324,19 @@ def assert_exact(seqs: Sequence[int], expected: Sequence[int], what: str) -> Non
         f"{what}: {len(seqs)} copies, expected {len(expected)}; missing {len(missing)} {missing[:20]}, "
         f"unexpected {extra[:20]}, duplicated {duplicates(seqs)[:20]}, out of order {out_of_order[:10]}"
     )
+
+
+async def replicate_exactly(
+    origin_nc: Client, target_nc: Client, publishers: Mapping[str, Publisher], streams: Sequence[str] = (ORIGIN,)
+) -> None:
+    """Wait until the origin ``streams`` are empty (WorkQueue: the bridge acked everything), then check that the
+    aggregate holds every source's copies all, once each and in order: exactly what its publisher had acked."""
+    for stream in streams:
+        count = functools.partial(stream_messages, origin_nc, stream)
+        await wait_for_value(count, 0, timeout=60, what=f"{stream} emptied")
+    by_source = await origin_seqs_by_source(target_nc)
+    for source, publisher in publishers.items():
+        assert_exact(by_source.get(source, []), publisher.seqs, f"{source} copies")
 
 
 async def aggregate_count(nc: Client, subject_filter: str, stream: str = AGGREGATE) -> int:

@@ -1,21 +1,24 @@
 """Waiting on real processes: every wait is a condition polled against a deadline, never a bare sleep.
 
 :func:`wait_until` and :func:`wait_for_value` poll a probe (sync or async) until it is truthy or equal to a value;
-:func:`assert_holds` is the opposite, an observation window during which a check must keep holding.
+:func:`assert_holds` is the opposite, an observation window during which a check must keep holding;
+:func:`settled` waits for a value that is still moving (a count of copies) to stop changing.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 
-__all__ = ["POLL", "assert_holds", "wait_for_value", "wait_until"]
+__all__ = ["POLL", "assert_holds", "settled", "wait_for_value", "wait_until"]
 
 POLL = 0.05
+
+T = TypeVar("T")
 
 
 async def _poll(
@@ -100,3 +103,21 @@ async def assert_holds(check: Callable[[], Any], *, duration: float, what: str, 
         if time.monotonic() >= deadline:
             return count
         await anyio.sleep(interval)
+
+
+async def settled(read: Callable[[], Awaitable[T]], *, quiet: float, timeout: float) -> T:
+    """The value ``read`` returns once it has not changed for ``quiet`` seconds.
+
+    For a value with no known final figure to wait for, such as how many copies land once a bridge is blocked or
+    paused. Raises AssertionError if it still changes after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    value, since = await read(), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"still changing after {timeout}s (last {value})")
+        await anyio.sleep(POLL)
+        current = await read()
+        if current != value:
+            value, since = current, time.monotonic()
+    return value

@@ -32,10 +32,12 @@ from bridge.testing.http import LOOPBACK, get
 from bridge.testing.polling import wait_until
 
 __all__ = [
+    "INSTANCE_ID_ENV",
     "REPO_ROOT",
     "BridgeFactory",
     "BridgeProcess",
     "child_env",
+    "fleet_instance",
     "live_pids",
     "reap_child",
     "register_child",
@@ -282,20 +284,21 @@ class BridgeProcess:
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def events(self) -> list[dict[str, Any]]:
-        """The JSON log events written so far (non-JSON lines skipped)."""
+    def events(self, event: str | None = None, **fields: Any) -> list[dict[str, Any]]:
+        """The JSON log events written so far (non-JSON lines skipped), in order; with ``event``, only the lines of
+        that event with every one of ``fields`` equal."""
         out = []
         for line in self.log_text().splitlines():
             if line.startswith("{"):
                 with contextlib.suppress(ValueError):
                     out.append(json.loads(line))
-        return out
+        if event is None:
+            return out
+        return [e for e in out if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())]
 
     def count(self, event: str, **fields: Any) -> int:
         """How many ``event`` lines (with every one of ``fields`` equal) the log holds."""
-        return sum(
-            1 for e in self.events() if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())
-        )
+        return len(self.events(event, **fields))
 
     async def wait_event(self, event: str, *, timeout: float, after: int = 0, **fields: Any) -> None:
         """Wait until the log holds more than ``after`` ``event`` lines (matching ``fields``); fail if it died."""
@@ -342,3 +345,12 @@ class BridgeProcess:
 
 
 BridgeFactory = Callable[..., BridgeProcess]  # (config_path, env=None) -> a started BridgeProcess
+
+# the name a bridge writes into its leases and presence (default: <host>-<pid>, which no scenario can predict)
+INSTANCE_ID_ENV = "NATS_BRIDGE_COORDINATION__INSTANCE_ID"
+
+
+def fleet_instance(bridge_procs: BridgeFactory, config: Path, name: str) -> BridgeProcess:
+    """A bridge started by ``bridge_procs`` on ``config`` as fleet instance ``name``, so that scenarios with
+    several processes read (and assert) which one owns what."""
+    return bridge_procs(config, {INSTANCE_ID_ENV: name})

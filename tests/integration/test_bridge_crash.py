@@ -10,7 +10,6 @@ and its explicit acks are audited instead of flow-control answers.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -32,7 +31,7 @@ from bridge.testing.jetstream import (
     stream_messages,
     tap_for_mode,
 )
-from bridge.testing.polling import wait_for_value, wait_until
+from bridge.testing.polling import settled, wait_for_value, wait_until
 from bridge.testing.processes import BridgeFactory
 from bridge.testing.servers import Topology, mode_source_extra, ready_event
 
@@ -206,19 +205,6 @@ async def test_crash_with_a_hole_recovers_from_the_provenance_chain(
         before, after = seqs[:at], seqs[at + 1 :]
         assert before[: hole - 1 + above] == [*range(1, hole), *range(hole + 1, hole + 1 + above)], (at, above)
         assert before == sorted(before) and after == sorted(after), (at, above)
-
-
-async def settled(read: Callable[[], Awaitable[int]], *, quiet: float, timeout: float) -> int:
-    """The value ``read`` returns once it has not changed for ``quiet`` seconds (within ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    value, since = await read(), time.monotonic()
-    while time.monotonic() - since < quiet:
-        assert time.monotonic() < deadline, f"still changing after {timeout}s (last {value})"
-        await anyio.sleep(0.05)
-        current = await read()
-        if current != value:
-            value, since = current, time.monotonic()
-    return value
 
 
 @pytest.mark.anyio

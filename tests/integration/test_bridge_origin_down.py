@@ -5,10 +5,11 @@ rewinds and redelivers what the bridge already stored (it must drop those, not c
 position the bridge's connection stays up (to the hub) while the leaf link drops.
 
 ``max_ack_pending`` is 2000 for 3000 messages on purpose: a SIGKILLed leaf can come back with its consumer's ack
-floor (and WorkQueue deletions) regressed by more than twice ``max_ack_pending`` below the bridge's watermark, which
-triggers the stall characterised in ``test_bridge_foreign_reset.py`` (xfail there, deterministically). Seen once
-in about 40 runs with ``max_ack_pending = 500``; with 2000 the regression cannot reach twice the window here, so
-this test stays deterministic and checks what it is about: the rewind is dropped, nothing is copied twice.
+floor (and WorkQueue deletions) regressed by more than twice ``max_ack_pending`` below the bridge's watermark. That
+once stalled the bridge (seen here once in about 40 runs with ``max_ack_pending = 500``); the stall is fixed
+(122cbb2), and ``test_bridge_foreign_reset.py`` provokes such a regression deterministically
+(``test_backward_reset_far_below_watermark_keeps_flowing``). With 2000 the regression cannot reach twice the window
+here, so this test stays deterministic and checks what it is about: the rewind is dropped, nothing is copied twice.
 """
 
 from __future__ import annotations

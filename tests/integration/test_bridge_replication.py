@@ -9,6 +9,7 @@ aggregate as it happens: flow-control answers (``FcTap``), or in pull mode (an o
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -226,16 +227,10 @@ async def test_two_sources_into_one_aggregate(
                 tg.start_soon(pub_b.run)
             ended_ns = time.time_ns()
             for spec, stream in ((specs[0], "ORDERS_A"), (specs[1], "ORDERS_B")):
-                await wait_for_value(
-                    lambda spec=spec: aggregate_count(hub_nc, f"{spec.subject_prefix}.>"),
-                    n,
-                    timeout=60,
-                    what=f"copies of {spec.name}",
-                    interval=0.1,
-                )
-                await wait_for_value(
-                    lambda stream=stream: stream_messages(leaf_nc, stream), 0, timeout=15, what=f"{stream} messages"
-                )
+                stored = functools.partial(aggregate_count, hub_nc, f"{spec.subject_prefix}.>")
+                await wait_for_value(stored, n, timeout=60, what=f"copies of {spec.name}", interval=0.1)
+                left = functools.partial(stream_messages, leaf_nc, stream)
+                await wait_for_value(left, 0, timeout=15, what=f"{stream} messages")
             assert await bridge.astop(STOP_GRACE) == 0
 
         copies = await read_stream(hub_nc, AGGREGATE)

@@ -4,6 +4,7 @@ holds every aggregate message exactly once."""
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -32,6 +33,10 @@ SEED = int(os.environ.get("INGEST_TEST_SEED", "7"))
 def committed_batches(table: Path) -> int:
     log = table / "_spark_metadata"
     return sum(1 for f in log.iterdir() if f.name.isdigit()) if log.is_dir() else 0
+
+
+def has_committed(table: Path, batches: int) -> bool:
+    return committed_batches(table) >= batches
 
 
 class Ingest:
@@ -80,7 +85,7 @@ async def test_ingest_killed_and_restarted_writes_each_message_once(
                     runs.append(run)
                     batches = committed_batches(table) + rng.randint(1, 3)
                     await wait_until(
-                        lambda b=batches: committed_batches(table) >= b,
+                        functools.partial(has_committed, table, batches),
                         timeout=120,
                         what=f"{batches} committed micro-batches",
                         interval=0.1,

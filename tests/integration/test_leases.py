@@ -8,6 +8,7 @@ its origin sequences, once each, in order, and the origin is empty. Processes ge
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -15,30 +16,23 @@ from pathlib import Path
 
 import anyio
 import pytest
-from nats.aio.client import Client
 
 from bridge.testing.configs import ORIGIN, TEST_COORDINATION, SourceSpec, write_config
-from bridge.testing.http import http_port, readyz
+from bridge.testing.http import http_port, readyz, standby_ready
 from bridge.testing.jetstream import (
     Publisher,
-    assert_exact,
     connect,
     create_aggregate,
     create_stream,
-    origin_seqs_by_source,
-    stream_messages,
+    replicate_exactly,
 )
-from bridge.testing.polling import wait_for_value, wait_until
-from bridge.testing.processes import BridgeFactory, BridgeProcess, run_cli
+from bridge.testing.polling import wait_until
+from bridge.testing.processes import BridgeFactory, BridgeProcess, fleet_instance, run_cli
 from bridge.testing.servers import Topology
 
 TTL = float(TEST_COORDINATION["lease_ttl"])
 RATE = 2000
 DUPLICATE_WINDOW = 1.0
-
-
-def instance(bridge_procs: BridgeFactory, config: Path, name: str) -> BridgeProcess:
-    return bridge_procs(config, {"NATS_BRIDGE_COORDINATION__INSTANCE_ID": name})
 
 
 async def owns(proc: BridgeProcess, source: str) -> bool:
@@ -47,32 +41,11 @@ async def owns(proc: BridgeProcess, source: str) -> bool:
     return source in body.get("fleet", {}).get("owned", [])
 
 
-async def standby_ready(proc: BridgeProcess, source: str) -> bool:
-    status, body = await readyz(await http_port(proc))
-    entry = body.get("sources", {}).get(source, {})
-    return status == 200 and entry.get("role") == "standby"
-
-
-def events(proc: BridgeProcess, event: str, **fields: object) -> list[dict[str, object]]:
-    return [e for e in proc.events() if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())]
-
-
-async def replicate_exactly(
-    leaf_nc: Client, hub_nc: Client, publishers: dict[str, Publisher], streams: list[str] | None = None
-) -> None:
-    """Wait until the origins are empty, then check every source's copies: all, once, in order."""
-    for stream in streams or [ORIGIN]:
-        await wait_for_value(lambda s=stream: stream_messages(leaf_nc, s), 0, timeout=60, what=f"{stream} emptied")
-    by_source = await origin_seqs_by_source(hub_nc)
-    for source, publisher in publishers.items():
-        assert_exact(by_source.get(source, []), publisher.seqs, f"{source} copies")
-
-
 async def owner_and_standby(bridge_procs: BridgeFactory, config: Path) -> tuple[BridgeProcess, BridgeProcess]:
     """p0 replicating the one source, then p1 started and ready as its standby."""
-    owner = instance(bridge_procs, config, "p0")
+    owner = fleet_instance(bridge_procs, config, "p0")
     await owner.wait_event("reset.done", timeout=20)
-    standby = instance(bridge_procs, config, "p1")
+    standby = fleet_instance(bridge_procs, config, "p1")
     await wait_until(lambda: standby_ready(standby, "edge1"), timeout=20, what="p1 ready as standby")
     return owner, standby
 
@@ -101,22 +74,27 @@ async def test_rolling_update_twice_under_traffic(
     config, prepare = await one_source(topology, tmp_path)
     await prepare()
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        old = instance(bridge_procs, config, "p0")
+        old = fleet_instance(bridge_procs, config, "p0")
         await old.wait_event("reset.done", timeout=20)
         publisher = Publisher(leaf_nc, 16_000, rate=RATE)
         handovers = []
+
+        def published_past(count: int) -> Callable[[], bool]:
+            return lambda: publisher.published > count
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)
             for n in (1, 2):
-                await wait_until(lambda n=n: publisher.published > 2000 * n, timeout=30, what="traffic")
-                new = instance(bridge_procs, config, f"p{n}")
-                await wait_until(lambda p=new: standby_ready(p, "edge1"), timeout=20, what=f"p{n} ready as standby")
-                assert events(new, "reset.done") == [], "a standby bound the consumer"
+                await wait_until(published_past(2000 * n), timeout=30, what="traffic")
+                new = fleet_instance(bridge_procs, config, f"p{n}")
+                ready = functools.partial(standby_ready, new, "edge1")
+                await wait_until(ready, timeout=20, what=f"p{n} ready as standby")
+                assert new.events("reset.done") == [], "a standby bound the consumer"
                 stopped_at = time.monotonic()
                 assert await old.astop(20) == 0
                 await new.wait_event("reset.done", timeout=20)
                 handovers.append(time.monotonic() - stopped_at)
-                assert events(old, "lease.released", source="edge1"), "the old owner did not release its lease"
+                assert old.events("lease.released", source="edge1"), "the old owner did not release its lease"
                 old = new
         await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
         assert await old.astop(20) == 0
@@ -237,20 +215,21 @@ async def test_three_processes_share_six_sources_and_only_the_killed_ones_source
             return flat == names and all(1 <= len(v) <= 6 - len(procs) + 1 for v in owned.values())
 
         for i in range(3):  # one after another, as a fleet grows: each newcomer takes its share from the others
-            procs.append(instance(bridge_procs, config, f"p{i}"))
+            procs.append(fleet_instance(bridge_procs, config, f"p{i}"))
             await wait_until(settled, timeout=30, what=f"six sources shared by {i + 1} process(es)")
         before = await ownership()
-        publishers = {
-            name: Publisher(leaf_nc, 3000, rate=300, subject=lambda k, i=i: f"o{i}.{k % 3}")
-            for i, name in enumerate(names)
-        }
+
+        def subjects(stream: int) -> Callable[[int], str]:
+            return lambda k: f"o{stream}.{k % 3}"
+
+        publishers = {name: Publisher(leaf_nc, 3000, rate=300, subject=subjects(i)) for i, name in enumerate(names)}
         async with anyio.create_task_group() as tg:
             for publisher in publishers.values():
                 tg.start_soon(publisher.run)
             await wait_until(lambda: all(p.published > 1000 for p in publishers.values()), timeout=30, what="traffic")
             victim = max(before, key=lambda k: len(before[k]))
             moves_before = {
-                k: len(events(procs[int(k[1])], "lease.lost")) + len(events(procs[int(k[1])], "lease.handing_over"))
+                k: len(procs[int(k[1])].events("lease.lost")) + len(procs[int(k[1])].events("lease.handing_over"))
                 for k in before
             }
             assert await procs[int(victim[1])].akill() == -9
@@ -265,7 +244,7 @@ async def test_three_processes_share_six_sources_and_only_the_killed_ones_source
         for survivor in survivors:
             assert set(before[survivor]) <= set(after[survivor]), (before, after)
             proc = procs[int(survivor[1])]
-            moves = len(events(proc, "lease.lost")) + len(events(proc, "lease.handing_over"))
+            moves = len(proc.events("lease.lost")) + len(proc.events("lease.handing_over"))
             assert moves == moves_before[survivor], f"{survivor} gave a source up after the kill"
         await replicate_exactly(leaf_nc, hub_nc, publishers, [f"{ORIGIN}{i}" for i in range(6)])
         for survivor in survivors:
@@ -287,14 +266,14 @@ async def test_without_coordination_the_bridge_replicates_alone_and_makes_no_buc
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
         await create_aggregate(hub_nc, duplicate_window=DUPLICATE_WINDOW)
-        bridge = instance(bridge_procs, config, "solo")
+        bridge = fleet_instance(bridge_procs, config, "solo")
         await bridge.wait_event("reset.done", timeout=20)
         publisher = Publisher(leaf_nc, 2000)
         await publisher.run()
         await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
         _, body = await readyz(await http_port(bridge))
         assert "fleet" not in body and body["ready"], body
-        assert events(bridge, "fleet.joined") == []
+        assert bridge.events("fleet.joined") == []
         streams = await hub_nc.request("$JS.API.STREAM.NAMES", b"{}", timeout=5)
         assert "KV_nats-bridge" not in streams.data.decode()
         assert await bridge.astop(20) == 0

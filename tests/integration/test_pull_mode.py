@@ -32,6 +32,7 @@ from bridge.core.ackreply import parse_ack_subject
 from bridge.core.pull import PullEngine
 from bridge.runtime.source import SourceRunner
 from bridge.testing.configs import ORIGIN, TEST_COORDINATION, TEST_ENGINE, SourceSpec, write_config
+from bridge.testing.http import standby_ready
 from bridge.testing.inprocess import running_bridge
 from bridge.testing.jetstream import (
     AckTap,
@@ -46,13 +47,12 @@ from bridge.testing.jetstream import (
     create_stream,
     js_request,
     origin_seqs_by_source,
+    replicate_exactly,
     stream_messages,
 )
-from bridge.testing.polling import assert_holds, wait_for_value, wait_until
-from bridge.testing.processes import BridgeFactory, BridgeProcess
+from bridge.testing.polling import assert_holds, settled, wait_for_value, wait_until
+from bridge.testing.processes import BridgeFactory, BridgeProcess, fleet_instance
 from bridge.testing.servers import PULL_TEST_ACK_WAIT, Topology, origin_mode_expected, ready_event
-from tests.integration.test_bridge_crash import settled
-from tests.integration.test_leases import events, instance, replicate_exactly, standby_ready
 
 pytestmark = [pytest.mark.pullmode, pytest.mark.pullfaults]
 
@@ -597,9 +597,9 @@ async def test_twins_only_the_lease_owner_pulls_and_the_standby_takes_over(
         await prepare(leaf_nc, hub_nc, duplicate_window=window)
         tap = ack_tap(leaf_nc, hub_nc, spec)
         async with tap.running():
-            owner = instance(bridge_procs, config, "p0")
+            owner = fleet_instance(bridge_procs, config, "p0")
             await owner.wait_event(READY, timeout=20)
-            standby = instance(bridge_procs, config, "p1")
+            standby = fleet_instance(bridge_procs, config, "p1")
             await wait_until(lambda: standby_ready(standby, "edge1"), timeout=20, what="p1 ready as standby")
             publisher = Publisher(leaf_nc, n, rate=2000)
             async with anyio.create_task_group() as tg:
@@ -609,7 +609,7 @@ async def test_twins_only_the_lease_owner_pulls_and_the_standby_takes_over(
                 async def only_the_owner() -> None:
                     assert await source_connections(topology, "edge1") == 1, "not exactly one origin connection"
                     for event in ("source.mode", "consumer.bound", "resync.requested"):
-                        assert events(standby, event) == [], f"the standby logged {event}"
+                        assert standby.events(event) == [], f"the standby logged {event}"
 
                 await assert_holds(only_the_owner, duration=1.0, what="only the owner on the source")
                 killed_at = time.monotonic()
@@ -623,6 +623,6 @@ async def test_twins_only_the_lease_owner_pulls_and_the_standby_takes_over(
             assert await standby.astop(STOP_GRACE) == 0
         await check_exact(hub_nc, publisher.seqs, tap, spec.consumer_name)
     assert took < TTL + 5, f"take-over took {took:.1f}s with a {TTL:g}s lease"
-    assert events(standby, "source.mode", mode="pull"), "the standby did not replicate in pull mode"
-    fetched = [(e["fetch_from"], e["fetch_to"]) for e in events(standby, "resync.fetching")]
+    assert standby.events("source.mode", mode="pull"), "the standby did not replicate in pull mode"
+    fetched = [(e["fetch_from"], e["fetch_to"]) for e in standby.events("resync.fetching")]
     print(f"take-over after SIGKILL: {took:.2f}s; fetched by the successor: {fetched}")

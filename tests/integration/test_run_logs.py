@@ -17,7 +17,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import anyio
 import anyio.abc
@@ -34,12 +34,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 STOP_GRACE = 15.0
 
 
-def events(bridge: BridgeProcess, name: str, **fields: Any) -> list[dict[str, Any]]:
-    return [e for e in bridge.events() if e.get("event") == name and all(e.get(k) == v for k, v in fields.items())]
+# What a source waits for is logged as the field ``for``, a Python keyword: it goes in through ``**``, as a TypedDict
+# so that mypy knows it for a field to match and not one of wait_event's own arguments.
+WaitingFor = TypedDict("WaitingFor", {"for": str})
+FOR_TARGET: WaitingFor = {"for": "target"}
+FOR_ORIGIN: WaitingFor = {"for": "origin"}
 
 
 def the_stop_line(bridge: BridgeProcess) -> dict[str, Any]:
-    (stopped,) = events(bridge, "bridge.stopped")  # exactly one
+    (stopped,) = bridge.events("bridge.stopped")  # exactly one
     assert isinstance(stopped["uptime_seconds"], float | int) and stopped["uptime_seconds"] >= 0, stopped
     return stopped
 
@@ -63,7 +66,7 @@ async def test_an_http_port_in_use_stops_the_start_with_exit_2_and_the_fix(
         await wait_until(lambda: not bridge.is_running, timeout=20, what="the bridge to exit")
     assert await bridge.astop(1) == 2
 
-    (failed,) = events(bridge, "http.listen_failed")
+    (failed,) = bridge.events("http.listen_failed")
     assert failed["level"] == "error" and failed["listen"] == address, failed
     assert "in use" in failed["error"], failed
     assert "http.listen" in failed["fix"] and 'http.listen = ""' in failed["fix"], failed
@@ -91,15 +94,15 @@ async def test_target_down_at_start_waits_without_disconnects_and_stops_with_a_s
         await anyio.to_thread.run_sync(hub.stop)
 
         bridge = bridge_procs(config)
-        await bridge.wait_event("source.waiting", timeout=20, source="edge1", **{"for": "target"})
-        (waiting,) = events(bridge, "source.waiting", source="edge1")
+        await bridge.wait_event("source.waiting", timeout=20, source="edge1", **FOR_TARGET)
+        (waiting,) = bridge.events("source.waiting", source="edge1")
         assert waiting["servers"] == [hub.url] and "cannot connect" in waiting["error"], waiting
-        (failed,) = events(bridge, "target.connect_failed")[:1]
+        (failed,) = bridge.events("target.connect_failed")[:1]
         assert failed["servers"] == [hub.url] and "cannot connect" in failed["error"], failed
 
         def one_wait_line() -> None:  # connect attempts go on (0.5 s, 1 s, 2 s apart): no line per attempt
-            assert len(events(bridge, "source.waiting")) == 1, events(bridge, "source.waiting")
-            assert not events(bridge, "target.disconnected")
+            assert len(bridge.events("source.waiting")) == 1, bridge.events("source.waiting")
+            assert not bridge.events("target.disconnected")
 
         await assert_holds(one_wait_line, duration=3.0, what="one source.waiting while the target is down")
 
@@ -107,7 +110,7 @@ async def test_target_down_at_start_waits_without_disconnects_and_stops_with_a_s
         await anyio.to_thread.run_sync(hub.wait_ready, 10.0)
         await anyio.to_thread.run_sync(topology.wait_linked, 10.0)
         await bridge.wait_event("target.connected", timeout=30)
-        await bridge.wait_event("source.waiting_over", timeout=5, source="edge1", **{"for": "target"})
+        await bridge.wait_event("source.waiting_over", timeout=5, source="edge1", **FOR_TARGET)
         await bridge.wait_event("reset.done", timeout=30)
 
         publisher = Publisher(leaf_nc, n)
@@ -160,19 +163,19 @@ async def test_an_unreachable_origin_is_waited_for_once_not_per_attempt(
         async with connect(topology.hub.url) as hub_nc:
             await create_aggregate(hub_nc)
         bridge = bridge_procs(config)
-        await bridge.wait_event("source.waiting", timeout=30, source="edge1", **{"for": "origin"})
+        await bridge.wait_event("source.waiting", timeout=30, source="edge1", **FOR_ORIGIN)
         seen = accepted[0]
         # three more set-up attempts (1 s, then 2 s apart; each tries the server at least once)
         await wait_until(lambda: accepted[0] >= seen + 3, timeout=20, what="three more connection attempts")
         assert await bridge.astop(STOP_GRACE) == 0
 
-    (waiting,) = events(bridge, "source.waiting", source="edge1")
+    (waiting,) = bridge.events("source.waiting", source="edge1")
     assert waiting["for"] == "origin" and waiting["servers"] == [origin_url], waiting
     assert origin_url.removeprefix("nats://") in waiting["error"], waiting
     names = [e.get("event") for e in bridge.events()]
     assert "origin.disconnected" not in names and "origin.connected" not in names, names
     assert "source.waiting_over" not in names, names
-    failures = events(bridge, "source.setup_failed")
+    failures = bridge.events("source.setup_failed")
     assert failures and len(failures) < 3, failures  # the same failure again is held back (at most every 30 s)
     stopped = the_stop_line(bridge)
     assert stopped["exit_code"] == 0, stopped

@@ -16,6 +16,7 @@ Certificates come from the ``openssl`` tool (the TLS cases skip, saying so, with
 from __future__ import annotations
 
 import contextlib
+import functools
 import secrets
 import ssl
 import subprocess
@@ -535,12 +536,10 @@ async def test_least_privilege_edge_position(
                 tg.start_soon(Publisher(origin_nc, n, subject=lambda i: f"a.orders.{i % 5}").run)
                 tg.start_soon(Publisher(origin_nc, n, subject=lambda i: f"b.orders.{i % 3}").run)
             for prefix, stream in (("edge.a", ORIGIN), ("edge.b", ORIGIN_B)):
-                await wait_for_value(
-                    lambda p=prefix: aggregate_count(target_nc, f"{p}.>"), run * n, timeout=30, what=f"{prefix} copies"
-                )
-                await wait_for_value(
-                    lambda s=stream: stream_messages(origin_nc, s), 0, timeout=15, what=f"{stream} left"
-                )
+                copies = functools.partial(aggregate_count, target_nc, f"{prefix}.>")
+                await wait_for_value(copies, run * n, timeout=30, what=f"{prefix} copies")
+                left = functools.partial(stream_messages, origin_nc, stream)
+                await wait_for_value(left, 0, timeout=15, what=f"{stream} left")
             assert await bridge.astop(STOP_GRACE) == 0
             if run == 2:
                 assert bridge.count("recovery.done") == 2

@@ -263,10 +263,10 @@ class FleetSim:
             return lambda: fleet.presence_written(self.now)
         key = LEASE_PREFIX + effect.source
         if isinstance(effect, Acquire):
-            revision = kv.write(key, proc.incarnation, proc.instance, effect.revision, self.now, frozenset())
-            if revision is None:
+            acquired = kv.write(key, proc.incarnation, proc.instance, effect.revision, self.now, frozenset())
+            if acquired is None:
                 return lambda: fleet.acquire_failed(effect.source, "wrong last sequence", self.now)
-            return lambda: fleet.acquired(effect.source, revision, sent_at, 0.0, self.now)
+            return lambda: fleet.acquired(effect.source, acquired, sent_at, 0.0, self.now)
         if isinstance(effect, Renew):
             revision = kv.write(key, proc.incarnation, proc.instance, effect.revision, self.now, frozenset())
             if revision is None:

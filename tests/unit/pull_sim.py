@@ -34,7 +34,7 @@
   ``Nats-Msg-Id`` (0: none), outages (every publish refused) and connection losses (what was in flight is stored
   or lost, the acks are lost).
 
-* ``PullSim``: the engine, fed exactly as ``bridge/runtime/source.py`` feeds it: ``RequestReset`` is a resync
+* ``PullSim``: the engine, fed exactly as ``bridge/runtime/source.py`` feeds it: ``RequestResync`` is a resync
   (unsubscribe the inbox, bind, re-creating a deleted consumer, read the anchor, ``resynced``, subscribe a new
   inbox whatever the outcome), ``FetchOrigin`` reads the stream, ``Pull`` and ``Ack`` travel to the server in
   order on the one connection, ``Publish`` to the aggregate, ``VerifyStored`` reads it, ``ReadTargetLimits`` is
@@ -90,9 +90,10 @@ from bridge.core.effects import (
     PullAnchor,
     ReadTargetLimits,
     RequestReset,
+    RequestResync,
     VerifyStored,
 )
-from bridge.core.inbound import classify
+from bridge.core.inbound import Inbound, classify
 from bridge.core.phases import Phase
 from bridge.core.pipeline import TargetLimits
 from bridge.core.pull import PullEngine
@@ -594,7 +595,7 @@ class PullSim:
         )
         self.agg = Aggregate(config.dedupe_window)
         self.to_server: deque[Up] = deque()  # pulls and acks on their way, in the order they were sent
-        self.resync_op: RequestReset | None = None
+        self.resync_op: RequestResync | None = None
         self.fetch_op: FetchOrigin | None = None
         self.verify_op: VerifyStored | None = None
         self.refused: set[int] = set()  # sequences one of whose publishes was refused or lost
@@ -739,7 +740,7 @@ class PullSim:
                     else:
                         self.to_server.append(PullUp(self.inbox, effect))
                         self.log(f"bridge pulls {effect.batch} on {self.inbox}")
-                case RequestReset():
+                case RequestResync():
                     self._on_resync(effect)
                 case FetchOrigin():
                     if self.fetch_op is not None:
@@ -755,7 +756,7 @@ class PullSim:
                     self.apply(self.engine.target_limits(TargetLimits(max_payload=1024 * 1024), self.now))
                 case Notice():
                     self.log(f"notice {effect.event} {dict(effect.fields)}")
-                case AnswerFlowControl() | ProbeStranded():
+                case AnswerFlowControl() | ProbeStranded() | RequestReset():
                     self.fail(f"a flow-control effect in pull mode: {effect}")
                 case _:
                     assert_never(effect)
@@ -780,8 +781,8 @@ class PullSim:
         self.acks_sent += len(ack.replies)
         self.log(f"bridge acks {[parse_ack_reply(r)[0] for r in ack.replies]}")
 
-    def _on_resync(self, request: RequestReset) -> None:
-        # SourceRunner._reset: the inbox is unsubscribed first; what is still on its way to it is dropped
+    def _on_resync(self, request: RequestResync) -> None:
+        # SourceRunner._resync: the inbox is unsubscribed first; what is still on its way to it is dropped
         if self.resync_op is not None:
             self.fail("a second resync while one is in flight")
         self.log(f"bridge resyncs: {request.cause.value} #{request.attempt}")
@@ -814,7 +815,7 @@ class PullSim:
 
     def step_receive_many(self, k: int) -> bool:
         """Up to ``k`` messages from the server reach the bridge in one read: handed over together."""
-        batch = []
+        batch: list[Inbound] = []
         while self.server.outbound and len(batch) < k:
             inbox, subject, reply, headers, payload = self.server.outbound.popleft()
             if inbox != self.inbox:
@@ -1078,7 +1079,9 @@ class PullSim:
         """Stop every fault, publish what is left, and run healthily until settled; returns the seconds it took.
 
         ``operator_recreates``: an operator re-creates a consumer that is still deleted, rather than leaving it to
-        the bridge's resync (which only comes if the engine notices; see test_pull_properties.py's xfail).
+        the bridge's resync. The tests leave it to the bridge: it notices a deleted consumer even when no pull
+        request waited (a 503 resyncs, and the resync's bind re-creates it; test_pull_properties.py's
+        ``test_consumer_deleted_with_no_request_waiting_is_recreated``).
         """
         self.log("=== HEAL ===")
         self.agg.down = False

@@ -29,18 +29,22 @@ from typing import Literal, assert_never
 from bridge.core import headers as hdr
 from bridge.core.backoff import Backoff
 from bridge.core.effects import (
+    Ack,
     AnswerFlowControl,
     Effect,
+    FetchOrigin,
     Notice,
     ProbeStranded,
     Publish,
+    Pull,
     ReadTargetLimits,
     RequestReset,
+    RequestResync,
     ResetReply,
     VerifyStored,
 )
 from bridge.core.engine import EngineSettings, Phase, SourceEngine
-from bridge.core.inbound import classify
+from bridge.core.inbound import Inbound, classify
 from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy, Recovery, recover, recovery_depth
 
@@ -471,6 +475,8 @@ class Sim:
                     self.probe_op = effect
                 case Notice():
                     self.log(f"notice {effect.event} {dict(effect.fields)}")
+                case RequestResync() | Pull() | Ack() | FetchOrigin():
+                    self.fail(f"a pull-mode effect in flow-control mode: {effect}")
                 case _:
                     assert_never(effect)
 
@@ -560,7 +566,7 @@ class Sim:
 
     def step_receive_many(self, k: int) -> None:
         """Up to ``k`` messages reach the bridge in one read: handed over together (``receive_many``)."""
-        batch = []
+        batch: list[Inbound] = []
         while self.origin.channel and len(batch) < k:
             batch.append(classify(*self.origin.channel.popleft()))
         if batch:

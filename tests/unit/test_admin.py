@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from bridge.commands.reset import confirm_on_terminal
-
-from .tty import FakeTerminal
+from tests.unit.tty import FakeTerminal
 
 DESCRIPTION = "reset FORWARD to 200: messages 1..199 will NEVER be replicated"
 

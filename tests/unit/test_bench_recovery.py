@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bench import recovery as rc
-from bench.runner import bridge_config
+from bench.runner import SOURCE, bridge_config
 from bridge.core import headers as hdr
 
 SPAWN_NS = 1_795_655_427_000_000_000  # 2026-11-26T01:10:27Z
@@ -74,7 +74,7 @@ def test_shared_split_puts_the_larger_half_first() -> None:
     assert rc.shared_split(5) == (3, 2)
 
 
-def copy_headers(seq: int, source: str = rc.SOURCE) -> dict[str, str]:
+def copy_headers(seq: int, source: str = SOURCE) -> dict[str, str]:
     block = hdr.build_header_block(
         None, source=source, stream="ORIGIN", stream_seq=seq, prev_seq=seq - 1, subject="orders.1", timestamp_ns=1
     )

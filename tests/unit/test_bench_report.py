@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from bench.cli import default_messages, parse_messages, parse_retentions, parse_sizes
+from bench.cli import default_messages, parse_retentions
+from bench.common import parse_messages, parse_sizes
 from bench.model import BRIDGE, BRIDGE_EDGE, NATIVE, BenchResults, LatencyRun, ThroughputRun
 from bench.report import format_table, format_targets, markdown_section, size_label, summarize, targets
 

@@ -10,6 +10,7 @@ import pytest
 
 from bench import wan
 from bench.cli import _parser
+from bench.common import parse_messages, parse_sizes
 from bench.model import BRIDGE, BRIDGE_EDGE, NATIVE, ThroughputRun
 from bridge.config.loading import load_config
 
@@ -30,15 +31,15 @@ def test_bad_rtts_are_refused(text: str) -> None:
 
 
 def test_sizes_messages_and_lists() -> None:
-    assert wan.parse_sizes("256,16k,16KiB") == (256, 16384)
-    assert wan.parse_messages("5000") == 5000
-    assert wan.parse_messages("256=100000,16k=20000") == {256: 100_000, 16384: 20_000}
+    assert parse_sizes("256,16k,16KiB") == (256, 16384)
+    assert parse_messages("5000") == 5000
+    assert parse_messages("256=100000,16k=20000") == {256: 100_000, 16384: 20_000}
     assert wan.parse_int_list("1000,4000,1000") == (1000, 4000)
     for bad in ("0", "a", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             wan.parse_int_list(bad)
     with pytest.raises(argparse.ArgumentTypeError):
-        wan.parse_messages("256=0")
+        parse_messages("256=0")
     assert wan.default_messages(256, quick=False) == 100_000
     assert wan.default_messages(16384, quick=False) == 20_000
     assert wan.default_messages(16384, quick=True) == wan.QUICK_MESSAGES

@@ -10,7 +10,6 @@ import pytest
 
 from bridge.core import headers as hdr
 from bridge.core.ackreply import AckInfo
-from bridge.core.backoff import Backoff
 from bridge.core.effects import (
     AnswerFlowControl,
     Effect,
@@ -23,30 +22,15 @@ from bridge.core.effects import (
     ResetReply,
     VerifyStored,
 )
-from bridge.core.engine import EngineSettings, Phase, SourceEngine
+from bridge.core.engine import Phase, SourceEngine
 from bridge.core.inbound import Data, Heartbeat, Unrecognised
 from bridge.core.pipeline import TargetLimits
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
+from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
 from tests.unit.sim import Sim, SimConfig
 
-STREAM = "ORDERS"
-CONSUMER = "BRIDGE"
 FC1 = "$JS.FC.ORDERS.BRIDGE.aaaa"
 FC2 = "$JS.FC.ORDERS.BRIDGE.bbbb"
-SETTINGS = EngineSettings(
-    source="edge1",
-    stream=STREAM,
-    consumer=CONSUMER,
-    subject_prefix="agg",
-    publish_window=8,
-    ack_timeout=5.0,
-    silence_timeout=5.0,
-    reconnect_silence=2.0,
-    reset_min_interval=2.0,
-    reset_backoff=Backoff(2.0, 30.0),
-    publish_retry=Backoff(0.5, 15.0),
-    stalled_after=60.0,
-)
 
 E = TypeVar("E")
 

@@ -16,13 +16,13 @@ from bridge.core.effects import (
     Publish,
     Pull,
     PullAnchor,
-    RequestReset,
+    RequestResync,
     ResetCause,
 )
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, PullStatus
 from bridge.core.phases import Phase
 from bridge.core.pull import AckLedger, PullCredits, PullEngine, pull_heartbeat
-from tests.unit.test_core_engine import CONSUMER, SETTINGS, STREAM
+from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
 
 E = TypeVar("E")
 PULL_SETTINGS = replace(SETTINGS, pull_capacity=8, pull_expires=30.0)
@@ -69,7 +69,7 @@ def running(watermark: int = 0, anchor: tuple[int, int] = (0, 0)) -> tuple[PullE
     """An engine past recovery and its first resync, at ``anchor`` with nothing to fetch."""
     engine = PullEngine(PULL_SETTINGS, 0.0)
     effects = engine.recovered(watermark, [], 0.0)
-    assert of(effects, RequestReset)[0].cause is ResetCause.START
+    assert of(effects, RequestResync)[0].cause is ResetCause.START
     effects = engine.resynced(PullAnchor(*anchor), 0.0)
     assert phase(engine) is Phase.RUNNING
     return engine, effects
@@ -121,7 +121,7 @@ def test_a_gap_resyncs_and_fetches_what_the_consumer_delivered_to_nobody() -> No
     assert of(effects, Notice)[0].fields["cause"] == "gap"
     assert phase(engine) is not Phase.RUNNING
     reset = engine.tick(2.5)
-    assert of(reset, RequestReset)[0].cause is ResetCause.GAP
+    assert of(reset, RequestResync)[0].cause is ResetCause.GAP
     effects = engine.resynced(PullAnchor(last_consumer_seq=4, last_stream_seq=4), 2.6)
     assert of(effects, FetchOrigin) == [FetchOrigin(1, 4)]
     assert of(effects, Pull) == []  # nothing new is asked for before the hole is filled

@@ -24,7 +24,7 @@ def report(batch: int, rows: int, end: int, latest: int) -> dict[str, object]:
 
 def test_progress_counts_each_batch_once_and_tells_the_lag() -> None:
     progress = Progress()
-    assert progress.lag is None
+    assert (progress.offset, progress.latest, progress.lag) == (None, None, None)
     progress.update([report(0, 100, 100, 250), report(1, 50, 150, 250)])
     progress.update([report(1, 50, 150, 250), report(2, 0, 150, 260)])  # reports repeat; an empty batch is no batch
     assert (progress.rows, progress.batches, progress.offset, progress.latest, progress.lag) == (150, 2, 150, 260, 110)

@@ -50,14 +50,14 @@ def test_a_missing_client_certificate_is_named_whatever_the_socket_said() -> Non
     asks = Client()
     asks._server_info = {"tls_required": True, "tls_verify": True}
     side = SimpleNamespace(servers=["tls://x:4222"], auth=None, tls=SimpleNamespace(ca_file=Path("ca.pem")))
-    hint = _missing_client_certificate(asks, side, "BrokenPipeError: [Errno 32] Broken pipe")  # type: ignore[arg-type]
+    hint = _missing_client_certificate(asks, side, "BrokenPipeError: [Errno 32] Broken pipe")
     assert "certificate required" in hint and "tls.cert_file" in hint
     # the alert itself got through: nothing to add
     said = "SSLError: [SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required"
-    assert _missing_client_certificate(asks, side, said) == ""  # type: ignore[arg-type]
+    assert _missing_client_certificate(asks, side, said) == ""
     # a certificate is configured, or the server does not ask for one: some other problem
     with_cert = SimpleNamespace(servers=side.servers, auth=None, tls=SimpleNamespace(cert_file=Path("c.pem")))
-    assert _missing_client_certificate(asks, with_cert, "BrokenPipeError") == ""  # type: ignore[arg-type]
+    assert _missing_client_certificate(asks, with_cert, "BrokenPipeError") == ""
     plain = Client()
     plain._server_info = {"tls_required": True}
-    assert _missing_client_certificate(plain, side, "BrokenPipeError") == ""  # type: ignore[arg-type]
+    assert _missing_client_certificate(plain, side, "BrokenPipeError") == ""

@@ -8,8 +8,7 @@ import json
 import pytest
 
 from bridge import logs
-
-from .tty import FakeTerminal
+from tests.unit.tty import FakeTerminal
 
 
 def test_throttle_lets_one_event_through_per_interval_and_counts_the_rest() -> None:

@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import anyio.abc
 import anyio.lowlevel
 import prometheus_client
 import pytest
@@ -27,6 +26,7 @@ from bridge.observe.http import (
     metrics_handler,
     parse_listen,
 )
+from bridge.testing.http import exchange, parse_response, raw_request, read_all
 
 pytestmark = pytest.mark.anyio
 
@@ -59,39 +59,9 @@ async def running(routes: Mapping[str, Handler], **kwargs: Any) -> AsyncIterator
             tg.cancel_scope.cancel()
 
 
-async def read_all(stream: anyio.abc.ByteStream) -> bytes:
-    chunks = []
-    try:
-        while True:
-            chunks.append(await stream.receive())
-    except anyio.EndOfStream:
-        return b"".join(chunks)
-
-
-async def exchange(port: int, raw: bytes) -> bytes:
-    """Send ``raw`` and return everything the server sends back before closing."""
-    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-        await stream.send(raw)
-        return await read_all(stream)
-
-
-def parse(raw: bytes) -> tuple[int, dict[str, str], bytes]:
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    assert sep, raw
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    version, status, _reason = status_line.split(" ", 2)
-    assert version == "HTTP/1.1"
-    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
-    return int(status), headers, body
-
-
-async def get(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
-    return parse(await exchange(port, f"{method} {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: t\r\n\r\n".encode()))
-
-
 async def test_get_returns_status_headers_and_body() -> None:
     async with running({"/health": ok}) as server:
-        status, headers, body = await get(server.port, "/health")
+        status, headers, body = await raw_request(server.port, "/health")
     assert status == 200
     assert body == b"fine\n"
     assert headers["content-type"] == "text/plain; charset=utf-8"
@@ -101,27 +71,27 @@ async def test_get_returns_status_headers_and_body() -> None:
 
 async def test_head_returns_headers_without_body() -> None:
     async with running({"/health": ok}) as server:
-        status, headers, body = await get(server.port, "/health", method="HEAD")
+        status, headers, body = await raw_request(server.port, "/health", method="HEAD")
     assert (status, body) == (200, b"")
     assert headers["content-length"] == str(len(b"fine\n"))
 
 
 async def test_query_string_is_ignored_for_routing() -> None:
     async with running({"/health": ok}) as server:
-        status, _, body = await get(server.port, "/health?verbose=1&x")
+        status, _, body = await raw_request(server.port, "/health?verbose=1&x")
     assert (status, body) == (200, b"fine\n")
 
 
 async def test_http_1_0_and_bare_newlines_are_accepted() -> None:
     async with running({"/health": ok}) as server:
-        status, _, body = parse(await exchange(server.port, b"GET /health HTTP/1.0\n\n"))
+        status, _, body = parse_response(await exchange(server.port, b"GET /health HTTP/1.0\n\n"))
     assert (status, body) == (200, b"fine\n")
 
 
 @pytest.mark.parametrize("path", ["/", "/nope", "/health/", "/healthz"])
 async def test_unknown_path_is_404(path: str) -> None:
     async with running({"/health": ok}) as server:
-        status, headers, body = await get(server.port, path)
+        status, headers, body = await raw_request(server.port, path)
     assert status == 404
     assert headers["content-length"] == str(len(body)) != "0"
 
@@ -129,7 +99,7 @@ async def test_unknown_path_is_404(path: str) -> None:
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "OPTIONS"])
 async def test_other_methods_are_405_with_allow(method: str) -> None:
     async with running({"/health": ok}) as server:
-        status, headers, _ = await get(server.port, "/health", method=method)
+        status, headers, _ = await raw_request(server.port, "/health", method=method)
     assert status == 405
     assert headers["allow"] == "GET, HEAD"
 
@@ -146,7 +116,7 @@ async def test_other_methods_are_405_with_allow(method: str) -> None:
 )
 async def test_malformed_request_line_is_400(raw: bytes) -> None:
     async with running({"/": ok}) as server:
-        status, _, _ = parse(await exchange(server.port, raw))
+        status, _, _ = parse_response(await exchange(server.port, raw))
     assert status == 400
 
 
@@ -154,9 +124,9 @@ async def test_malformed_request_line_is_400(raw: bytes) -> None:
 async def test_huge_headers_are_431_and_the_server_keeps_serving(terminated: bool) -> None:
     raw = b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 40_000 + (b"\r\n\r\n" if terminated else b"")
     async with running({"/health": ok}) as server:
-        status, _, _ = parse(await exchange(server.port, raw))
+        status, _, _ = parse_response(await exchange(server.port, raw))
         assert status == 431
-        assert (await get(server.port, "/health"))[0] == 200
+        assert (await raw_request(server.port, "/health"))[0] == 200
 
 
 async def test_raising_handler_is_500_logged_and_the_server_keeps_serving() -> None:
@@ -165,11 +135,11 @@ async def test_raising_handler_is_500_logged_and_the_server_keeps_serving() -> N
 
     log = RecordingLog()
     async with running({"/broken": broken, "/health": ok}, log=log) as server:
-        status, headers, body = await get(server.port, "/broken")
+        status, headers, body = await raw_request(server.port, "/broken")
         assert status == 500
         assert headers["content-length"] == str(len(body))
         assert b"boom" not in body
-        assert (await get(server.port, "/health"))[0] == 200
+        assert (await raw_request(server.port, "/health"))[0] == 200
     assert log.errors == [("http.handler_failed", {"path": "/broken", "error": "RuntimeError: boom"})]
 
 
@@ -179,8 +149,8 @@ async def test_sync_and_async_handlers() -> None:
         return json_response(503, {"ready": False, "sources": ["a"]})
 
     async with running({"/sync": ok, "/ready": ready}) as server:
-        assert (await get(server.port, "/sync"))[0] == 200
-        status, headers, body = await get(server.port, "/ready")
+        assert (await raw_request(server.port, "/sync"))[0] == 200
+        status, headers, body = await raw_request(server.port, "/ready")
     assert status == 503
     assert headers["content-type"] == "application/json"
     assert json.loads(body) == {"ready": False, "sources": ["a"]}
@@ -189,7 +159,7 @@ async def test_sync_and_async_handlers() -> None:
 async def test_slow_client_does_not_hold_the_server() -> None:
     async with running({"/health": ok}) as server, await anyio.connect_tcp("127.0.0.1", server.port) as slow:
         await slow.send(b"GET /health HTTP/1.1\r\n")  # never finished
-        assert (await get(server.port, "/health"))[0] == 200
+        assert (await raw_request(server.port, "/health"))[0] == 200
 
 
 async def test_slow_client_is_dropped_after_the_read_timeout() -> None:
@@ -199,7 +169,7 @@ async def test_slow_client_is_dropped_after_the_read_timeout() -> None:
             started = anyio.current_time()
             assert await read_all(slow) == b""  # closed without an answer
             assert anyio.current_time() - started >= 0.1
-        assert (await get(server.port, "/health"))[0] == 200
+        assert (await raw_request(server.port, "/health"))[0] == 200
 
 
 async def test_connections_beyond_the_limit_are_closed_at_once() -> None:
@@ -212,7 +182,7 @@ async def test_connections_beyond_the_limit_are_closed_at_once() -> None:
         return ok()
 
     async def first(port: int) -> None:
-        results.append((await get(port, "/block"))[0])
+        results.append((await raw_request(port, "/block"))[0])
 
     async with running({"/block": blocking, "/health": ok}, max_connections=1) as server:
         async with anyio.create_task_group() as tg:
@@ -225,7 +195,7 @@ async def test_connections_beyond_the_limit_are_closed_at_once() -> None:
         # the slot frees once the first connection is fully closed on the server's side too
         while not (reply := await exchange(server.port, b"GET /health HTTP/1.1\r\n\r\n")):
             await anyio.sleep(0.01)
-        assert parse(reply)[0] == 200
+        assert parse_response(reply)[0] == 200
 
 
 async def test_serving_stops_when_cancelled() -> None:
@@ -239,7 +209,7 @@ async def test_metrics_handler_serves_the_registry() -> None:
     registry = prometheus_client.CollectorRegistry()
     prometheus_client.Counter("bridge_test_events", "Events seen by the test.", registry=registry).inc(3)
     async with running({"/metrics": metrics_handler(registry)}) as server:
-        status, headers, body = await get(server.port, "/metrics")
+        status, headers, body = await raw_request(server.port, "/metrics")
     assert status == 200
     assert headers["content-type"] == prometheus_client.CONTENT_TYPE_LATEST
     samples = {s.name: s.value for f in text_string_to_metric_families(body.decode()) for s in f.samples}
@@ -276,7 +246,7 @@ async def test_listen_binds_before_serving_and_serve_uses_that_socket() -> None:
     with anyio.fail_after(TIMEOUT):
         async with anyio.create_task_group() as tg:
             assert await tg.start(server.serve) == port
-            assert (await get(port, "/health"))[0] == 200
+            assert (await raw_request(port, "/health"))[0] == 200
             tg.cancel_scope.cancel()
 
 
