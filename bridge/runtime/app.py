@@ -392,7 +392,8 @@ class Bridge:
             self.notifier.ready("configuration reload rejected; running the previous one")
             return False
         fleet = self.fleet
-        plan = plan_reload(self.config, new, self._tasks.keys(), coordinated=fleet is not None)
+        # with leases, nothing starts without one, even before the fleet has joined (it reads the new list then)
+        plan = plan_reload(self.config, new, self._tasks.keys(), coordinated=self.config.coordination.enabled)
         if plan.restart_required:
             self.log.warning(
                 "reload.restart_required", sections=plan.restart_required, hint="these sections apply on restart only"
