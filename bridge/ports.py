@@ -137,7 +137,3 @@ class TargetPort(Protocol):
 
     async def read_tail(self, source: str, subject_filter: str, floor: int, depth: int) -> tuple[list[Copy], bool]:
         """The source's copies above ``floor`` (``bridge.io.aggregate.read_source_tail``)."""
-
-    def add_after_parse(self, hook: Callable[[], None]) -> None: ...
-
-    def remove_after_parse(self, hook: Callable[[], None]) -> None: ...

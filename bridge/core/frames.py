@@ -48,9 +48,11 @@ def parse_msg_line(line: bytes) -> MsgLine | None:
     return args[1], sid, reply, header_size, total
 
 
-def take_messages(buf: bytes, pos: int, sinks: dict[int, list[Frame]]) -> int:
+def take_messages(buf: bytes, pos: int, sinks: dict[int, list[Frame]], filled: list[int]) -> int:
     """Append the complete message frames at ``buf[pos:]`` whose subscription id has a list in ``sinks`` to that
     list, in order; return the position of the first thing not taken (``len(buf)`` when it took everything).
+    A subscription id whose list was empty is appended to ``filled`` with its first frame: the caller hands over
+    only the lists a read filled, not every one of a connection's many subscriptions.
 
     It stops at anything else: a protocol line, a message of another subscription, a frame not complete in
     ``buf``, a malformed control line. What it has taken is exactly what nats-py's parser would have delivered.
@@ -75,6 +77,8 @@ def take_messages(buf: bytes, pos: int, sinks: dict[int, list[Frame]]) -> int:
         if stop + 2 > end:
             return pos
         body = start + header_size
+        if not sink:
+            filled.append(sid)
         sink.append((subject, reply, buf[start:body] if header_size else None, buf[body:stop]))
         pos = stop + 2
     return pos

@@ -25,7 +25,6 @@ from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy
 from bridge.core.targetwire import AckOutcome
 from bridge.errors import BridgeError, TargetUnavailable
-from bridge.io import wire
 from bridge.io.directget import read_batches
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
 from bridge.io.target import SourcePublisher
@@ -78,12 +77,6 @@ class TargetSide:
             return await read_source_tail(
                 self.nc, self.api, self.stream, source, subject_filter, floor, depth, self.timeout
             )
-
-    def add_after_parse(self, hook: Callable[[], None]) -> None:
-        wire.add_after_parse(self.nc, hook)  # acks free the window for more
-
-    def remove_after_parse(self, hook: Callable[[], None]) -> None:
-        wire.remove_after_parse(self.nc, hook)
 
 
 async def read_source_tail(

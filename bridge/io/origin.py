@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -33,21 +34,36 @@ from bridge.core.frames import Frame
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
-from bridge.io.connect import describe, open_connection
+from bridge.io.connect import describe
 from bridge.io.consumer import consumer_filters, consumer_kind, ensure_consumer
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
+from bridge.io.shared import Member, OriginConnections, names_source
 from bridge.ports import Callback, ErrorCallback
 
 PENDING_BYTES = 512 * 1024 * 1024
 
 
 class OriginClient:
-    """One source's connection to its origin server."""
+    """One source's side of its origin connection: its subscriptions, requests, answers and acks.
 
-    def __init__(self, source: SourceConfig, timeout: float, mode: Mode = Mode.FLOW_CONTROL) -> None:
+    The connection itself is shared with the process's other sources that reach the same servers with the same
+    credentials (``connections``, ``bridge.io.shared``); without ``connections`` it is one of the source's own.
+    """
+
+    def __init__(
+        self,
+        source: SourceConfig,
+        timeout: float,
+        mode: Mode = Mode.FLOW_CONTROL,
+        connections: OriginConnections | None = None,
+    ) -> None:
         self.source = source
         self.timeout = timeout  # for every API request (the engine's reset_timeout)
         self.mode = mode  # set by the runner once chosen, before bind (bridge.core.modes)
+        pool = connections if connections is not None else OriginConnections()
+        self._shared = pool.for_settings(source)
+        self._member: Member | None = None
+        self._after_parse: Callable[[], None] | None = None
         self._nc: NATS | None = None
         self._api: JsApi | None = None
         self._sub: Subscription | None = None
@@ -78,18 +94,23 @@ class OriginClient:
         if self._nc is not None:
             return
         src = self.source
-        self._nc = await open_connection(
-            src,
-            name=f"nats-bridge source {src.name}",
-            error_type=OriginUnavailable,
-            on_disconnected=on_disconnected,
-            on_reconnected=on_reconnected,
-            on_error=on_error,
-        )
+        member = Member(src.name, on_disconnected, on_reconnected, on_error, self._claims)
+        self._nc = await self._shared.join(member)
+        self._member = member
         self._api = JsApi(self._nc, src.api_prefix)
-        # first the deliveries of the read, then the runner's hook: deliveries make publishes
-        wire.add_after_parse(self._nc, self._hand_over)
-        wire.add_after_parse(self._nc, after_parse)
+        self._after_parse = after_parse
+
+    def _claims(self, text: str) -> bool:
+        """Whether a connection error's text is about this source (``bridge.io.shared.names_source``)."""
+        src = self.source
+        return names_source(
+            text,
+            deliver_subject=src.deliver_subject if self.mode is Mode.FLOW_CONTROL else "",
+            inbox=self._inbox,
+            api_prefix=src.api_prefix,
+            stream=src.stream,
+            consumer=src.consumer,
+        )
 
     def _jsapi(self) -> JsApi:
         if self._api is None:
@@ -172,15 +193,18 @@ class OriginClient:
             )
         except Exception as exc:  # not connected: the next reset (silence) subscribes again
             raise OriginUnavailable(f"cannot subscribe to {subject}: {describe(exc)}") from exc
-        wire.add_sink(self._nc, self._sub, self._arrived)
+        wire.add_sink(self._nc, self._sub, self._arrived, self._on_read)
         if self.mode is Mode.PULL:
             self._inbox = subject
         return True
 
-    def _hand_over(self) -> None:
+    def _on_read(self) -> None:
+        """A read brought deliveries: hand them over, then the runner's hook (deliveries make publishes)."""
         frames = wire.take(self._arrived)
         if frames and self._on_messages is not None:
             self._on_messages(inbound.classify_frames(frames))
+            if self._after_parse is not None:
+                self._after_parse()
 
     async def _on_msg(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
@@ -278,9 +302,19 @@ class OriginClient:
                 await self._nc.flush(timeout=1)
 
     async def close(self) -> None:
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
+        """Leave the connection (the last source on it closes it)."""
+        nc, member = self._nc, self._member
+        self._nc = self._member = None
+        self._api = None
+        if nc is None or member is None:
+            return
+        with anyio.CancelScope(shield=True):
+            sub, self._sub = self._sub, None
+            if sub is not None:
+                wire.remove_handler(nc, sub)
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            await self._shared.leave(member)
 
 
 def _unavailable(what: str, exc: BridgeError) -> OriginUnavailable:

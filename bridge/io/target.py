@@ -49,13 +49,11 @@ class SourcePublisher:
             )
         except Exception as exc:  # nats-py's own errors (closed, outbound buffer full while reconnecting)
             raise TargetUnavailable(f"cannot subscribe to the publish acks: {describe(exc)}") from exc
-        if wire.add_sink(self._nc, self._sub, self._arrived):
-            wire.add_after_parse(self._nc, self._hand_over)
+        wire.add_sink(self._nc, self._sub, self._arrived, self._hand_over)  # after each read that brought acks
 
     async def stop(self) -> None:
         if self._sub is not None:
             wire.remove_handler(self._nc, self._sub)
-            wire.remove_after_parse(self._nc, self._hand_over)
             # the connection may be closed already; nothing is left to release then
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()

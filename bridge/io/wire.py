@@ -57,6 +57,10 @@ class WireParser(Parser):
     def __init__(self, nc: Any) -> None:
         self.handlers: dict[int, RawHandler] = {}
         self.sinks: dict[int, list[Frame]] = {}
+        # per sink, its owner's hook, called once after a read that appended to it (``filled``: in the order the
+        # read filled them); a connection shared by a thousand sources hands over to those a read concerned only
+        self.on_read: dict[int, Callable[[], None]] = {}
+        self.filled: list[int] = []
         self.after_parse: list[Callable[[], None]] = []
         super().__init__(nc)
 
@@ -91,7 +95,7 @@ class WireParser(Parser):
             while pos < end_of_data:
                 if sinks:
                     # the hot subscriptions' frames, taken by the compiled core; the rest is parsed below
-                    pos = take_messages(buf, pos, sinks)
+                    pos = take_messages(buf, pos, sinks, self.filled)
                     if pos >= end_of_data:
                         break
                 eol = buf.find(_CRLF, pos)
@@ -156,6 +160,17 @@ class WireParser(Parser):
             # unless reset() ran meanwhile: then the rest of this input belongs to a connection that is gone
             if self._epoch == epoch:
                 self._keep(buf[pos:] if pos else buf)
+        if self.filled:
+            filled, self.filled = self.filled, []
+            on_read = self.on_read
+            for sid in filled:
+                owner = on_read.get(sid)
+                if owner is None:
+                    continue
+                try:
+                    owner()
+                except Exception as exc:
+                    await nc._error_cb(exc)
         for hook in self.after_parse:
             try:
                 hook()
@@ -216,13 +231,16 @@ def add_handler(nc: Any, sub: Any, handler: RawHandler) -> bool:
     return True
 
 
-def add_sink(nc: Any, sub: Any, sink: list[Frame]) -> bool:
-    """Append ``sub``'s messages to ``sink`` as :data:`~bridge.core.frames.Frame` tuples from now on, in wire order
-    (its owner takes them in an :func:`add_after_parse` hook); False when ``nc`` has no :class:`WireParser`."""
+def add_sink(nc: Any, sub: Any, sink: list[Frame], on_read: Callable[[], None] | None = None) -> bool:
+    """Append ``sub``'s messages to ``sink`` as :data:`~bridge.core.frames.Frame` tuples from now on, in wire order;
+    its owner takes them (:func:`take`) in ``on_read``, called once after each read that appended to it (or in an
+    :func:`add_after_parse` hook). False when ``nc`` has no :class:`WireParser`."""
     parser, sid = _parser_and_sid(nc, sub)
     if parser is None:
         return False
     parser.sinks[sid] = sink
+    if on_read is not None:
+        parser.on_read[sid] = on_read
     return True
 
 
@@ -264,3 +282,4 @@ def remove_handler(nc: Any, sub: Any) -> None:
     if isinstance(parser, WireParser):
         parser.handlers.pop(getattr(sub, "_id", None), None)  # type: ignore[arg-type]
         parser.sinks.pop(getattr(sub, "_id", None), None)  # type: ignore[arg-type]
+        parser.on_read.pop(getattr(sub, "_id", None), None)  # type: ignore[arg-type]

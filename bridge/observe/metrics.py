@@ -112,6 +112,8 @@ class BridgeSnapshot:
     sources: tuple[SourceSnapshot, ...]
     now: float  # unix seconds when taken
     fleet: FleetSnapshot | None = None
+    api_in_flight: int = 0  # the sources' JetStream API requests in flight (bounded per process)
+    api_waiting: int = 0  # and those waiting for a slot
 
 
 def publish_error_reason(error: str) -> str:
@@ -262,6 +264,17 @@ class _SnapshotCollector(Collector):
         target = GaugeMetricFamily("nats_bridge_target_connected", "1 while connected to the aggregate's server.")
         target.add_metric([], 1.0 if snap.target_connected else 0.0)
         yield target
+        in_flight = GaugeMetricFamily(
+            "nats_bridge_api_requests_in_flight", "The sources' JetStream API requests in flight (bounded per process)."
+        )
+        in_flight.add_metric([], float(snap.api_in_flight))
+        yield in_flight
+        waiting = GaugeMetricFamily(
+            "nats_bridge_api_requests_waiting",
+            "The sources' JetStream API requests waiting for one of the process's slots (a reconnect storm).",
+        )
+        waiting.add_metric([], float(snap.api_waiting))
+        yield waiting
         yield from _source_families(snap)
         if snap.fleet is not None:
             yield from _fleet_families(snap.fleet)

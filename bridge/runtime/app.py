@@ -1,8 +1,10 @@
 """The whole daemon: one shared target connection, one ``SourceRunner`` per source, signals, health, reload.
 
-Sources are isolated: each runner has its own origin connection, engine, ack inbox and effect executor, so one
-blocked source (target rejects its messages, origin unreachable) never stalls another. They share the target
-connection because publishes are small writes on one socket and the target is one server (or cluster).
+Sources are isolated: each runner has its own engine, subscriptions, ack inbox and effect executor, so one blocked
+source (target rejects its messages, origin unreachable) never stalls another. They share the target connection
+because publishes are small writes on one socket and the target is one server (or cluster), and the sources that
+reach the same origin servers with the same credentials share one origin connection (``bridge.io.shared``: in the
+sidecar position, every source reaches its leaf through the hub), with errors routed to the source they name.
 
 Tasks, all owned by :meth:`Bridge.run`'s task group: signal handling (SIGTERM/SIGINT stop, SIGHUP reload), the
 HTTP listener (``/metrics``, ``/healthz``, ``/readyz``), the systemd watchdog and readiness report, and one task
@@ -31,6 +33,7 @@ from bridge.io.aggregate import TargetSide, duplicate_window_short
 from bridge.io.connect import ConnectionSettings, describe, drop_unsent_publishes, error_fields, open_connection
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
 from bridge.io.kv import KvBucket
+from bridge.io.shared import OriginConnections
 from bridge.logs import Throttle, get_logger
 from bridge.observe.http import HttpServer, ListenError, Response, json_response, metrics_handler, parse_listen
 from bridge.observe.metrics import BridgeSnapshot, Metrics
@@ -56,6 +59,11 @@ LOOP_STALE = 10.0  # /healthz fails when the loop has not ticked for this long
 # ones still waiting named in STATUS: an edge that is down at boot must not turn into a start-timeout restart loop
 # (the unit's TimeoutStartSec is 90 s); /readyz keeps saying which source is not replicating.
 READY_WAIT = 60.0
+# JetStream API requests of the sources in flight at once, per process (stream and consumer info, creates, RESETs,
+# reads of the aggregate for recovery): after a regional cut a thousand edges reconnect together, and without a
+# bound their requests arrive at the hub in one burst, behind which everything else waits (lease renewals
+# included: the process would lose its leases to its own backlog). Publishes, answers and acks are not requests.
+API_REQUESTS_IN_FLIGHT = 32
 
 
 class _SourceTask:
@@ -86,6 +94,8 @@ class Bridge:
         self.http_port: int | None = None  # bound port of the HTTP listener, once it listens
         self.log = get_logger(component="bridge")
         self._ticker = Ticker(TICK)  # every source's clock, one task
+        self._api: anyio.CapacityLimiter | None = None  # made in run(): the sources' API requests in flight
+        self._origins = OriginConnections()  # one connection per distinct origin settings, shared by its sources
         self._target_nc: NATS | None = None
         self._side: TargetSide | None = None
         self._tasks: dict[str, _SourceTask] = {}
@@ -116,6 +126,7 @@ class Bridge:
         # the listener binds before anything is connected: an address that cannot be used stops the start (exit 2
         # in `run`), rather than a daemon running without its health and metrics endpoints
         server = await self._bind_http() if self.config.http.listen else None
+        self._api = anyio.CapacityLimiter(API_REQUESTS_IN_FLIGHT)
         missing = wire.missing_hooks()
         if missing:
             self.log.warning(
@@ -266,6 +277,8 @@ class Bridge:
             fence=fence,
             on_config_error=self._config_error,
             ticker=self._ticker,
+            api=self._api,
+            connections=self._origins,
         )
         task = _SourceTask(runner)
         self._tasks[source.name] = task
@@ -427,9 +440,11 @@ class Bridge:
 
     def snapshot(self) -> BridgeSnapshot:
         """The daemon's state now (metrics, ``/readyz``)."""
-        nc = self._target_nc
+        nc, api = self._target_nc, self._api
         return BridgeSnapshot(
             target_connected=nc is not None and bool(nc.is_connected),
+            api_in_flight=int(api.borrowed_tokens) if api is not None else 0,
+            api_waiting=api.statistics().tasks_waiting if api is not None else 0,
             sources=tuple(task.runner.snapshot() for task in self._tasks.values()),
             now=time.time(),
             fleet=self.fleet.snapshot() if self.fleet is not None else None,

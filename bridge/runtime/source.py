@@ -15,7 +15,9 @@ Task ownership (all inside the runner's task group, cancelled together when the 
   writes the publishes at the head of the queue itself if the executor is idle (same order, one write per burst,
   no wait for the executor's turn);
 * a RESET, a read of the aggregate to verify publishes and a probe for stranded messages each run in a task of
-  their own (they can take ``reset_timeout``): publishing goes on meanwhile.
+  their own (they can take ``reset_timeout``): publishing goes on meanwhile. Every JetStream API request (setup,
+  recovery, a reset's bind and RESET, fetches, probes, verifications) first takes one of the process's slots
+  (``api``, shared by every source), so a thousand sources restarting together queue here, not at the hub.
 
 Shutdown (``stop`` set): deliveries stop (unsubscribe), nothing new is published, in-flight acks are awaited up to
 ``shutdown_grace``, a held flow-control request is answered with what is stored, then the connection closes.
@@ -29,9 +31,11 @@ before it can act on anything it had buffered.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, assert_never
 
 import anyio
@@ -57,6 +61,7 @@ from bridge.core.effects import (
 )
 from bridge.core.engine import EngineSettings, SourceEngine
 from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode, mode_key
+from bridge.core.pipeline import TargetLimits
 from bridge.core.pull import PullEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.replication import Replication
@@ -64,6 +69,7 @@ from bridge.core.targetwire import AckOutcome
 from bridge.errors import ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
 from bridge.io.connect import describe, error_fields
 from bridge.io.origin import OriginClient
+from bridge.io.shared import OriginConnections
 from bridge.logs import Throttle, get_logger
 from bridge.observe.metrics import SourceObservers, SourceSnapshot
 from bridge.ports import OriginPort, PublisherPort, TargetPort
@@ -117,12 +123,17 @@ class SourceRunner:
         origin: OriginPort | None = None,
         on_config_error: Callable[[str], None] | None = None,
         ticker: Ticker | None = None,
+        api: anyio.CapacityLimiter | None = None,
+        connections: OriginConnections | None = None,
     ):
         self.source = source
         self.engine_cfg = engine
         self._shared_ticker = ticker  # the process's one clock; None: a ticker task of this runner's own
+        self._api = api  # the process's JetStream API requests in flight (None: unbounded)
         self.target = target
-        self.origin: OriginPort = origin if origin is not None else OriginClient(source, engine.reset_timeout)
+        self.origin: OriginPort = (
+            origin if origin is not None else OriginClient(source, engine.reset_timeout, connections=connections)
+        )
         self.clock = clock
         self.observers = observers
         self._fence = fence
@@ -274,12 +285,14 @@ class SourceRunner:
             )
             self._connected = self.origin_connected = True
             self.log.info("origin.connected", servers=list(src.servers), api_prefix=src.api_prefix)
-        stream = await origin.stream()
+        async with self._api_slot():
+            stream = await origin.stream()
         if self.mode is None:
             await self._choose_mode(stream)
         if not self.may_act():
             return  # abandoned: the task group is cancelled, nothing more starts
-        bound = await origin.bind()
+        async with self._api_slot():
+            bound = await origin.bind()
         self.engine.consumer_bound(bound.created)
         self.log.info(
             "consumer.bound",
@@ -293,14 +306,16 @@ class SourceRunner:
         if self._publisher is None:
             self._publisher = self.target.publisher(self._on_outcomes)
             await self._publisher.start()
-            self.target.add_after_parse(self._write_ready)  # acks free the window for more
-        self._emit(self.engine.target_limits(await self.target.limits(), self.clock()))
+        self._emit(self.engine.target_limits(await self._target_limits(), self.clock()))
 
     async def _choose_mode(self, stream: OriginStream) -> None:
         """Decide the consumer model once (``bridge.core.modes``); ``flow_control`` forced on an older server is a
         configuration error: reported to the bridge, which stops with exit code 2."""
         # only auto depends on the durable (CONSUMER.INFO): it keeps a pull consumer made before an upgrade to 2.14
-        kind = await self.origin.consumer_kind() if self.source.mode == "auto" else None
+        kind = None
+        if self.source.mode == "auto":
+            async with self._api_slot():
+                kind = await self.origin.consumer_kind()
         try:
             choice = choose_mode(self.source.mode, stream.api_level, stream.version, kind)
         except ModeUnsupported as exc:
@@ -318,7 +333,21 @@ class SourceRunner:
         """This source's copies in the aggregate above ``floor`` (see ``read_source_tail``)."""
         src = self.source
         subject_filter = f"{src.subject_prefix}.>" if src.subject_prefix else ">"
-        return await self.target.read_tail(src.name, subject_filter, floor, recovery_depth(self.target.publish_window))
+        async with self._api_slot():
+            return await self.target.read_tail(
+                src.name, subject_filter, floor, recovery_depth(self.target.publish_window)
+            )
+
+    async def _target_limits(self) -> TargetLimits:
+        async with self._api_slot():
+            return await self.target.limits()
+
+    def _api_slot(self) -> AbstractAsyncContextManager[object]:
+        """A slot among the process's JetStream API requests in flight (``api``, shared by every source), held for
+        one request or one exchange (a reset's bind and RESET): when every edge reconnects at once, the sources'
+        requests queue here, in the process, rather than flood the servers (where lease renewals would queue
+        behind them)."""
+        return self._api if self._api is not None else contextlib.nullcontext()
 
     async def _recover(self, stream: OriginStream, floor: int) -> None:
         started = self.clock()
@@ -364,7 +393,6 @@ class SourceRunner:
     async def _close(self) -> None:
         self._stopping = True
         with anyio.CancelScope(shield=True):
-            self.target.remove_after_parse(self._write_ready)  # the target connection outlives this source
             if self._publisher is not None:
                 await self._publisher.stop()
             await self.origin.close()
@@ -432,6 +460,7 @@ class SourceRunner:
                 self._publish_error(failed.error)
                 self._emit(engine.publish_failed(failed.order, failed.attempt, failed.error, now))
         self._changed.set()
+        self._write_ready()  # acks free the window for more: written now, one write for the read
 
     def _observe_stored(self, tokens: list[tuple[int, int]]) -> None:
         """Bytes and latency of the messages these acks store (before the engine forgets them)."""
@@ -565,7 +594,7 @@ class SourceRunner:
             case VerifyStored():
                 self._tg.start_soon(self._verify, effect)
             case ReadTargetLimits():
-                self._emit(self.engine.target_limits(await self.target.limits(), self.clock()))
+                self._emit(self.engine.target_limits(await self._target_limits(), self.clock()))
             case ProbeStranded():
                 self._tg.start_soon(self._probe_stranded, effect)
             case Pull():
@@ -635,10 +664,11 @@ class SourceRunner:
             # a RESET is answered by the consumer itself, so one sent to a deleted consumer waits out the whole
             # reset_timeout unanswered (and an Interest origin drops what is published meanwhile); the stream's
             # API answers a create or look-up at once, and a managed consumer comes back within a round trip
-            await self.origin.bind()
-            if not self.may_act():
-                return
-            effects = await exchange()
+            async with self._api_slot():
+                await self.origin.bind()
+                if not self.may_act():
+                    return
+                effects = await exchange()
         except ApiTimeout as exc:
             reason = f"{exc} (consumer leaderless, or origin unreachable)"
             self.last_error = f"reset: {reason}"
@@ -673,7 +703,8 @@ class SourceRunner:
     async def _fetch(self, request: FetchOrigin) -> None:
         engine = self.engine
         try:
-            messages = await self.origin.fetch(request.after, request.through)
+            async with self._api_slot():
+                messages = await self.origin.fetch(request.after, request.through)
         except (BridgeError, OSError) as exc:
             self._emit(engine.fetch_failed(str(exc), self.clock()))
             return
@@ -696,7 +727,8 @@ class SourceRunner:
     async def _probe_stranded(self, probe: ProbeStranded) -> None:
         engine = self.engine
         try:
-            first = await self.origin.first_seq_from(probe.start)
+            async with self._api_slot():
+                first = await self.origin.first_seq_from(probe.start)
         except (BridgeError, OSError) as exc:
             self.log.debug("stranded.check_failed", error=str(exc))
             self._emit(engine.stranded_probe_failed(str(exc), self.clock()))

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import anyio
+
 from bridge.core import headers as hdr
 from bridge.core.ackreply import parse_ack_subject
 from bridge.core.effects import (
@@ -38,6 +40,26 @@ from bridge.core.recovery import Copy
 from bridge.core.targetwire import AckOutcome
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
 from bridge.ports import Callback, ErrorCallback, Failures, Sends
+
+
+@dataclass
+class ApiServer:
+    """The JetStream API as several fake origins share it (one hub serving many edges): counts the requests in
+    flight, the most at once, and makes each take ``latency`` seconds."""
+
+    latency: float = 0.01
+    in_flight: int = 0
+    most: int = 0
+    served: int = 0
+
+    async def serve(self) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await anyio.sleep(self.latency)
+        finally:
+            self.in_flight -= 1
+            self.served += 1
 
 
 @dataclass
@@ -78,6 +100,7 @@ class FakeOrigin:
     anchors: list[PullAnchor | BridgeError] = field(default_factory=list)
     fetches: list[list[OriginMessage] | BridgeError] = field(default_factory=list)
     inbox: str = ""  # pull mode: the inbox of the current subscription
+    api: ApiServer | None = None  # when set, every JetStream API request goes through it (and takes its latency)
     lost: list[int] = field(default_factory=list)  # pull mode: stream sequences delivered to a stale inbox
     _on_messages: Callable[[Sequence[Inbound]], None] | None = None
     _connected: bool = False
@@ -191,14 +214,17 @@ class FakeOrigin:
 
     async def stream(self) -> OriginStream:
         self.ops.append("stream")
+        await self._api_request()
         return OriginStream(self.workqueue, max(self.messages, default=0), self.api_level, self.version)
 
     async def consumer_kind(self) -> ConsumerKind | None:
         self.ops.append("consumer_kind")
+        await self._api_request()
         return self.kind
 
     async def bind(self) -> BoundConsumer:
         self.ops.append("bind")
+        await self._api_request()
         wanted = ConsumerKind.PULL if self.mode is Mode.PULL else ConsumerKind.FLOW_CONTROL
         if self.kind is not None and self.kind is not wanted:
             # the server refuses to turn one kind into the other
@@ -209,6 +235,7 @@ class FakeOrigin:
 
     async def reset(self, seq: int | None) -> ResetReply:
         self.ops.append(f"reset {seq}")
+        await self._api_request()
         if seq is not None:
             self.ack_floor = seq - 1  # the server moves its ack floor to just below the reset sequence
         self.next_seq = self.ack_floor + 1
@@ -217,6 +244,7 @@ class FakeOrigin:
 
     async def first_seq_from(self, start: int) -> int:
         self.ops.append(f"probe {start}")
+        await self._api_request()
         return min((s for s in self.messages if s >= start), default=0)
 
     async def subscribe(self, on_messages: Callable[[Sequence[Inbound]], None]) -> bool:
@@ -234,6 +262,7 @@ class FakeOrigin:
 
     async def anchor(self) -> PullAnchor:
         self.ops.append("anchor")
+        await self._api_request()
         if self.anchors:
             scripted = self.anchors.pop(0)
             if isinstance(scripted, BridgeError):
@@ -264,6 +293,7 @@ class FakeOrigin:
 
     async def fetch(self, after: int, through: int) -> list[OriginMessage]:
         self.ops.append(f"fetch {after} {through}")
+        await self._api_request()
         self.fetched.append((after, through))
         if self.fetches:
             scripted = self.fetches.pop(0)
@@ -275,6 +305,10 @@ class FakeOrigin:
             for seq, (subject, payload) in sorted(self.messages.items())
             if after < seq <= through
         ]
+
+    async def _api_request(self) -> None:
+        if self.api is not None:
+            await self.api.serve()
 
     def detach(self) -> None:
         self.ops.append("detach")
@@ -311,7 +345,6 @@ class FakeTarget:
     stored: dict[str, tuple[str, dict[str, str], bytes]] = field(default_factory=dict)
     limits_reads: int = 0
     held: list[AckOutcome] = field(default_factory=list)
-    hooks: list[Callable[[], None]] = field(default_factory=list)
     _on_outcomes: Callable[[Sequence[AckOutcome]], None] | None = None
 
     def seqs(self, source: str) -> list[int]:
@@ -341,13 +374,6 @@ class FakeTarget:
             if prov is not None and prov.source == source and prov.stream_seq > floor:
                 copies.append(Copy(prov.stream_seq, prov.prev_seq))
         return sorted(copies, key=lambda c: c.stream_seq)[-depth:], True
-
-    def add_after_parse(self, hook: Callable[[], None]) -> None:
-        self.hooks.append(hook)
-
-    def remove_after_parse(self, hook: Callable[[], None]) -> None:
-        if hook in self.hooks:
-            self.hooks.remove(hook)
 
     def _take(self, sends: Sends) -> None:
         for message, order, attempt in sends:

@@ -30,6 +30,7 @@ from nats.aio.client import Client
 from bridge.core import inbound
 from bridge.core.ackreply import parse_ack_subject
 from bridge.core.pull import PullEngine
+from bridge.io.shared import CONNECTION_NAME
 from bridge.runtime.source import SourceRunner
 from bridge.testing.configs import ORIGIN, TEST_COORDINATION, TEST_ENGINE, SourceSpec, write_config
 from bridge.testing.http import standby_ready
@@ -577,9 +578,10 @@ async def test_the_mode_follows_the_configuration_and_the_origin(
 
 
 async def source_connections(topology: Topology, source: str) -> int:
-    """How many connections the leaf (the origin) has from a bridge's runner of ``source``."""
+    """How many origin connections the leaf has from bridges (``source`` is their only one: a process connects to
+    an origin only while it runs a source there)."""
     connz = await anyio.to_thread.run_sync(topology.leaf.monitor, "connz?limit=1024")
-    return sum(1 for c in connz.get("connections") or [] if c.get("name") == f"nats-bridge source {source}")
+    return sum(1 for c in connz.get("connections") or [] if c.get("name") == CONNECTION_NAME)
 
 
 @pytest.mark.anyio

@@ -30,6 +30,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from bridge.io.shared import CONNECTION_NAME
 from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
 from bridge.testing.jetstream import (
     Publisher,
@@ -634,6 +635,56 @@ async def test_least_privilege_missing_permission_is_named(
         assert bridge.is_running
         assert await bridge.astop(STOP_GRACE) == 0
         await nothing_acked()  # not even by the final answer at shutdown
+    assert_no_secret(bridge, [BRIDGE_PASSWORD, ADMIN_PASSWORD])
+
+
+@pytest.mark.anyio
+async def test_a_denied_source_on_a_shared_origin_connection_touches_no_other(
+    tmp_path: Path, servers: ServerFactory, bridge_procs: BridgeFactory
+) -> None:
+    """Two sources on one origin server (same user) share the bridge's one connection to it. The user may not
+    subscribe to the second one's deliver subject: that source logs the server's violation naming its subject and
+    acks nothing; the first replicates everything and logs no error of the other's; the origin sees one connection
+    from the bridge (the server keeps a connection that met a permissions violation)."""
+    a = SourceSpec(name="edge-a", servers="", subject_prefix="edge.a", max_ack_pending=100, extra=dict(BRIDGE_AUTH))
+    b = SourceSpec(
+        name="edge-b",
+        servers="",
+        stream=ORIGIN_B,
+        subject_prefix="edge.b",
+        max_ack_pending=100,
+        extra=dict(BRIDGE_AUTH),
+    )
+    perms = origin_permissions(ORIGIN, a.consumer_name, a.deliver_subject) + origin_permissions(
+        ORIGIN_B, b.consumer_name, b.deliver_subject
+    ).without(b.deliver_subject)
+    origin = servers("origin", users_config(perms))
+    target = servers("target", users_config(target_permissions(AGGREGATE, ["edge.a.>", "edge.b.>"])))
+    a.servers = b.servers = origin.url
+    config = write_config(tmp_path / "bridge.toml", target_url=target.url, sources=[a, b], target_extra=BRIDGE_AUTH)
+    config.chmod(0o600)
+    n = 150
+    async with client(admin_url(origin)) as origin_nc, client(admin_url(target)) as target_nc:
+        await create_stream(origin_nc, ORIGIN, ["a.>"], retention="workqueue")
+        await create_stream(origin_nc, ORIGIN_B, ["b.>"], retention="workqueue")
+        await create_aggregate(target_nc)
+        await Publisher(origin_nc, n, subject=lambda i: f"a.orders.{i % 5}").run()
+        await Publisher(origin_nc, n, subject=lambda i: f"b.orders.{i % 3}").run()
+        bridge = bridge_procs(config)
+        await bridge.wait_event("origin.error", timeout=20, source="edge-b")
+        copies = functools.partial(aggregate_count, target_nc, "edge.a.>")
+        await wait_for_value(copies, n, timeout=30, what="edge-a copies")
+        left = functools.partial(stream_messages, origin_nc, ORIGIN)
+        await wait_for_value(left, 0, timeout=15, what=f"{ORIGIN} left")
+        errors = bridge.events("origin.error")
+        assert errors and all(e.get("source") == "edge-b" for e in errors), errors
+        assert any(f'subscription to "{b.deliver_subject.lower()}"' in e.get("error", "") for e in errors), errors
+        assert await stream_messages(origin_nc, ORIGIN_B) == n  # nothing of edge-b acked
+        connz = await anyio.to_thread.run_sync(origin.monitor, "connz")
+        names = [c.get("name") for c in connz.get("connections") or []]
+        assert names.count(CONNECTION_NAME) == 1, names
+        assert await bridge.astop(STOP_GRACE) == 0
+        assert_exact(seqs_by_source(await read_stream(target_nc, AGGREGATE)).get("edge-a", []), range(1, n + 1), "a")
     assert_no_secret(bridge, [BRIDGE_PASSWORD, ADMIN_PASSWORD])
 
 

@@ -25,6 +25,7 @@ from bridge.io.wire import (
     install,
     remove_after_parse,
     remove_handler,
+    take,
 )
 
 pytestmark = pytest.mark.anyio
@@ -210,11 +211,35 @@ async def test_sinks_byte_by_byte_and_a_message_larger_than_many_reads() -> None
 def test_take_messages_stops_at_what_is_not_a_complete_message_of_a_sink() -> None:
     one = msg("d", 1, "r", b"x")
     sinks: dict[int, list[Frame]] = {1: []}
-    assert take_messages(one + one, 0, sinks) == 2 * len(one) and sinks[1] == [(b"d", b"r", None, b"x")] * 2
+    filled: list[int] = []
+    assert take_messages(one + one, 0, sinks, filled) == 2 * len(one) and sinks[1] == [(b"d", b"r", None, b"x")] * 2
+    assert filled == [1]  # once, with its first frame
     for rest in (b"PING\r\n", msg("d", 2, "", b"x"), one[:-1], b"MSG d x 1\r\nx\r\n", b"MSG d 1\r\n", b"M"):
         sinks = {1: []}
-        assert take_messages(one + rest, 0, sinks) == len(one), rest
+        assert take_messages(one + rest, 0, sinks, []) == len(one), rest
         assert sinks[1] == [(b"d", b"r", None, b"x")]
+
+
+async def test_a_sink_owner_is_called_once_after_a_read_that_filled_it_and_never_otherwise() -> None:
+    client = Recorder()
+    parser = install(client)
+    assert isinstance(parser, WireParser)
+    sinks: dict[int, list[Frame]] = {sid: [] for sid in range(1, 1001)}  # a connection of many quiet sources
+    called: list[tuple[int, int]] = []
+    for sid, sink in sinks.items():
+
+        def owner(sid: int = sid, sink: list[Frame] = sink) -> None:
+            called.append((sid, len(take(sink))))
+
+        assert add_sink(client, type("Sub", (), {"_id": sid})(), sink, owner)
+    await parser.parse(msg("d", 7, "r", b"x") + msg("d", 7, "r", b"y") + msg("d", 500, "r", b"z"))
+    assert called == [(7, 2), (500, 1)]  # in the order the read filled them; the 998 others are not called
+    called.clear()
+    await parser.parse(b"PING\r\n")
+    assert called == []
+    remove_handler(client, type("Sub", (), {"_id": 7})())
+    await parser.parse(msg("d", 500, "r", b"z"))
+    assert called == [(500, 1)]
 
 
 @pytest.mark.parametrize("line", [b"MSG d 1 x\r\nabc\r\n", b"HMSG d 1 9 3\r\nabc\r\n", b"MSG d 1 r 1 2\r\nabc\r\n"])
