@@ -17,8 +17,10 @@ buffered, whatever its tasks happen to run first. ``guard`` absorbs clock-rate d
 every ``renew_every``; the bucket's ``max_age`` removes the presence of a process that died. A source's preferred
 owner is the live member serving it with the highest rendezvous hash of (source, instance), so each of N members
 prefers about M/N sources and a member joining or leaving changes the preference of its share only. A free source
-is acquired by its preferred member at once, and by anyone once it has been free for ``ttl`` (its preferred member
-is not taking it). Ownership is sticky: a process hands a source over only while it owns more than its fair share
+is acquired by its preferred member at once, and, while its preferred member is not taking it, by its second choice
+once it has been free for ``ttl``, by its third once free for twice that, and so on (a dead member's presence
+outlives its leases by up to a renew period: the member preferred once it expires takes the source, which then
+stays). Ownership is sticky: a process hands a source over only while it owns more than its fair share
 (its sources over the live members, rounded up), and only a source whose preferred member is live and another
 process; the source drains (everything stored is answered), the key is deleted, and the preferred member creates
 it at its next view. So a standby that comes back takes nothing from a process at its fair share, and a newcomer
@@ -178,6 +180,11 @@ def rendezvous(source: str, instance: str) -> int:
     """The weight of ``instance`` for ``source``: the live member with the highest weight is the preferred owner."""
     digest = hashlib.blake2b(f"{source}\n{instance}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
+
+
+def preference_order(source: str, candidates: Iterable[str]) -> list[str]:
+    """The candidates from the most to the least preferred owner of ``source`` (rendezvous weight; ties by name)."""
+    return sorted(candidates, key=lambda instance: (rendezvous(source, instance), instance), reverse=True)
 
 
 def preferred_owner(source: str, candidates: Iterable[str]) -> str | None:
@@ -488,11 +495,14 @@ class Fleet:
 
     def preferred(self, source: str) -> str | None:
         """The instance that should own ``source`` among the live members serving it (this process included)."""
+        return preferred_owner(source, self._candidates(source))
+
+    def _candidates(self, source: str) -> set[str]:
         candidates = {name for name, member in self.members.items() if source in member.sources}
         candidates.discard(self.instance)  # our own presence as last written may be stale: decide from now
         if source in self.configured and not self.stopping:
             candidates.add(self.instance)
-        return preferred_owner(source, candidates)
+        return candidates
 
     def fair_share(self) -> int:
         """The most sources this process should own: its configured sources over the live members serving any."""
@@ -521,10 +531,19 @@ class Fleet:
                         # else wrote it since, so a write on its revision takes it back safely
                         effects += self._acquire(lease, holder.revision)
                     continue
-                orphaned = lease.free_since is not None and self._view_at - lease.free_since >= self.timing.ttl
-                if preferred == self.instance or orphaned:
+                if preferred == self.instance or self._next_in_line(name, lease):
                     effects += self._acquire(lease, lease.revision)
         return effects
+
+    def _next_in_line(self, source: str, lease: Lease) -> bool:
+        """A free source that its preferred member is not taking (dead, its presence not expired yet, or stuck):
+        after each TTL it stays free, the next member in the source's order may take it too. So the member that
+        will be preferred once a dead one's presence has expired takes it first, and the source does not move again
+        (anyone taking it would hand it on as soon as the presence expired and left it above its fair share)."""
+        if lease.free_since is None:
+            return False
+        waited = int((self._view_at - lease.free_since) // self.timing.ttl)
+        return waited >= 1 and self.instance in preference_order(source, self._candidates(source))[: waited + 1]
 
     def _acquire(self, lease: Lease, revision: int) -> list[FleetEffect]:
         if not lease.machine.process(LeaseEvent.ACQUIRE_SENT):

@@ -30,6 +30,7 @@ from bridge.core.fleet import (
     StopSource,
     View,
     WritePresence,
+    preference_order,
     preferred_owner,
 )
 from tests.unit.fleet_sim import FleetSim
@@ -157,6 +158,28 @@ def test_an_orphan_is_taken_by_a_non_preferred_member_after_a_ttl() -> None:
     assert not any(isinstance(e, Acquire) and e.source in theirs for e in first)
     later = fleet.viewed(View(members=members), TTL, TTL)
     assert {e.source for e in later if isinstance(e, Acquire)} == set(theirs)
+
+
+def test_an_orphan_goes_to_the_next_in_line_first_then_further_down_after_each_ttl() -> None:
+    """A member died, its presence not expired yet (it outlives the leases by up to a renew period): its sources
+    are free and nobody preferred takes them. After a TTL only each source's second choice may; a third choice only
+    after two. So the member preferred once the presence expires takes each, and nothing moves again."""
+    sources = tuple(f"s{i}" for i in range(40))
+    members = {name: Member(name, f"{name}#1", frozenset(sources)) for name in ("dead", "a", "b")}
+    order = {s: preference_order(s, members) for s in sources}
+    second = {s for s in sources if order[s][0] == "dead" and order[s][1] == "a"}
+    third = {s for s in sources if order[s][0] == "dead" and order[s][2] == "a"}
+    assert second and third
+    fleet = joined("a", sources)
+    assert not {e.source for e in fleet.viewed(View(members=members), 0.0, 0.0) if isinstance(e, Acquire)} & (
+        second | third
+    )
+    taken = {e.source for e in fleet.viewed(View(members=members), TTL, TTL) if isinstance(e, Acquire)}
+    assert taken & (second | third) == second  # as next in line only
+    for source in second:
+        fleet.acquire_failed(source, "b took it", TTL)  # (as b would, for its own)
+    taken = {e.source for e in fleet.viewed(View(members=members), 2 * TTL, 2 * TTL) if isinstance(e, Acquire)}
+    assert third <= taken  # and now as third in line too
 
 
 def test_an_owner_at_its_fair_share_keeps_its_source_when_a_preferred_member_joins() -> None:
