@@ -167,6 +167,12 @@ class PullEngine(Replication):
         return Mode.PULL
 
     @property
+    def quiet(self) -> bool:
+        # and a request is outstanding: with none, the next one goes out on a tick (after a refusal's backoff, or
+        # once a request whose end never came is written off)
+        return super().quiet and self.credits.requested > 0
+
+    @property
     def acked_stream_seq(self) -> int:
         """The highest origin sequence any ack of this process named."""
         return self.acks.acked_stream_seq

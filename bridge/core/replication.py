@@ -136,6 +136,14 @@ class Replication(ABC):
         return self._phases.takes_deliveries
 
     @property
+    def quiet(self) -> bool:
+        """Nothing of this source is timed finer than a second: replicating, with nothing in flight, waiting or
+        being verified. Its timers (silence, stranded-message probes, the stall watch) count in seconds, so the
+        runtime may tick a quiet engine once a second rather than ten times: among a thousand idle sources, those
+        wake-ups would be most of what the process does."""
+        return self._phases.takes_deliveries and self.pipeline.empty and not self._verifying
+
+    @property
     def fc_answers(self) -> int:
         """Flow-control answers made (a metric; 0 where the model has none)."""
         return 0

@@ -78,6 +78,7 @@ from bridge.runtime.ticker import Ticker
 from bridge.runtime.waits import WaitLog
 
 TICK = 0.1
+QUIET_TICKS = 10  # a quiet engine (``Replication.quiet``) is ticked on every 10th tick only: once a second
 PUBLISH_BATCH = 256  # publishes written to the target in one command at most
 SETUP_RETRY = RetryPolicy(Backoff(1.0, 30.0))  # a setup that keeps failing the same way: logged every 30 s at most
 
@@ -162,6 +163,7 @@ class SourceRunner:
         self._replicated_bytes = 0
         self._last_replicated_origin_ns: int | None = None
         self._fc_arrivals: dict[str, float] = {}
+        self._ticks = 0
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -543,7 +545,11 @@ class SourceRunner:
             self._tick()
 
     def _tick(self) -> None:
-        """Feed the engine the time (every ``TICK`` seconds, from this runner's ticker or the process's)."""
+        """Feed the engine the time (every ``TICK`` seconds, from this runner's ticker or the process's; once a
+        second while the engine is quiet)."""
+        self._ticks += 1
+        if self._ticks % QUIET_TICKS and self.engine.quiet:
+            return
         self._emit(self.engine.tick(self.clock()))
         self._changed.set()
 

@@ -9,9 +9,11 @@ from dataclasses import replace
 
 import pytest
 
+from bridge.core.ackreply import AckInfo
 from bridge.core.effects import (
     Effect,
     OriginMessage,
+    Publish,
     PullAnchor,
     RequestReset,
     RequestResync,
@@ -19,10 +21,11 @@ from bridge.core.effects import (
     ResetReply,
 )
 from bridge.core.engine import Phase, SourceEngine
+from bridge.core.inbound import Data, PullStatus
 from bridge.core.modes import Mode
 from bridge.core.pull import PullEngine
 from bridge.core.replication import Replication
-from bridge.testing.engines import SETTINGS
+from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
 
 PULL_SETTINGS = replace(SETTINGS, pull_capacity=8, pull_expires=30.0)
 
@@ -100,3 +103,19 @@ def test_the_runner_queries_follow_the_phase() -> None:
     assert (engine.awaits_recovery, engine.takes_deliveries) == (False, True)
     engine.begin_shutdown(0.2)
     assert (engine.awaits_recovery, engine.takes_deliveries) == (False, False)
+
+
+def test_an_engine_is_quiet_only_while_replicating_with_nothing_in_flight() -> None:
+    flow, pull = engines()
+    for engine in (flow, pull):
+        assert not engine.quiet  # recovering
+        engine.recovered(0, (), 0.0)
+        assert not engine.quiet  # a reset or resync is pending
+    flow.reset_replied(ResetReply(1), 0.1)
+    assert flow.quiet
+    effects = flow.receive(Data(AckInfo(STREAM, CONSUMER, 1, 1, 1, 1000, 0), "orders.1", None, b"x"), 0.2)
+    assert any(isinstance(e, Publish) for e in effects) and not flow.quiet  # a publish in flight
+    pull.resynced(PullAnchor(0, 0), 0.1)
+    assert pull.quiet  # a pull request outstanding, nothing in flight
+    pull.pull_status(PullStatus(409, "Exceeded MaxWaiting", "_INBOX.x"), 0.2)
+    assert not pull.quiet  # refused: the next request goes out on a tick

@@ -14,7 +14,7 @@ from bridge.config import EngineConfig, HttpConfig, SourceConfig
 from bridge.core.engine import Phase
 from bridge.core.modes import Mode
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
-from bridge.runtime.source import SourceRunner
+from bridge.runtime.source import QUIET_TICKS, SourceRunner
 from bridge.runtime.ticker import Ticker
 from bridge.testing.fakes import FakeOrigin, FakeTarget
 
@@ -277,3 +277,26 @@ async def test_on_the_process_clock_the_runner_is_ticked_while_it_runs_and_dropp
             await until(lambda: target.seqs("edge1") == [1], "retried on the shared clock, then stored")
         assert len(ticker) == 0
         clocks.cancel_scope.cancel()
+
+
+async def test_a_quiet_engine_is_ticked_once_a_second_and_a_busy_one_every_tick() -> None:
+    origin, target = FakeOrigin(), FakeTarget(hold_acks=True)
+    origin.publish(1)
+    ticker = Ticker(3600.0)  # never on its own: the test ticks
+
+    def ticked(runner: SourceRunner, times: int) -> int:
+        count = 0
+        for _ in range(times):
+            runner._changed = anyio.Event()  # set by every tick fed to the engine
+            runner._tick()
+            count += runner._changed.is_set()
+        return count
+
+    async with running(origin, target, ticker=ticker) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        assert runner.engine.quiet
+        assert ticked(runner, QUIET_TICKS * 3) == 3
+        origin.deliver()
+        await until(lambda: len(target.held) == 1, "a publish in flight")
+        assert not runner.engine.quiet
+        assert ticked(runner, QUIET_TICKS) == QUIET_TICKS
