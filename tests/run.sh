@@ -74,6 +74,8 @@ lane_b() {
     .venv/bin/python -m bench run --quick --no-record --out .cache/bench-smoke
     .venv/bin/python -m bench wan --quick --out .cache/bench-smoke
     .venv/bin/python -m bench fanin --quick --out .cache/bench-smoke/fanin.json
+    # the reconnect storm at a size CI affords: 2 leaves, 10 sources, every leaf killed at once and restarted
+    .venv/bin/python -m bench edge --quick --out .cache/bench-smoke/edge.json
     .venv/bin/python -m bench recovery --quick --out .cache/bench-smoke/recovery.json
     .venv/bin/python -m bench profile --profiler none --messages 20000 --out .cache/bench-smoke
 }
