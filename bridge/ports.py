@@ -55,8 +55,12 @@ class OriginPort(Protocol):
         on_reconnected: Callback,
         on_error: ErrorCallback,
         after_parse: Callable[[], None],
+        on_connection_error: Callable[[Exception], None] | None = None,
     ) -> None:
-        """Connect (raises ``OriginUnavailable``); ``after_parse`` runs once each read has been handed over."""
+        """Connect (raises ``OriginUnavailable``); ``after_parse`` runs once each read has been handed over.
+
+        ``on_error`` gets the connection's errors about this source (its subjects); ``on_connection_error`` those
+        about nobody in particular, which the connection, shared with other sources, logs once itself."""
 
     async def stream(self) -> OriginStream: ...
 

@@ -90,11 +90,12 @@ class OriginClient:
         on_reconnected: Callback,
         on_error: ErrorCallback,
         after_parse: Callable[[], None],
+        on_connection_error: Callable[[Exception], None] | None = None,
     ) -> None:
         if self._nc is not None:
             return
         src = self.source
-        member = Member(src.name, on_disconnected, on_reconnected, on_error, self._claims)
+        member = Member(src.name, on_disconnected, on_reconnected, on_error, self._claims, on_connection_error)
         self._nc = await self._shared.join(member)
         self._member = member
         self._api = JsApi(self._nc, src.api_prefix)

@@ -67,6 +67,8 @@ class Member:
     on_reconnected: Callback
     on_error: ErrorCallback
     claims: Callable[[str], bool]
+    # an error about nobody in particular (logged once by the connection): the source only notes it
+    on_connection_error: Callable[[Exception], None] | None = None
 
 
 @dataclass(eq=False)
@@ -150,6 +152,9 @@ class SharedConnection:
         for member in claimed:
             await member.on_error(exc)
         if not claimed:
+            for member in self.members:
+                if member.on_connection_error is not None:
+                    member.on_connection_error(exc)
             suppressed = self._throttle.allow(time.monotonic())
             if suppressed is not None:
                 self._log.warning(

@@ -283,6 +283,7 @@ class SourceRunner:
                 on_disconnected=self._on_disconnected,
                 on_reconnected=self._on_reconnected,
                 on_error=self._on_error,
+                on_connection_error=self._on_connection_error,
                 after_parse=self._write_ready,
             )
             self._connected = self.origin_connected = True
@@ -532,6 +533,10 @@ class SourceRunner:
         self.log.info("origin.reconnected")
         self.waits.end("origin")
         self._emit(self.engine.source_reconnected(self.clock()))
+
+    def _on_connection_error(self, exc: Exception) -> None:
+        # the shared connection's error (logged once, by the connection): this source's last error all the same
+        self.last_error = f"origin: {describe(exc)}"
 
     async def _on_error(self, exc: Exception) -> None:
         self.last_error = f"origin: {describe(exc)}"

@@ -205,6 +205,7 @@ class FakeOrigin:
         on_reconnected: Callback,
         on_error: ErrorCallback,
         after_parse: Callable[[], None],
+        on_connection_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self.ops.append("connect")
         if self.connect_failures:
