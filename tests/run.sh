@@ -39,58 +39,76 @@ done
 # Two lanes run side by side (most of the suite waits on servers, not on the CPU): lane A has every test on
 # 2.15.1 and both chaos smoke sets, lane B the older servers and the bench's smoke set. Each lane's output goes to a
 # log of its own; lane B's is printed when both are done. Every test starts its own servers on ports nobody else
-# holds, so the lanes do not meet.
+# holds, so the lanes do not meet. Every step runs whatever an earlier one did (a failing test must not hide the
+# chaos or bench verdicts); each records its verdict, all are printed in one table at the end, and the run fails if
+# any step did.
 mkdir -p .cache
+rm -f .cache/verdicts-a .cache/verdicts-b .cache/lane-a.done .cache/lane-b.done
+
+# step LANE NAME COMMAND...: run COMMAND, then append NAME's verdict and time to .cache/verdicts-LANE
+step() {
+    local lane=$1 name=$2 began=$SECONDS status=0
+    shift 2
+    echo "== $name =="
+    "$@" || status=$?
+    local verdict="ok"
+    [ "$status" -eq 0 ] || verdict="FAILED (exit $status)"
+    printf '%-96s %-18s %5d s\n' "$name" "$verdict" $((SECONDS - began)) >> ".cache/verdicts-$lane"
+}
 
 lane_a() {
-    echo "== all tests on nats-server 2.15.1 =="
-    .venv/bin/python -m pytest -q -p no:cacheprovider
-    echo "== chaos smoke set on nats-server 2.15.1, each aggregate then audited (nats-bridge audit must agree) =="
-    .venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke
-    echo "== chaos smoke set with a nats-server 2.12.8 origin (pull mode) =="
+    step a "all tests on nats-server 2.15.1" .venv/bin/python -m pytest -q -p no:cacheprovider
+    step a "chaos smoke set on nats-server 2.15.1, each aggregate then audited (nats-bridge audit must agree)" \
+        .venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke
     # (no Spark audit here: the aggregate it reads is the same in both modes, and the run above audits it)
-    .venv/bin/python -m chaos run --smoke --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
+    step a "chaos smoke set with a nats-server 2.12.8 origin (pull mode)" \
+        .venv/bin/python -m chaos run --smoke --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
         --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke-pull
+    touch .cache/lane-a.done
 }
 
 lane_b() {
-    echo "== integration tests on nats-server 2.14.0 =="
     # (the Spark tests read the hub's aggregate through the reader and sink, which do not depend on the origin's
     # server version: they run once, in lane A, on 2.15.1)
-    NATS_SERVER_BIN="$PWD/$old/bin/nats-server" .venv/bin/python -m pytest -q -m "integration and not spark" \
-        -p no:cacheprovider
+    step b "integration tests on nats-server 2.14.0" env NATS_SERVER_BIN="$PWD/$old/bin/nats-server" \
+        .venv/bin/python -m pytest -q -m "integration and not spark" -p no:cacheprovider
     for v in $pull_versions; do
-        echo "== pull-mode tests with a nats-server $v origin =="
         # pull mode's own fault scenarios (pullfaults) run against the newest old origin only: they test the
         # engine's repairs, which do not differ between these versions, and CI time is bounded
         marks="pullmode"
         [ "$v" = "2.12.8" ] || marks="pullmode and not pullfaults"
-        NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-$v/bin/nats-server" .venv/bin/python -m pytest -q \
-            -m "$marks" -p no:cacheprovider
+        step b "pull-mode tests with a nats-server $v origin" \
+            env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-$v/bin/nats-server" \
+            .venv/bin/python -m pytest -q -m "$marks" -p no:cacheprovider
     done
-    echo "== unit and property tests on the pure-Python core (NATS_BRIDGE_PURE_PYTHON=1, for machines without a C compiler) =="
-    NATS_BRIDGE_PURE_PYTHON=1 .venv/bin/python -m pytest -q tests/unit -p no:cacheprovider
-    echo "== the bench's smoke set (every measurement of each bench command, tiny; nothing recorded) =="
-    .venv/bin/python -m bench run --quick --no-record --out .cache/bench-smoke
-    .venv/bin/python -m bench wan --quick --out .cache/bench-smoke
-    .venv/bin/python -m bench fanin --quick --out .cache/bench-smoke/fanin.json
+    step b "unit and property tests on the pure-Python core (NATS_BRIDGE_PURE_PYTHON=1, for machines without a C compiler)" \
+        env NATS_BRIDGE_PURE_PYTHON=1 .venv/bin/python -m pytest -q tests/unit -p no:cacheprovider
+    # the bench's smoke set: every measurement of each bench command, tiny; nothing recorded
+    step b "bench smoke: run" .venv/bin/python -m bench run --quick --no-record --out .cache/bench-smoke
+    step b "bench smoke: wan" .venv/bin/python -m bench wan --quick --out .cache/bench-smoke
+    step b "bench smoke: fanin" .venv/bin/python -m bench fanin --quick --out .cache/bench-smoke/fanin.json
     # the reconnect storm at a size CI affords: 2 leaves, 10 sources, every leaf killed at once and restarted
-    .venv/bin/python -m bench edge --quick --out .cache/bench-smoke/edge.json
-    .venv/bin/python -m bench recovery --quick --out .cache/bench-smoke/recovery.json
-    .venv/bin/python -m bench profile --profiler none --messages 20000 --out .cache/bench-smoke
+    step b "bench smoke: edge (a reconnect storm)" \
+        .venv/bin/python -m bench edge --quick --out .cache/bench-smoke/edge.json
+    step b "bench smoke: recovery" .venv/bin/python -m bench recovery --quick --out .cache/bench-smoke/recovery.json
+    step b "bench smoke: profile" \
+        .venv/bin/python -m bench profile --profiler none --messages 20000 --out .cache/bench-smoke
+    touch .cache/lane-b.done
 }
 
 started=$SECONDS
-# (each lane is a background job: a subshell tested with || would run with errexit ignored, going on after a failure)
-( set -e; lane_b ) > .cache/lane-b.log 2>&1 &
+lane_b > .cache/lane-b.log 2>&1 &
 lane_b_pid=$!
-( set -e; lane_a ) &
+lane_a &
 lane_a_pid=$!
-status_a=0
-wait "$lane_a_pid" || status_a=$?
-status_b=0
-wait "$lane_b_pid" || status_b=$?
+wait "$lane_a_pid" || true
+wait "$lane_b_pid" || true
 echo "== lane B (older servers, bench smoke set): its log, .cache/lane-b.log =="
 cat .cache/lane-b.log
-echo "== lane A exit $status_a, lane B exit $status_b; $(( (SECONDS - started) / 60 )) min for both =="
-[ "$status_a" -eq 0 ] && [ "$status_b" -eq 0 ]
+echo "== verdicts: every step of both lanes, $(( (SECONDS - started) / 60 )) min for both =="
+cat .cache/verdicts-a .cache/verdicts-b 2>/dev/null
+for lane in a b; do
+    [ -e ".cache/lane-$lane.done" ] || { echo "lane ${lane^^} ended before its last step" >&2; exit 1; }
+done
+failed=$(cat .cache/verdicts-a .cache/verdicts-b | grep -c "FAILED" || true)
+[ "$failed" -eq 0 ] || { echo "$failed step(s) failed" >&2; exit 1; }
