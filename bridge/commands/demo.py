@@ -24,6 +24,7 @@ import anyio
 import nats
 from nats.aio.client import Client as NATS
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
 
 from bridge import logs
 from bridge.config import BridgeConfig, load_config
@@ -171,7 +172,10 @@ async def _progress(leaf: NATS, hub: NATS, messages: int, state: dict[str, Any],
         while not bridge.stop.is_set():
             await anyio.sleep(0.5)
             origin = (await ljs.stream_info(ORIGIN)).state.messages
-            floor = (await ljs.consumer_info(ORIGIN, default_consumer(SOURCE))).ack_floor
+            try:
+                floor = (await ljs.consumer_info(ORIGIN, default_consumer(SOURCE))).ack_floor
+            except NotFoundError:  # the bridge has not made its consumer yet (it takes its lease first)
+                floor = None
             acked_by_bridge = floor.stream_seq if floor is not None and floor.stream_seq is not None else 0
             stored = (await hjs.stream_info(AGGREGATE)).state.messages
             now = time.monotonic()

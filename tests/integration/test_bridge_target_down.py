@@ -196,9 +196,20 @@ async def test_hub_down_mid_stream(
                         # unstored is the AckTap's audit of each ack.
                         assert messages <= last - before, (before, after, state)
                     else:
-                        assert last - after <= messages <= last - before, (before, after, state)
+                        # nothing unacked is gone (the server deletes what an answer acks a moment after it moves
+                        # the floor: on a loaded machine a read can fall in between, so that half is checked once
+                        # the state has settled, below)
+                        assert last - after <= messages, (before, after, state)
 
                 await assert_holds(origin_keeps_unacked, duration=3.0, what="origin state while the hub is down")
+
+                async def acked_are_gone() -> bool:
+                    floor = ack_floor(await consumer_info(leaf_nc, ORIGIN, spec.consumer_name))
+                    state = (await stream_info(leaf_nc, ORIGIN))["state"]
+                    return int(state["messages"]) <= int(state["last_seq"]) - floor
+
+                if origin_mode != "pull":
+                    await wait_until(acked_are_gone, timeout=10, what="the messages acked while the hub was down gone")
 
                 hub.start()
                 await anyio.to_thread.run_sync(hub.wait_ready, 10.0)
