@@ -52,29 +52,18 @@ def plan_reload(old: BridgeConfig, new: BridgeConfig, running: Collection[str], 
     changed = [n for n in old_sources if n in new_sources and old_sources[n] != new_sources[n]]
     unchanged = [n for n in new_sources if n not in added and n not in changed]
     restart_required = [k for k in RESTART_ONLY if getattr(new, k) != getattr(old, k)]
-    if coordinated:
-        stop = [n for n in changed if n in running]
-        return ReloadPlan(
-            added,
-            removed,
-            changed,
-            unchanged,
-            restart_required,
-            stop=stop,
-            start=[],
-            restart_if_held=stop,
-            hand_over=[n for n in removed if n in running],
-            sources=list(new_sources),
-        )
+    # with leases only a changed source that runs here restarts (under its lease); the fleet hands over what was
+    # removed and takes up what was added. Without, removed and changed sources stop, added and changed ones start.
+    stop = [n for n in (changed if coordinated else removed + changed) if n in running]
     return ReloadPlan(
         added,
         removed,
         changed,
         unchanged,
         restart_required,
-        stop=[n for n in removed + changed if n in running],
-        start=[n for n in new_sources if n in added or n in changed],
-        restart_if_held=[],
-        hand_over=[],
+        stop=stop,
+        start=[] if coordinated else [n for n in new_sources if n in added or n in changed],
+        restart_if_held=stop if coordinated else [],
+        hand_over=[n for n in removed if n in running] if coordinated else [],
         sources=list(new_sources),
     )
