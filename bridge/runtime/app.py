@@ -39,6 +39,7 @@ from bridge.observe.http import HttpServer, ListenError, Response, json_response
 from bridge.observe.metrics import BridgeSnapshot, Metrics
 from bridge.observe.systemd import Notifier, watchdog_loop
 from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
+from bridge.runtime.fleet_thread import FleetThread
 from bridge.runtime.readiness import readyz, status_line, waiting_for
 from bridge.runtime.reload import plan_reload
 from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
@@ -101,9 +102,10 @@ class Bridge:
         self._tasks: dict[str, _SourceTask] = {}
         self._sources_tg: TaskGroup | None = None
         self._error_throttle = Throttle()
+        self._coordination_throttle = Throttle()
         self._loop_beat = time.monotonic()
-        self.fleet: FleetRunner | None = None  # with coordination enabled: who owns which source
-        self._kv_nc: NATS | None = None  # the coordination bucket's own connection, when it has one
+        self.fleet: FleetThread | None = None  # with coordination enabled: who owns which source
+        self._kv_nc: NATS | None = None  # the fleet's connection (it lives on the fleet's thread and loop)
         # for the stop summary (bridge.stopped): when it started, why it stops, and what the runners that ended did
         self.started_at = time.monotonic()
         self.stop_reason = ""
@@ -174,12 +176,6 @@ class Bridge:
             self._sources_tg = None
             tg.cancel_scope.cancel()
         self._closing = True
-        if self._kv_nc is not None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await self._kv_nc.close()
-                except Exception as exc:  # closing a dead connection
-                    self.log.debug("coordination.close_failed", error=describe(exc))
         if self._target_nc is not None:
             with anyio.CancelScope(shield=True):
                 try:
@@ -304,39 +300,47 @@ class Bridge:
 
     async def _run_fleet(self, side: TargetSide) -> None:
         coordination = self.config.coordination
+        # the fleet has a connection of its own, on a thread of its own (bridge.runtime.fleet_thread): to the
+        # coordination servers, or else to the target's with the target's credentials
         if coordination.servers is None:
-            kv = KvBucket(side.nc, side.api, coordination.bucket)
+            settings: ConnectionSettings = self.config.target
+            api_prefix = side.api.prefix
         else:
-            nc = await self._connect_coordination()
-            if nc is None:
-                return
-            kv = KvBucket(nc, JsApi(nc, coordination.api_prefix), coordination.bucket)
-        self.fleet = FleetRunner(
-            kv,
-            instance=coordination.instance,
-            sources=[s.name for s in self.config.sources],
-            ttl=coordination.lease_ttl,
-            replicas=coordination.replicas,
-            control=SourceControl(self._start_named, self._stop_source, self._abandon_source),
-            shutdown_grace=self.config.engine.shutdown_grace,
-        )
+            settings = coordination  # type: ignore[assignment]  # servers set
+            api_prefix = coordination.api_prefix
+
+        async def connect(stop: anyio.Event) -> NATS | None:
+            nc = await self._connect(
+                settings,
+                "coordination",
+                stop=stop,
+                on_disconnected=self._coordination_disconnected,
+                on_reconnected=self._coordination_reconnected,
+                on_error=self._coordination_error,
+            )
+            self._kv_nc = nc
+            if nc is not None:
+                self.log.info("coordination.connected", servers=list(settings.servers))
+            return nc
+
+        def make(nc: NATS, sources: list[str], control: SourceControl) -> FleetRunner:
+            return FleetRunner(
+                KvBucket(nc, JsApi(nc, api_prefix), coordination.bucket),
+                instance=coordination.instance,
+                sources=sources,
+                ttl=coordination.lease_ttl,
+                replicas=coordination.replicas,
+                control=control,
+                shutdown_grace=self.config.engine.shutdown_grace,
+            )
+
+        control = SourceControl(self._start_named, self._stop_source, self._abandon_source)
+        self.fleet = FleetThread(connect, make, [s.name for s in self.config.sources], control)
         try:
             await self.fleet.run(self.stop)
         finally:
             for task in list(self._tasks.values()):  # only if leaving was cut short: drain what still runs
                 task.stop.set()
-
-    async def _connect_coordination(self) -> NATS | None:
-        coordination = self.config.coordination
-        self._kv_nc = await self._connect(
-            coordination,  # type: ignore[arg-type]  # servers set
-            "coordination",
-            on_disconnected=self._coordination_disconnected,
-            on_reconnected=self._coordination_reconnected,
-        )
-        if self._kv_nc is not None:
-            self.log.info("coordination.connected", servers=list(coordination.servers or ()))
-        return self._kv_nc
 
     def _start_named(self, name: str, fence: Fence | None = None) -> None:
         """Start the configured source ``name`` (under ``fence`` with leases); nothing if it is not configured."""
@@ -531,6 +535,7 @@ class Bridge:
         role: str,
         *,
         on_failed: Callable[[str], None] | None = None,
+        stop: anyio.Event | None = None,
         **callbacks: Any,
     ) -> NATS | None:
         """Connect to ``side``'s servers, retrying with backoff until connected or stopped (then None).
@@ -558,8 +563,9 @@ class Bridge:
         async def attempt() -> NATS:
             return await open_connection(side, name=f"nats-bridge {role}", error_type=TargetUnavailable, **callbacks)
 
+        until = stop if stop is not None else self.stop
         return await retry_until_stopped(
-            self.stop, attempt, CONNECT_RETRY, retry_on=(BridgeError,), kind=str, report=report
+            until, attempt, CONNECT_RETRY, retry_on=(BridgeError,), kind=str, report=report
         )
 
     async def _check_target_stream(self, side: TargetSide) -> None:
@@ -611,13 +617,19 @@ class Bridge:
             return  # never connected yet (a failed first connect), or closing on purpose
         self.log.warning(
             "coordination.disconnected",
-            servers=list(self.config.coordination.servers or ()),
+            servers=list(self.config.coordination.servers or self.config.target.servers),
             hint="leases are not renewed while it is down: owned sources are fenced after 4/5 of the TTL",
         )
 
     async def _coordination_reconnected(self) -> None:
         if self._kv_nc is not None:
             self.log.info("coordination.reconnected")
+
+    async def _coordination_error(self, exc: Exception) -> None:
+        # (on the fleet's thread: a throttle of its own)
+        suppressed = self._coordination_throttle.allow(time.monotonic())
+        if suppressed is not None:
+            self.log.warning("coordination.error", **error_fields(exc), similar_suppressed=suppressed)
 
     async def _target_error(self, exc: Exception) -> None:
         suppressed = self._error_throttle.allow(time.monotonic())

@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -100,10 +102,12 @@ class FleetRunner:
         self.clock = clock
         self.log = get_logger(component="fleet", instance=instance)
         self.fleet = Fleet(instance, self.incarnation, sources, LeaseTiming(ttl), clock())
-        self.bucket_ready = anyio.Event()
         self._tg: TaskGroup | None = None
         self._since: dict[str, float] = {}  # wall time each lease of ours was acquired
         self._changed = anyio.Event()  # set after every input the core was fed
+        # the core is fed on the fleet's own thread (bridge.runtime.fleet_thread); what reads it from elsewhere and
+        # iterates (snapshot, settled) takes this lock. Fences read single values and need none.
+        self._lock = threading.Lock()
         self._waits: dict[str, WaitLog] = {}  # per source: waiting for its lease while another process owns it
 
     # -- views for the bridge --------------------------------------------------------------------------------
@@ -129,10 +133,15 @@ class FleetRunner:
 
     def settled(self) -> bool:
         """Every configured source has an owner (this process or another live one)."""
-        return self.fleet.settled()
+        with self._lock:
+            return self.fleet.settled()
 
     def snapshot(self) -> FleetSnapshot:
         """The fleet as this process sees it now."""
+        with self._lock:
+            return self._snapshot()
+
+    def _snapshot(self) -> FleetSnapshot:
         now = self.clock()
         fleet = self.fleet
         leases = []
@@ -164,8 +173,8 @@ class FleetRunner:
         )
 
     def set_sources(self, sources: list[str]) -> None:
-        """A reload changed the configured sources."""
-        self._perform(self.fleet.set_sources(sources, self.clock()))
+        """A reload changed the configured sources (called on the fleet's own loop)."""
+        self._feed(partial(self.fleet.set_sources, sources, self.clock()))
 
     # -- life cycle ---------------------------------------------------------------------------------------------
 
@@ -178,7 +187,7 @@ class FleetRunner:
             tg.start_soon(self._ticker)
             await stop.wait()
             self.log.info("fleet.leaving", owned=self.fleet.owned())
-            self._perform(self.fleet.shutdown(self.clock()))
+            self._feed(partial(self.fleet.shutdown, self.clock()))
             with anyio.move_on_after(self.shutdown_grace + 5.0):
                 while not self.fleet.done:  # the core says when every lease is given back
                     self._changed = anyio.Event()
@@ -230,15 +239,19 @@ class FleetRunner:
             incarnation=self.incarnation,
             sources=self.fleet.configured,
         )
-        self.bucket_ready.set()
         return True
 
     async def _ticker(self) -> None:
         while True:
-            self._perform(self.fleet.tick(self.clock()))
+            self._feed(partial(self.fleet.tick, self.clock()))
             await anyio.sleep(TICK)
 
     # -- effects ------------------------------------------------------------------------------------------------
+
+    def _feed(self, step: Callable[[], list[FleetEffect]]) -> None:
+        """Give the core one input (``step`` calls it) and perform what it returns, under the lock."""
+        with self._lock:
+            self._perform(step())
 
     def _perform(self, effects: list[FleetEffect]) -> None:
         self._changed.set()
@@ -288,7 +301,7 @@ class FleetRunner:
 
     async def _stop_gracefully(self, source: str) -> None:
         await self.control.stop(source)
-        self._perform(self.fleet.source_stopped(source, self.clock()))
+        self._feed(partial(self.fleet.source_stopped, source, self.clock()))
 
     async def _request(self, effect: ReadView | WritePresence | Acquire | Renew | Release) -> None:
         fleet, timeout = self.fleet, self.fleet.timing.request_timeout
@@ -297,9 +310,9 @@ class FleetRunner:
             try:
                 view = parse_view(await self.kv.read_all(timeout))
             except BridgeError as exc:
-                self._perform(fleet.view_failed(str(exc), self.clock()))
+                self._feed(partial(fleet.view_failed, str(exc), self.clock()))
                 return
-            self._perform(fleet.viewed(view, sent_at, self.clock()))
+            self._feed(partial(fleet.viewed, view, sent_at, self.clock()))
             self._note_standby()
         elif isinstance(effect, WritePresence):
             presence = {
@@ -312,9 +325,9 @@ class FleetRunner:
             try:
                 await self.kv.write(PRESENCE_PREFIX + self.instance, _encode(presence), None, timeout)
             except BridgeError as exc:
-                self._perform(fleet.presence_failed(str(exc), self.clock()))
+                self._feed(partial(fleet.presence_failed, str(exc), self.clock()))
                 return
-            self._perform(fleet.presence_written(self.clock()))
+            self._feed(partial(fleet.presence_written, self.clock()))
         elif isinstance(effect, Acquire):
             since = time.time()
             try:
@@ -322,9 +335,9 @@ class FleetRunner:
                     LEASE_PREFIX + effect.source, self._holder_value(since), effect.revision, timeout
                 )
             except BridgeError as exc:
-                self._perform(fleet.acquire_failed(effect.source, str(exc), self.clock()))
+                self._feed(partial(fleet.acquire_failed, effect.source, str(exc), self.clock()))
                 return
-            self._perform(fleet.acquired(effect.source, revision, sent_at, since, self.clock()))
+            self._feed(partial(fleet.acquired, effect.source, revision, sent_at, since, self.clock()))
         elif isinstance(effect, Renew):
             value = self._holder_value(self._since.get(effect.source, time.time()))
             try:
@@ -333,16 +346,16 @@ class FleetRunner:
                 await self._renew_refused(effect.source, str(exc))
                 return
             except BridgeError as exc:
-                self._perform(fleet.renew_failed(effect.source, str(exc), False, self.clock()))
+                self._feed(partial(fleet.renew_failed, effect.source, str(exc), False, self.clock()))
                 return
-            self._perform(fleet.renewed(effect.source, revision, sent_at, self.clock()))
+            self._feed(partial(fleet.renewed, effect.source, revision, sent_at, self.clock()))
         else:
             try:
                 await self.kv.write(LEASE_PREFIX + effect.source, b"", effect.revision, timeout, delete=True)
             except BridgeError as exc:
-                self._perform(fleet.released(effect.source, False, str(exc), self.clock()))
+                self._feed(partial(fleet.released, effect.source, False, str(exc), self.clock()))
                 return
-            self._perform(fleet.released(effect.source, True, "", self.clock()))
+            self._feed(partial(fleet.released, effect.source, True, "", self.clock()))
 
     async def _renew_refused(self, source: str, reason: str) -> None:
         # the key moved past the revision we named: someone else's write, or an earlier one of ours whose reply
@@ -350,12 +363,12 @@ class FleetRunner:
         try:
             entry = await self.kv.get(LEASE_PREFIX + source, self.fleet.timing.request_timeout)
         except BridgeError as exc:
-            self._perform(self.fleet.renew_failed(source, f"{reason}; then {exc}", False, self.clock()))
+            self._feed(partial(self.fleet.renew_failed, source, f"{reason}; then {exc}", False, self.clock()))
             return
         if entry is not None and not entry.deleted and json_object(entry.value).get("incarnation") == self.incarnation:
-            self._perform(self.fleet.renew_adopted(source, entry.revision, self.clock()))
+            self._feed(partial(self.fleet.renew_adopted, source, entry.revision, self.clock()))
         else:
-            self._perform(self.fleet.renew_failed(source, reason, True, self.clock()))
+            self._feed(partial(self.fleet.renew_failed, source, reason, True, self.clock()))
 
     def _holder_value(self, since: float) -> bytes:
         return _encode(

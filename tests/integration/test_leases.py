@@ -17,8 +17,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from bridge.observe.metrics import LeaseSnapshot
 from bridge.testing.configs import ORIGIN, TEST_COORDINATION, SourceSpec, write_config
 from bridge.testing.http import http_port, readyz, standby_ready
+from bridge.testing.inprocess import running_bridge
 from bridge.testing.jetstream import (
     Publisher,
     connect,
@@ -277,3 +279,38 @@ async def test_without_coordination_the_bridge_replicates_alone_and_makes_no_buc
         streams = await hub_nc.request("$JS.API.STREAM.NAMES", b"{}", timeout=5)
         assert "KV_nats-bridge" not in streams.data.decode()
         assert await bridge.astop(20) == 0
+
+
+@pytest.mark.anyio
+async def test_a_busy_event_loop_keeps_its_leases(topology: Topology, tmp_path: Path) -> None:
+    """The bridge's event loop blocked for twice the lease TTL (what a reconnect storm of a thousand sources can do
+    to it): the fleet renews on its own thread and loop, so the source keeps its lease and replicates on. Before the
+    fleet had its own thread, every renewal waited behind the loop and the lease was lost at the fence."""
+    config, prepare = await one_source(topology, tmp_path)
+    await prepare()
+    async with (
+        connect(topology.leaf.url) as leaf_nc,
+        connect(topology.hub.url) as hub_nc,
+        running_bridge(config, tmp_path / "bridge.log") as bridge,
+    ):
+        fleet = bridge.fleet
+        assert fleet is not None
+
+        def lease() -> LeaseSnapshot:
+            snapshot = fleet.snapshot()
+            assert snapshot is not None
+            (row,) = snapshot.leases
+            return row
+
+        before = lease()
+        assert before.owned, before
+        # the fault under test: this thread, the bridge's loop included, does nothing else for that long
+        time.sleep(2 * TTL)  # noqa: ASYNC251  (blocking the loop is the point)
+        after = lease()
+        assert after.owned and after.ownership_changes == before.ownership_changes, (before, after)
+        # a renew is due every TTL/3: at least four landed while the loop was blocked
+        assert after.renewals >= before.renewals + 4, (before, after)
+        publisher = Publisher(leaf_nc, 2000)
+        await publisher.run()
+        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        assert after.renew_failures == 0, after

@@ -575,7 +575,7 @@ MISSING = {
     ),
     "aggregate-publish": Missing("target", "edge.one.>", "target.error", 'publish to "edge.one.orders.'),
     # without its lease a process is a standby: it never binds the consumer, so it cannot ack anything either
-    "lease-write": Missing("target", "$KV.nats-bridge.>", "target.error", 'publish to "$kv.nats-bridge.'),
+    "lease-write": Missing("target", "$KV.nats-bridge.>", "coordination.error", 'publish to "$kv.nats-bridge.'),
 }
 
 
