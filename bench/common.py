@@ -1,13 +1,27 @@
 """What every ``python -m bench`` command shares: the repository root, the load average, sizes and message counts
-as the options spell them."""
+as the options spell them, and (:func:`run_command`) the shape of a measuring command's run."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import os
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
+
+from bench.procs import git_revision, machine, revision_text
+from bridge.testing.servers import ServerStartError, find_nats_server, server_version
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+T = TypeVar("T")
 
 
 def loadavg() -> str:
@@ -69,3 +83,112 @@ def parse_messages(text: str) -> dict[int, int] | int:
     if any(v < 1 for v in out.values()):
         raise argparse.ArgumentTypeError("--messages must be >= 1")
     return out
+
+
+@dataclass(slots=True)
+class Session:
+    """One run of a measuring command, as :func:`run_command` starts it: what its results record about it."""
+
+    name: str  # the subcommand (``fanin``, ``edge``)
+    command: str  # the command line, as the results quote it
+    started: dt.datetime  # UTC
+    binary: str  # nats-server
+    version: str  # nats-server's
+    info: dict[str, Any]  # the machine, with ``loadavg_start`` (and ``loadavg_end`` once measured)
+    revision: dict[str, Any]
+    workdir: Path  # a fresh directory for the servers' and the bridge's files
+    t0: float = 0.0  # time.monotonic() when the measurement starts
+    elapsed: float = 0.0  # seconds the measurement took
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a command makes of its measurement: the markdown section (printed), the JSON document's own fields
+    (after the shared ones), its targets (each figure next to its target, as a dict) and, when the run failed, what
+    to say on stderr."""
+
+    markdown: str
+    fields: dict[str, Any]
+    targets: list[dict[str, str]]
+    failure: str = ""  # "": the run succeeded (exit code 0), else printed to stderr and the exit code is 1
+
+
+def run_command(
+    name: str,
+    out: Path | None,
+    measure: Callable[[Session], T],
+    report: Callable[[Session, T], Report],
+    *,
+    workdir_holds: str,
+    label: str | None = None,
+    show_repo_root: bool = False,
+    record_elapsed: bool = False,
+) -> int:
+    """Run a measuring command ``python -m bench <name>``; returns its exit code.
+
+    Finds nats-server (exit code 2 without one), prints what the run is and where it runs (``workdir_holds`` names
+    what the working directory holds: ``run``, ``trials``), calls ``measure`` (Ctrl-C: exit code 130, nothing
+    written), samples the end's load average, has ``report`` sum the measurement up, prints the markdown, writes
+    the JSON document (``out``, else ``bench/results/<name>-<UTC time>.json``) and says where. The document starts
+    with the shared fields: ``started``, ``finished``, ``elapsed_s`` (with ``record_elapsed``), ``command``,
+    ``label`` (when given), ``machine``, ``revision``, ``repo_root`` (with ``show_repo_root``, which also names it
+    in the first lines printed) and ``server_version``; then the report's fields, its ``targets`` and its ``markdown``.
+    """
+    try:
+        binary = find_nats_server()
+        version = server_version(binary)
+    except ServerStartError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    started = dt.datetime.now(dt.UTC)
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    out_path = out if out is not None else REPO_ROOT / "bench" / "results" / f"{name}-{stamp}.json"
+    argv = sys.argv[sys.argv.index(name) :] if name in sys.argv else [name]
+    command = "python -m bench " + " ".join(shlex.quote(a) for a in argv)
+    info = machine()
+    info["loadavg_start"] = loadavg()
+    revision = git_revision(REPO_ROOT)
+    workdir = Path(tempfile.mkdtemp(prefix=f"nats-bridge-{name}-"))
+    session = Session(name, command, started, binary, version, info, revision, workdir)
+    root = f" ({REPO_ROOT})" if show_repo_root else ""
+    print(f"{name}: {command}", flush=True)
+    print(
+        f"  {info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, load average {info['loadavg_start']}; "
+        f"{revision_text(revision)}{root}; {workdir_holds} under {workdir}",
+        flush=True,
+    )
+    session.t0 = time.monotonic()
+    try:
+        result = measure(session)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; nothing written", file=sys.stderr)
+        return 130
+    session.elapsed = time.monotonic() - session.t0
+    info["loadavg_end"] = loadavg()
+    summary = report(session, result)
+    print("\nmarkdown for bench/RESULTS.md:\n")
+    print(summary.markdown)
+    document: dict[str, Any] = {
+        "started": started.isoformat(timespec="seconds"),
+        "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    if record_elapsed:
+        document["elapsed_s"] = session.elapsed
+    document["command"] = command
+    if label is not None:
+        document["label"] = label
+    document["machine"] = info
+    document["revision"] = revision
+    if show_repo_root:
+        document["repo_root"] = str(REPO_ROOT)
+    document["server_version"] = version
+    document.update(summary.fields)
+    document["targets"] = summary.targets
+    document["markdown"] = summary.markdown
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"JSON {rel(out_path)}")
+    if summary.failure:
+        print(summary.failure, file=sys.stderr)
+        return 1
+    return 0

@@ -37,14 +37,10 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
-import json
 import os
-import shlex
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,7 +50,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from bench import natsops as ops
-from bench.common import REPO_ROOT, loadavg, rel
+from bench.common import Report, Session, loadavg, run_command
 from bench.fanin import (
     BridgeLog,
     Production,
@@ -67,19 +63,13 @@ from bench.fanin import (
     sched_seconds,
     unbound_sources,
 )
-from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes, revision_text, rss_bytes
+from bench.procs import cpu_seconds, peak_rss_bytes, revision_text, rss_bytes
 from bench.stats import median, parse_rfc3339_ns, percentile
 from bridge.core import headers
 from bridge.testing.configs import SourceSpec, toml_value
 from bridge.testing.http import get
 from bridge.testing.processes import BridgeProcess
-from bridge.testing.servers import (
-    NatsServer,
-    ServerStartError,
-    Topology,
-    find_nats_server,
-    server_version,
-)
+from bridge.testing.servers import NatsServer, Topology
 
 # Issue 25's targets, reported next to each figure (never asserted).
 TARGET_STARTUP_S = 15.0  # every source bound, for 2,000 sources
@@ -1071,89 +1061,60 @@ def run(args: argparse.Namespace) -> int:
     if opts.leaves > 100 or opts.down < 0:
         print("edge: --leaves at most 100, --down >= 0", file=sys.stderr)
         return 2
-    try:
-        binary = find_nats_server()
-        version = server_version(binary)
-    except ServerStartError as exc:
-        print(f"edge: {exc}", file=sys.stderr)
-        return 2
-    started = dt.datetime.now(dt.UTC)
-    stamp = started.strftime("%Y%m%d-%H%M%S")
-    out_path: Path = args.out if args.out is not None else REPO_ROOT / "bench" / "results" / f"edge-{stamp}.json"
-    argv = sys.argv[sys.argv.index("edge") :] if "edge" in sys.argv else ["edge"]
-    command = "python -m bench " + " ".join(shlex.quote(a) for a in argv)
-    info = machine()
-    info["loadavg_start"] = loadavg()
-    revision = git_revision(REPO_ROOT)
-    workdir = Path(tempfile.mkdtemp(prefix="nats-bridge-edge-"))
-    print(f"edge: {command}", flush=True)
-    print(
-        f"  {info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, load average {info['loadavg_start']}; "
-        f"{revision_text(revision)} ({REPO_ROOT}); run under {workdir}",
-        flush=True,
-    )
-    t0 = time.monotonic()
-    try:
-        result = measure(
+
+    def measure_edge(session: Session) -> EdgeRun:
+        return measure(
             opts.leaves,
             opts.sources,
             opts.rate,
             opts.seconds,
             args.size,
-            workdir=workdir,
-            binary=binary,
+            workdir=session.workdir,
+            binary=session.binary,
             idle=opts.idle,
             down=opts.down,
         )
-    except KeyboardInterrupt:
-        print("edge: interrupted; nothing written", file=sys.stderr)
-        return 130
-    elapsed = time.monotonic() - t0
-    if result.ok and not args.keep:
-        kept = Path(result.directory) / "bridge.log"
-        if any(result.storm_events.values()) and kept.exists():
-            # the storm cost leases: the bridge's log says how, the servers' stores are not needed
-            saved = workdir / "bridge.log"
-            shutil.move(kept, saved)
-            shutil.rmtree(result.directory, ignore_errors=True)
-            print(f"the bridge's log, kept for its storm events: {saved}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    items = targets(result)
-    print(f"\n[{elapsed:.0f}s] {opts.sources} sources on {opts.leaves} leaves, {'ok' if result.ok else 'FAILED'}")
-    print(format_targets(items))
-    info["loadavg_end"] = loadavg()
-    header = (
-        f"### Edge at scale, {started.date().isoformat()}: `{command}`\n\n"
-        f"{info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, {revision_text(revision)}, load "
-        f"average {info['loadavg_start']} at start, {info['loadavg_end']} at the end; {opts.leaves} leaves, "
-        f"{opts.sources} sources x {opts.rate:g} msg/s x {opts.seconds:g} s ({args.size} B), every leaf SIGKILLed "
-        f"halfway and restarted {opts.down:g} s later; the bridge beside the hub, defaults (leases on)."
+
+    def report(session: Session, result: EdgeRun) -> Report:
+        workdir, info, revision, version = session.workdir, session.info, session.revision, session.version
+        if result.ok and not args.keep:
+            kept = Path(result.directory) / "bridge.log"
+            if any(result.storm_events.values()) and kept.exists():
+                # the storm cost leases: the bridge's log says how, the servers' stores are not needed
+                saved = workdir / "bridge.log"
+                shutil.move(kept, saved)
+                shutil.rmtree(result.directory, ignore_errors=True)
+                print(f"the bridge's log, kept for its storm events: {saved}")
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+        items = targets(result)
+        verdict = "ok" if result.ok else "FAILED"
+        print(f"\n[{session.elapsed:.0f}s] {opts.sources} sources on {opts.leaves} leaves, {verdict}")
+        print(format_targets(items))
+        header = (
+            f"### Edge at scale, {session.started.date().isoformat()}: `{session.command}`\n\n"
+            f"{info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, {revision_text(revision)}, load "
+            f"average {info['loadavg_start']} at start, {info['loadavg_end']} at the end; {opts.leaves} leaves, "
+            f"{opts.sources} sources x {opts.rate:g} msg/s x {opts.seconds:g} s ({args.size} B), every leaf SIGKILLed "
+            f"halfway and restarted {opts.down:g} s later; the bridge beside the hub, defaults (leases on)."
+        )
+        md = markdown(items, header)
+        md += "\n" + FIGURES_HEADER + "\n" + figures_row(args.label or revision.get("commit", "?"), result) + "\n"
+        fields = {
+            "settings": {**dataclasses.asdict(opts), "size": args.size, "quick": args.quick},
+            "bridge_config_example": edge_config("nats://HUB", layout(2, 2)),
+            "run": result.as_dict(),
+        }
+        failure = "" if result.ok else f"\nthe run failed: {result.error}"
+        return Report(md, fields, [t.as_dict() for t in items], failure)
+
+    return run_command(
+        "edge",
+        args.out,
+        measure_edge,
+        report,
+        workdir_holds="run",
+        label=args.label,
+        show_repo_root=True,
+        record_elapsed=True,
     )
-    md = markdown(items, header)
-    md += "\n" + FIGURES_HEADER + "\n" + figures_row(args.label or revision.get("commit", "?"), result) + "\n"
-    print("\nmarkdown for bench/RESULTS.md:\n")
-    print(md)
-    document = {
-        "started": started.isoformat(timespec="seconds"),
-        "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "elapsed_s": elapsed,
-        "command": command,
-        "label": args.label,
-        "machine": info,
-        "revision": revision,
-        "repo_root": str(REPO_ROOT),
-        "server_version": version,
-        "settings": {**dataclasses.asdict(opts), "size": args.size, "quick": args.quick},
-        "bridge_config_example": edge_config("nats://HUB", layout(2, 2)),
-        "run": result.as_dict(),
-        "targets": [t.as_dict() for t in items],
-        "markdown": md,
-    }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"JSON {rel(out_path)}")
-    if not result.ok:
-        print(f"\nthe run failed: {result.error}", file=sys.stderr)
-        return 1
-    return 0

@@ -32,14 +32,11 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
 import itertools
 import json
 import os
-import shlex
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,17 +47,14 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from bench import natsops as ops
-from bench.common import REPO_ROOT, loadavg, rel
-from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes, revision_text, rss_bytes
+from bench.common import Report, Session, loadavg, run_command
+from bench.procs import cpu_seconds, peak_rss_bytes, revision_text, rss_bytes
 from bench.stats import ack_info, median, parse_rfc3339_ns, percentile
 from bridge.testing.http import get
 from bridge.testing.processes import BridgeProcess
 from bridge.testing.servers import (
     NatsServer,
-    ServerStartError,
     Topology,
-    find_nats_server,
-    server_version,
     start_topology,
 )
 
@@ -1451,6 +1445,15 @@ def parser(sub: Any) -> None:
     p.add_argument("--keep", action="store_true", help="keep every trial's directory (servers' and bridge's files)")
 
 
+@dataclass(frozen=True, slots=True)
+class _Trials:
+    """What one ``fanin`` run measured: the baseline, the main trial and the search, each unless it did not run."""
+
+    baseline: FaninRun | None
+    main: FaninRun | None
+    search: dict[str, Any] | None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the measurement; returns the exit code."""
     quick: bool = args.quick
@@ -1464,124 +1467,90 @@ def run(args: argparse.Namespace) -> int:
     if count < 1 or rate <= 0 or seconds <= 0 or args.size < 1 or args.producers < 1 or args.max_search < 1:
         print("fanin: --sources, --size, --producers, --max-search >= 1; --rate, --seconds > 0", file=sys.stderr)
         return 2
-    try:
-        binary = find_nats_server()
-        version = server_version(binary)
-    except ServerStartError as exc:
-        print(f"fanin: {exc}", file=sys.stderr)
-        return 2
-    started = dt.datetime.now(dt.UTC)
-    stamp = started.strftime("%Y%m%d-%H%M%S")
-    out_path: Path = args.out if args.out is not None else REPO_ROOT / "bench" / "results" / f"fanin-{stamp}.json"
-    argv = sys.argv[sys.argv.index("fanin") :] if "fanin" in sys.argv else ["fanin"]
-    command = "python -m bench " + " ".join(shlex.quote(a) for a in argv)
-    info = machine()
-    info["loadavg_start"] = loadavg()
-    revision = git_revision(REPO_ROOT)
-    workdir = Path(tempfile.mkdtemp(prefix="nats-bridge-fanin-"))
-    settings = Settings(
-        workdir=workdir,
-        keep=args.keep,
-        binary=binary,
-        size=args.size,
-        mode=args.mode,
-        producers=args.producers,
-        startup_deadline=args.startup_deadline,
-        leases=not args.no_leases,
-        max_ack_pending=args.max_ack_pending,
-    )
-    print(f"fanin: {command}", flush=True)
-    print(
-        f"  {info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, load average {info['loadavg_start']}; "
-        f"{revision_text(revision)}; "
-        f"trials under {workdir}",
-        flush=True,
-    )
-    t0 = time.monotonic()
-    runs: list[FaninRun] = []
 
-    def step(what: str, r: FaninRun) -> None:
-        runs.append(r)
-        print(f"[{time.monotonic() - t0:6.0f}s] {what}: {describe(r)}", flush=True)
+    def measure(session: Session) -> _Trials:
+        workdir = session.workdir
+        settings = Settings(
+            workdir=workdir,
+            keep=args.keep,
+            binary=session.binary,
+            size=args.size,
+            mode=args.mode,
+            producers=args.producers,
+            startup_deadline=args.startup_deadline,
+            leases=not args.no_leases,
+            max_ack_pending=args.max_ack_pending,
+        )
+        runs: list[FaninRun] = []
 
-    baseline: FaninRun | None = None
-    main: FaninRun | None = None
-    search_doc: dict[str, Any] | None = None
-    try:
-        baseline = trial(settings, "baseline", 1, rate, 0.0)
-        step("baseline, 1 source idle", baseline)
-        if not args.search_only:
-            main = trial(settings, "main", count, rate, seconds)
-            step(f"main, {count} sources x {rate:g} msg/s x {seconds:g} s", main)
-        if search:
-            search_doc = _search(settings, args, step)
-    except KeyboardInterrupt:
-        print("fanin: interrupted; nothing written", file=sys.stderr)
-        return 130
-    finally:
-        if not args.keep and workdir.exists() and not any(workdir.iterdir()):
-            shutil.rmtree(workdir, ignore_errors=True)
+        def step(what: str, r: FaninRun) -> None:
+            runs.append(r)
+            print(f"[{time.monotonic() - session.t0:6.0f}s] {what}: {describe(r)}", flush=True)
 
-    items = targets(main, baseline, search_doc)
-    print()
-    print(format_targets(items))
-    header = (
-        f"### Fan-in, {started.date().isoformat()}: `{command}`\n\n"
-        f"{info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, {revision_text(revision)}, load "
-        f"average at start {info['loadavg_start']} (a shared machine: other work ran meanwhile); "
-        f"{args.size} B payloads, the bridge in the sidecar position, defaults otherwise"
-        + (" except coordination.enabled = false" if args.no_leases else "")
-        + (f", max_ack_pending = {args.max_ack_pending}" if args.max_ack_pending is not None else "")
-        + "."
-    )
-    md = markdown(items, header)
-    if search_doc is not None and search_doc["steps"]:
-        md += f"\nThe search at {SEARCH_RATE:g} msg/s per source, {args.search_seconds:g} s per step:\n\n"
-        md += search_table(search_doc, baseline)
-    print("\nmarkdown for bench/RESULTS.md:\n")
-    print(md)
-    info["loadavg_end"] = loadavg()
-    document = {
-        "started": started.isoformat(timespec="seconds"),
-        "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": command,
-        "machine": info,
-        "revision": revision,
-        "server_version": version,
-        "settings": {
-            "sources": count,
-            "rate": rate,
-            "seconds": seconds,
-            "size": args.size,
-            "mode": args.mode,
-            "producers": args.producers,
-            "quick": quick,
-            "search": search,
-            "search_rate": SEARCH_RATE,
-            "search_seconds": args.search_seconds,
-            "max_search": args.max_search,
-            "search_rss_limit_bytes": int(args.search_rss_mb * MB),
-            "startup_deadline": args.startup_deadline,
-            "leases": not args.no_leases,
-            "max_ack_pending": args.max_ack_pending,
-            "bridge_config_example": fanin_config("nats://HUB", source_names(2)),
-        },
-        "baseline": baseline.as_dict() if baseline else None,
-        "main": main.as_dict() if main else None,
-        "search": search_doc,
-        "targets": [t.as_dict() for t in items],
-        "markdown": md,
-    }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"JSON {rel(out_path)}")
-    failures = [r for r in (baseline, main) if r is not None and not r.ok]
-    if failures:
-        print(f"\n{len(failures)} trial(s) failed:", file=sys.stderr)
-        for r in failures:
-            print(f"  {r.role}: {r.error}", file=sys.stderr)
-        return 1
-    return 0
+        baseline: FaninRun | None = None
+        main: FaninRun | None = None
+        search_doc: dict[str, Any] | None = None
+        try:
+            baseline = trial(settings, "baseline", 1, rate, 0.0)
+            step("baseline, 1 source idle", baseline)
+            if not args.search_only:
+                main = trial(settings, "main", count, rate, seconds)
+                step(f"main, {count} sources x {rate:g} msg/s x {seconds:g} s", main)
+            if search:
+                search_doc = _search(settings, args, step)
+        finally:
+            if not args.keep and workdir.exists() and not any(workdir.iterdir()):
+                shutil.rmtree(workdir, ignore_errors=True)
+        return _Trials(baseline, main, search_doc)
+
+    def report(session: Session, trials: _Trials) -> Report:
+        info, revision = session.info, session.revision
+        baseline, main, search_doc = trials.baseline, trials.main, trials.search
+        items = targets(main, baseline, search_doc)
+        print()
+        print(format_targets(items))
+        header = (
+            f"### Fan-in, {session.started.date().isoformat()}: `{session.command}`\n\n"
+            f"{info['nproc']} CPUs ({info['cpu_model']}), nats-server {session.version}, {revision_text(revision)}, "
+            f"load average at start {info['loadavg_start']} (a shared machine: other work ran meanwhile); "
+            f"{args.size} B payloads, the bridge in the sidecar position, defaults otherwise"
+            + (" except coordination.enabled = false" if args.no_leases else "")
+            + (f", max_ack_pending = {args.max_ack_pending}" if args.max_ack_pending is not None else "")
+            + "."
+        )
+        md = markdown(items, header)
+        if search_doc is not None and search_doc["steps"]:
+            md += f"\nThe search at {SEARCH_RATE:g} msg/s per source, {args.search_seconds:g} s per step:\n\n"
+            md += search_table(search_doc, baseline)
+        fields = {
+            "settings": {
+                "sources": count,
+                "rate": rate,
+                "seconds": seconds,
+                "size": args.size,
+                "mode": args.mode,
+                "producers": args.producers,
+                "quick": quick,
+                "search": search,
+                "search_rate": SEARCH_RATE,
+                "search_seconds": args.search_seconds,
+                "max_search": args.max_search,
+                "search_rss_limit_bytes": int(args.search_rss_mb * MB),
+                "startup_deadline": args.startup_deadline,
+                "leases": not args.no_leases,
+                "max_ack_pending": args.max_ack_pending,
+                "bridge_config_example": fanin_config("nats://HUB", source_names(2)),
+            },
+            "baseline": baseline.as_dict() if baseline else None,
+            "main": main.as_dict() if main else None,
+            "search": search_doc,
+        }
+        failures = [r for r in (baseline, main) if r is not None and not r.ok]
+        lines = "".join(f"\n  {r.role}: {r.error}" for r in failures)
+        failure = f"\n{len(failures)} trial(s) failed:{lines}" if failures else ""
+        return Report(md, fields, [t.as_dict() for t in items], failure)
+
+    return run_command("fanin", args.out, measure, report, workdir_holds="trials")
 
 
 def _search(settings: Settings, args: argparse.Namespace, step: Callable[[str, FaninRun], None]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 and consumer by name, and the settings an engine under test starts from.
 
 The timings are small round numbers (5 s ack and silence timeouts, resets at least 2 s apart) so that a scenario
-stepping the clock reads as arithmetic; a test that needs another value makes it with ``dataclasses.replace``.
+stepping the clock reads as arithmetic; a test that needs another value makes it with ``dataclasses.replace``, or
+(the publish window, which the simulator in ``tests/unit/sim.py`` varies) with :func:`engine_settings`.
 """
 
 from __future__ import annotations
@@ -10,22 +11,28 @@ from __future__ import annotations
 from bridge.core.backoff import Backoff
 from bridge.core.replication import EngineSettings
 
-__all__ = ["CONSUMER", "SETTINGS", "STREAM"]
+__all__ = ["CONSUMER", "SETTINGS", "STREAM", "engine_settings"]
 
 STREAM = "ORDERS"
 CONSUMER = "BRIDGE"
 
-SETTINGS = EngineSettings(
-    source="edge1",
-    stream=STREAM,
-    consumer=CONSUMER,
-    subject_prefix="agg",
-    publish_window=8,
-    ack_timeout=5.0,
-    silence_timeout=5.0,
-    reconnect_silence=2.0,
-    reset_min_interval=2.0,
-    reset_backoff=Backoff(2.0, 30.0),
-    publish_retry=Backoff(0.5, 15.0),
-    stalled_after=60.0,
-)
+
+def engine_settings(publish_window: int = 8) -> EngineSettings:
+    """The settings an engine under test starts from, with ``publish_window`` publishes in flight at most."""
+    return EngineSettings(
+        source="edge1",
+        stream=STREAM,
+        consumer=CONSUMER,
+        subject_prefix="agg",
+        publish_window=publish_window,
+        ack_timeout=5.0,
+        silence_timeout=5.0,
+        reconnect_silence=2.0,
+        reset_min_interval=2.0,
+        reset_backoff=Backoff(2.0, 30.0),
+        publish_retry=Backoff(0.5, 15.0),
+        stalled_after=60.0,
+    )
+
+
+SETTINGS = engine_settings()

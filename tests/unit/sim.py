@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Literal, assert_never
 
 from bridge.core import headers as hdr
-from bridge.core.backoff import Backoff
 from bridge.core.effects import (
     Ack,
     AnswerFlowControl,
@@ -43,10 +42,11 @@ from bridge.core.effects import (
     ResetReply,
     VerifyStored,
 )
-from bridge.core.engine import EngineSettings, Phase, SourceEngine
+from bridge.core.engine import Phase, SourceEngine
 from bridge.core.inbound import Inbound, classify
 from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy, Recovery, recover, recovery_depth
+from bridge.testing.engines import engine_settings
 
 STREAM = "ORDERS"
 CONSUMER = "BRIDGE"
@@ -307,22 +307,6 @@ class SimConfig:
     recovery_cap: int = 0  # copies above the ack floor a restart reads at most (0: the runtime's recovery_depth)
 
 
-def settings_for(window: int) -> EngineSettings:
-    return EngineSettings(
-        source=SOURCE,
-        stream=STREAM,
-        consumer=CONSUMER,
-        subject_prefix="agg",
-        publish_window=window,
-        ack_timeout=5.0,
-        silence_timeout=5.0,
-        reset_min_interval=2.0,
-        reset_backoff=Backoff(2.0, 30.0),
-        publish_retry=Backoff(0.5, 15.0),
-        stalled_after=60.0,
-    )
-
-
 class Sim:
     """One engine, its origin and its target, stepped explicitly; invariants checked on every effect."""
 
@@ -396,7 +380,7 @@ class Sim:
 
     def _start_life(self, watermark: int, present: Iterable[int]) -> None:
         self.life += 1
-        self.engine = SourceEngine(settings_for(self.config.publish_window), self.now)
+        self.engine = SourceEngine(engine_settings(self.config.publish_window), self.now)
         self.first_publish: dict[int, int] = {}  # seq -> index in this life's first-publish order
         self.publish_count = 0
         self.last_first_seq = 0

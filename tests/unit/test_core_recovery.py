@@ -12,7 +12,8 @@ from bridge.core.effects import Effect, Publish
 from bridge.core.engine import SourceEngine
 from bridge.core.inbound import Data
 from bridge.core.recovery import Copy, Recovery, recover, recovery_depth
-from tests.unit.sim import Sim, SimConfig, settings_for
+from bridge.testing.engines import engine_settings
+from tests.unit.sim import Sim, SimConfig
 
 
 def chain(seqs: list[int], start_prev: int = 0) -> list[Copy]:
@@ -176,7 +177,7 @@ def test_a_lost_publish_is_overtaken_by_less_than_a_window() -> None:
     from the oldest unstored message, so fewer than ``window`` copies can ever be stored above the hole, which is
     what recovery's fallback (a read cut short) relies on. And a read down to the ack floor sees the hole."""
     window = 4
-    engine = SourceEngine(settings_for(window), 0.0)
+    engine = SourceEngine(engine_settings(window), 0.0)
     engine.recovered(0, (), 0.0)
     engine.reset_succeeded(1, 0.0)
     aggregate: dict[int, Copy] = {}
@@ -210,7 +211,7 @@ def test_a_permanently_failing_message_and_repeated_restarts_keep_it() -> None:
     for _life in range(3):
         result = recover(sorted(aggregate.values(), key=lambda c: c.stream_seq)[-depth:])
         assert result.watermark < bad
-        engine = SourceEngine(settings_for(window), 0.0)
+        engine = SourceEngine(engine_settings(window), 0.0)
         engine.recovered(result.watermark, result.present, 0.0)
         engine.reset_succeeded(floor + 1, 0.0)
         sends: list[Effect] = []
