@@ -142,11 +142,17 @@ class Acquire:
 
 @dataclass(frozen=True, slots=True)
 class Renew:
-    """Write ``lease.<source>`` again on ``revision``. Report :meth:`Fleet.renewed` (with the send time) or
-    :meth:`Fleet.renew_failed` (``definitive`` when the server refused the revision: the key is someone else's)."""
+    """Write ``lease.<source>`` again on ``revision``, waiting up to ``timeout`` seconds for the reply. Report
+    :meth:`Fleet.renewed` (with the send time) or :meth:`Fleet.renew_failed` (``definitive`` when the server refused
+    the revision: the key is someone else's).
+
+    ``timeout`` runs to the fence (at least ``request_timeout``): a reply that comes late but before the fence still
+    moves it (the fence counts from the send time), so a slow server, the common case under load, costs no lease;
+    giving up after ``request_timeout`` discarded those replies and sent more writes to the server that was slow."""
 
     source: str
     revision: int
+    timeout: float = field(default=0.0, compare=False)  # not part of the renew's identity: a deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,7 +479,8 @@ class Fleet:
             if machine.source_runs and now >= lease.valid_until:
                 effects += self._lost(lease, LeaseEvent.LOST, "no renew succeeded in time")
             elif machine.renews and now >= lease.next_renew and machine.process(LeaseEvent.RENEW_SENT):
-                effects.append(Renew(lease.source, lease.revision))
+                wait = max(self.timing.request_timeout, lease.valid_until - now)
+                effects.append(Renew(lease.source, lease.revision, wait))
         if not self.stopping and now >= self._next_presence:
             self._next_presence = now + self.timing.renew_every
             effects.append(WritePresence())

@@ -341,7 +341,7 @@ class FleetRunner:
         elif isinstance(effect, Renew):
             value = self._holder_value(self._since.get(effect.source, time.time()))
             try:
-                revision = await self.kv.write(LEASE_PREFIX + effect.source, value, effect.revision, timeout)
+                revision = await self.kv.write(LEASE_PREFIX + effect.source, value, effect.revision, effect.timeout)
             except KvConflict as exc:
                 await self._renew_refused(effect.source, str(exc))
                 return

@@ -209,7 +209,7 @@ class FleetSim:
 
     def _request(self, proc: Proc, effect: ReadView | WritePresence | Acquire | Renew | Release) -> None:
         sent_at = self.now
-        timeout = self.timing.request_timeout
+        timeout = effect.timeout if isinstance(effect, Renew) else self.timing.request_timeout
         cut = self.now < proc.cut_until
         lost_out = cut or self.rng.random() < self.lossy
         arrive = self.now + self.rng.uniform(0.0, self.max_delay)

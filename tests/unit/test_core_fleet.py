@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -347,3 +348,15 @@ def test_failing_renews_are_logged_on_the_first_and_every_fifth() -> None:
         logged += [n.fields["failures"] for n in notices]
         now += 1.01
     assert fleet.holds("s", now) and logged == [1, 6]
+
+
+def test_a_renew_waits_for_its_reply_until_the_fence() -> None:
+    """A late reply still moves the fence (counted from the send time): the renew is not given up before it."""
+    fleet = joined()
+    own(fleet)
+    due = TIMING.renew_every
+    (renew,) = [e for e in fleet.tick(due) if isinstance(e, Renew)]
+    fence = TTL - TIMING.guard
+    assert renew.timeout == pytest.approx(fence - due)
+    fleet.renewed("s", 2, due, fence - 0.01)  # the reply, just before the fence
+    assert fleet.holds("s", fence + 0.5)  # moved to due + ttl - guard
