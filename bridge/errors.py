@@ -49,6 +49,29 @@ class ApiUnavailable(BridgeError):
     """No JetStream responder for a request, or the connection cannot carry it right now."""
 
 
+class PermissionDenied(BridgeError):
+    """The server refused a publish or a subscription a request needed: the user lacks that permission.
+
+    The server says so only asynchronously (``-ERR 'Permissions Violation for ...'``, ``bridge.io.permissions``), and
+    the request would otherwise just go unanswered. ``operation`` is ``"publish"`` or ``"subscribe"``; ``subject`` is
+    the subject as the bridge used it, or as the server wrote it (lowercased by nats-py) when the bridge does not know
+    it; ``reply``: the subject was a publish's reply subject; ``detail`` says what the subject was for. The message
+    is one line naming the operation, the subject and docs/permissions.md.
+    """
+
+    def __init__(self, operation: str, subject: str, detail: str = "", *, reply: bool = False) -> None:
+        self.operation = operation
+        self.subject = subject
+        self.detail = detail
+        self.reply = reply
+        verb = "publish with the reply subject" if reply else f"{operation} to"
+        what = f", {detail}" if detail else ""
+        super().__init__(
+            f'permission denied: this account may not {verb} "{subject}"{what} '
+            "(the server's permissions violation); grant it as docs/permissions.md lists"
+        )
+
+
 class ConsumerUnfit(BridgeError):
     """A pre-created consumer cannot be used by the bridge; the message says which setting and why."""
 

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
+from bridge.commands.setup import origin_missing, setup_command
 from bridge.config import BridgeConfig, SourceConfig, exposed_secrets, load_config
 from bridge.core.modes import ModeUnsupported, mode_key
 from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError, ConfigError
 from bridge.io.connect import open_connection
 from bridge.io.consumer import ensure_consumer, source_mode
-from bridge.io.jsapi import ApiError, JsApi
+from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
 from bridge.io.kv import KvBucket, parse_view
 
 
@@ -43,7 +44,7 @@ def check(path: str) -> int:
     config = load_config(path)
     for warning in exposed_secrets(path, config):
         print(f"WARN secrets: {warning}", flush=True)
-    result = anyio.run(run_check, config)
+    result = anyio.run(run_check, config, path)
     if result.config_problems:
         raise ConfigError(result.config_problems, path)
     return EXIT_OK if result.ok else EXIT_PROBLEM
@@ -53,7 +54,7 @@ def _print(ok: bool, what: str, detail: str) -> None:
     print(f"{'OK  ' if ok else 'FAIL'} {what}: {detail}", flush=True)
 
 
-async def _check_target(config: BridgeConfig) -> bool:
+async def _check_target(config: BridgeConfig, config_path: str) -> bool:
     target = config.target
     try:
         nc = await open_connection(target, name="nats-bridge check", error_type=BridgeError)
@@ -63,7 +64,9 @@ async def _check_target(config: BridgeConfig) -> bool:
     try:
         info = await JsApi(nc, target.api_prefix).stream_info(target.stream, timeout=TIMEOUT)
     except BridgeError as exc:
-        _print(False, f"target stream {target.stream}", str(exc))
+        missing = isinstance(exc, ApiError) and exc.err_code == STREAM_NOT_FOUND
+        detail = f"the aggregate does not exist on the target; create it with: {setup_command(config_path)}"
+        _print(False, f"target stream {target.stream}", detail if missing else str(exc))
         return False
     finally:
         await nc.close()
@@ -131,7 +134,8 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
         try:
             stream = await api.stream_info(src.stream, timeout=TIMEOUT)
         except ApiError as exc:
-            _print(False, what, f"origin stream {src.stream!r}: {exc.description}")
+            missing = exc.err_code == STREAM_NOT_FOUND
+            _print(False, what, origin_missing(src) if missing else f"origin stream {src.stream!r}: {exc.description}")
             result.ok = False
             return
         # auto keeps the kind of a durable that exists, as `run` does; a configured mode does not depend on it
@@ -163,8 +167,9 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
     )
 
 
-async def run_check(config: BridgeConfig) -> CheckResult:
-    """Check everything; ``ok`` when the bridge can run."""
+async def run_check(config: BridgeConfig, config_path: str) -> CheckResult:
+    """Check everything; ``ok`` when the bridge can run. ``config_path`` is the file as the user named it, for the
+    ``nats-bridge setup`` command a missing aggregate is pointed to."""
     result = CheckResult()
 
     async def one(coro: Awaitable[bool]) -> None:
@@ -172,7 +177,7 @@ async def run_check(config: BridgeConfig) -> CheckResult:
             result.ok = False
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(one, _check_target(config))
+        tg.start_soon(one, _check_target(config, config_path))
         if config.coordination.enabled:
             tg.start_soon(one, _check_coordination(config))
         for src in config.sources:

@@ -16,6 +16,7 @@ not be done. The aggregate's duplicate window is :func:`duplicate_window`: max(2
 from __future__ import annotations
 
 import functools
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,19 @@ def aggregate_config(target: TargetConfig, subjects: Sequence[str], replicas: in
         "allow_direct": True,
         "duplicate_window": int(duplicate_window(target.ack_timeout) * NS),
     }
+
+
+def setup_command(config_path: str) -> str:
+    """The command that creates what ``config_path`` needs, ready to paste (the path quoted for a shell)."""
+    return f"nats-bridge setup -c {shlex.quote(config_path)}"
+
+
+def origin_missing(src: SourceConfig) -> str:
+    """Why an origin stream that does not exist stops a source, and what to do: setup never creates one."""
+    return (
+        f"origin stream {src.stream!r} does not exist; it is your applications' own stream, which nats-bridge setup "
+        f"does not create: create it on the origin, or correct sources[{src.name}].stream or .domain"
+    )
 
 
 def _replicas(n: int) -> str:
@@ -280,7 +294,9 @@ async def _setup_source(src: SourceConfig, dry_run: bool) -> SourceResult:
         try:
             stream = await api.stream_info(src.stream, timeout=TIMEOUT)
         except ApiError as exc:
-            result.lines.append(Line(FAIL, what, f"origin stream {src.stream!r}: {exc.description}"))
+            missing = exc.err_code == STREAM_NOT_FOUND
+            problem = origin_missing(src) if missing else f"origin stream {src.stream!r}: {exc.description}"
+            result.lines.append(Line(FAIL, what, problem))
             return result
         origin_subjects = list(stream.get("config", {}).get("subjects") or [])
         result.subjects = copy_subjects(src, origin_subjects)
@@ -499,6 +515,8 @@ __all__ = [
     "exit_code",
     "go_duration",
     "minimal_subjects",
+    "origin_missing",
     "run_setup",
     "setup",
+    "setup_command",
 ]

@@ -19,7 +19,7 @@ from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 
 from bridge.errors import BridgeError
-from bridge.io import wire
+from bridge.io import permissions, wire
 from bridge.ports import Callback, ErrorCallback
 
 if TYPE_CHECKING:
@@ -129,7 +129,9 @@ async def open_connection(
     on_reconnected: Callback | None = None,
     on_error: ErrorCallback | None = None,
 ) -> NATS:
-    """Connect once; raise ``error_type`` (never a nats-py exception) naming the servers when it fails."""
+    """Connect once; raise ``error_type`` (never a nats-py exception) naming the servers when it fails.
+
+    The connection's permission denials are recorded for the requests made on it (:mod:`bridge.io.permissions`)."""
 
     async def _noop() -> None:
         return None
@@ -141,8 +143,12 @@ async def open_connection(
     connected = False
     seen: list[Exception] = []
     abandon = anyio.CancelScope()
+    nc = NATS()
+    record = permissions.attach(nc)
 
     async def errors(exc: Exception) -> None:
+        # before the side's own handler, which may throttle its log lines: every request must hear of a denial
+        record.note(exc)
         if connected and on_error is not None:
             await on_error(exc)
         elif not connected:  # failed first attempts are reported once, by the caller, with the real cause
@@ -150,7 +156,10 @@ async def open_connection(
             if isinstance(exc, ssl.SSLError):
                 abandon.cancel()  # nats-py would hang next (module docstring); it runs this in the connecting task
 
-    nc = NATS()
+    async def disconnected() -> None:
+        record.disconnected()
+        await (on_disconnected or _noop)()
+
     wire.install(nc)  # before connecting: the parser cannot be swapped under a running read loop
     bound = (
         len(side.servers)
@@ -162,7 +171,7 @@ async def open_connection(
         with anyio.move_on_after(bound) as deadline, abandon:
             await nc.connect(
                 **opts,
-                disconnected_cb=on_disconnected or _noop,
+                disconnected_cb=disconnected,
                 reconnected_cb=on_reconnected or _noop,
                 error_cb=errors,
             )

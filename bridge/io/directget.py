@@ -30,7 +30,7 @@ from nats.aio.client import Client as NATS
 
 from bridge.core import headers as hdr
 from bridge.errors import BridgeError
-from bridge.io import wire
+from bridge.io import permissions, wire
 from bridge.io.connect import describe
 
 BATCH = 1024
@@ -163,7 +163,8 @@ async def read_batches(
 ) -> AsyncIterator[list[StoredMessage]]:
     """The messages stored in ``first..last`` (matching ``subject_filter`` when given), one list per server batch.
 
-    Raises ``error_type`` naming the stream on an error status, a timeout, or a server without batch support.
+    Raises ``error_type`` naming the stream on an error status, a timeout, or a server without batch support, and
+    :class:`~bridge.errors.PermissionDenied` when the server denied the request or its reply subscription.
     """
     subject = f"{api_prefix}.DIRECT.GET.{stream}"
     prefix = nc.new_inbox()
@@ -192,17 +193,19 @@ async def read_batches(
             body: dict[str, Any] = {"seq": seq, "batch": min(batch, last - seq + 1), "max_bytes": max_bytes}
             if subject_filter:
                 body["next_by_subj"] = subject_filter
-            try:
-                await nc.publish(subject, json.dumps(body).encode(), reply=f"{prefix}.{n}")
-            except Exception as exc:  # e.g. OutboundBufferLimitError while reconnecting: the caller retries
-                raise error_type(f"direct get on stream {stream!r}: {describe(exc)}") from exc
-            try:
-                await asyncio.wait_for(current.done.wait(), timeout)
-            except TimeoutError as exc:
-                raise error_type(
-                    f"direct get on stream {stream!r}: no end of batch within {timeout:g}s "
-                    f"(read up to sequence {seq - 1})"
-                ) from exc
+            # (not across the yield below: a cancel scope must not span one)
+            with permissions.watch(nc, publish=subject, listen=[f"{prefix}.*"]):
+                try:
+                    await nc.publish(subject, json.dumps(body).encode(), reply=f"{prefix}.{n}")
+                except Exception as exc:  # e.g. OutboundBufferLimitError while reconnecting: the caller retries
+                    raise error_type(f"direct get on stream {stream!r}: {describe(exc)}") from exc
+                try:
+                    await asyncio.wait_for(current.done.wait(), timeout)
+                except TimeoutError as exc:
+                    raise error_type(
+                        f"direct get on stream {stream!r}: no end of batch within {timeout:g}s "
+                        f"(read up to sequence {seq - 1})"
+                    ) from exc
             if current.error is not None:
                 raise error_type(f"direct get on stream {stream!r}: {current.error}")
             if current.no_batch_support:

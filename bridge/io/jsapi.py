@@ -20,7 +20,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from bridge.core.effects import OriginMessage
 from bridge.core.headers import parse_header_block
 from bridge.core.times import parse_rfc3339_ns
-from bridge.errors import ApiError, ApiTimeout, ApiUnavailable
+from bridge.errors import ApiError, ApiTimeout, ApiUnavailable, PermissionDenied
+from bridge.io import permissions
 from bridge.io.connect import describe
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "ApiTimeout",
     "ApiUnavailable",
     "JsApi",
+    "PermissionDenied",
     "server_level",
     "stored_message",
 ]
@@ -206,16 +208,18 @@ async def request_json(
     nc: NATS, subject: str, payload: bytes, timeout: float, headers: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """One request whose reply is a JetStream JSON document (an API reply or a publish ack), errors mapped once:
-    no reply is :class:`ApiTimeout`, no responder or a broken connection :class:`ApiUnavailable`, an ``error``
-    in the reply :class:`ApiError` with the server's codes."""
-    try:
-        msg = await nc.request(subject, payload, timeout=timeout, headers=headers)
-    except NatsTimeoutError as exc:
-        raise ApiTimeout(f"no reply to {subject} within {timeout:g}s") from exc
-    except NoRespondersError as exc:
-        raise ApiUnavailable(f"no JetStream responder for {subject} (is JetStream enabled, domain right?)") from exc
-    except Exception as exc:  # connection closed/reconnecting and friends
-        raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+    a publish or reply inbox the server denied is :class:`PermissionDenied` (at once: :mod:`bridge.io.permissions`),
+    no reply :class:`ApiTimeout`, no responder or a broken connection :class:`ApiUnavailable`, an ``error`` in the
+    reply :class:`ApiError` with the server's codes."""
+    with permissions.request_watch(nc, subject):
+        try:
+            msg = await nc.request(subject, payload, timeout=timeout, headers=headers)
+        except NatsTimeoutError as exc:
+            raise ApiTimeout(f"no reply to {subject} within {timeout:g}s") from exc
+        except NoRespondersError as exc:
+            raise ApiUnavailable(f"no JetStream responder for {subject} (is JetStream enabled, domain right?)") from exc
+        except Exception as exc:  # connection closed/reconnecting and friends
+            raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
     try:
         reply: dict[str, Any] = json.loads(msg.data) if msg.data else {}
     except ValueError as exc:

@@ -25,7 +25,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from bridge.core import headers as hdr
 from bridge.core.fleet import LEASE_PREFIX, PRESENCE_PREFIX, Holder, Member, View
 from bridge.errors import ApiError, ApiTimeout, ApiUnavailable, BridgeError
-from bridge.io import wire
+from bridge.io import permissions, wire
 from bridge.io.connect import describe
 from bridge.io.directget import read_batches
 from bridge.io.jsapi import STREAM_NAME_IN_USE, STREAM_NOT_FOUND, JsApi, request_json
@@ -151,12 +151,13 @@ class KvBucket:
         """The last message of ``key`` (a delete marker included), or None when the key has none."""
         subject = f"{self.api.prefix}.DIRECT.GET.{self.stream}"
         body = json.dumps({"last_by_subj": self.prefix + key}).encode()
-        try:
-            msg = await self.nc.request(subject, body, timeout=timeout)
-        except NatsTimeoutError as exc:
-            raise ApiTimeout(f"no reply to {subject} within {timeout:g}s") from exc
-        except Exception as exc:
-            raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+        with permissions.request_watch(self.nc, subject):
+            try:
+                msg = await self.nc.request(subject, body, timeout=timeout)
+            except NatsTimeoutError as exc:
+                raise ApiTimeout(f"no reply to {subject} within {timeout:g}s") from exc
+            except Exception as exc:
+                raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
         headers = dict(msg.headers or {})
         status = headers.get("Status")
         if status == "404":
@@ -225,13 +226,14 @@ class KvBucket:
         wire.add_handler(self.nc, sub, on_wire)
         try:
             body = {"multi_last": [f"{self.prefix}>"], "batch": MULTI_LAST_LIMIT}
-            try:
-                await self.nc.publish(subject, json.dumps(body).encode(), reply=inbox)
-                await asyncio.wait_for(done.wait(), timeout)
-            except TimeoutError as exc:
-                raise ApiTimeout(f"no end of batch to {subject} within {timeout:g}s") from exc
-            except Exception as exc:
-                raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
+            with permissions.watch(self.nc, publish=subject, listen=[inbox]):
+                try:
+                    await self.nc.publish(subject, json.dumps(body).encode(), reply=inbox)
+                    await asyncio.wait_for(done.wait(), timeout)
+                except TimeoutError as exc:
+                    raise ApiTimeout(f"no end of batch to {subject} within {timeout:g}s") from exc
+                except Exception as exc:
+                    raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
             if error and error[0].startswith("status 413"):
                 raise _TooManyKeys(error[0])
             if error:

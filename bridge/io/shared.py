@@ -19,7 +19,6 @@ today's isolation:
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,11 +28,11 @@ from nats.aio.client import Client as NATS
 
 from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io.connect import ConnectionSettings, describe, error_fields, open_connection
+from bridge.io.permissions import error_subjects
 from bridge.logs import Throttle, get_logger
 from bridge.ports import Callback, ErrorCallback
 
 CONNECTION_NAME = "nats-bridge origin"
-_QUOTED = re.compile(r'"([^"]+)"')
 
 
 def names_source(text: str, *, deliver_subject: str, inbox: str, api_prefix: str, stream: str, consumer: str) -> bool:
@@ -41,11 +40,9 @@ def names_source(text: str, *, deliver_subject: str, inbox: str, api_prefix: str
     consumer's API (under its ``api_prefix``), or an ack or flow-control subject of its consumer.
 
     Compared without case: the server's ``-ERR`` text reaches the client lowercased."""
-    text = text.lower()
     deliver_subject, inbox, api_prefix = deliver_subject.lower(), inbox.lower(), api_prefix.lower()
     stream, consumer = stream.lower(), consumer.lower()
-    for subject in _QUOTED.findall(text) or text.split():
-        subject = subject.strip("'\"")
+    for subject in error_subjects(text):
         if subject in (deliver_subject, inbox) and subject:
             return True
         tokens = subject.split(".")

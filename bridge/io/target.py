@@ -38,11 +38,16 @@ class SourcePublisher:
         self._sub: Subscription | None = None
         self._raw = wire.has_raw_writes(nc)
 
+    @property
+    def acks_subject(self) -> str:
+        """The subscription the publish acks come to (``<inbox>.>``)."""
+        return f"{self._inbox}.>"
+
     async def start(self) -> None:
         """Subscribe the ack inbox (before the first publish); raises ``TargetUnavailable`` when it cannot."""
         try:
             self._sub = await self._nc.subscribe(
-                f"{self._inbox}.>",
+                self.acks_subject,
                 cb=self._handle,
                 pending_msgs_limit=1_000_000,
                 pending_bytes_limit=256 * 1024 * 1024,

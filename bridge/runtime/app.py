@@ -13,6 +13,7 @@ per source runner, each with its own stop event, so that a reload can stop one s
 
 from __future__ import annotations
 
+import shlex
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -31,7 +32,7 @@ from bridge.errors import BridgeError, ConfigError, TargetUnavailable
 from bridge.io import wire
 from bridge.io.aggregate import TargetSide, duplicate_window_short
 from bridge.io.connect import ConnectionSettings, describe, drop_unsent_publishes, error_fields, open_connection
-from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi
+from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, ApiTimeout, ApiUnavailable, JsApi, PermissionDenied
 from bridge.io.kv import KvBucket
 from bridge.io.shared import OriginConnections
 from bridge.logs import Throttle, get_logger
@@ -571,9 +572,16 @@ class Bridge:
     async def _check_target_stream(self, side: TargetSide) -> None:
         try:
             info = await side.api.stream_info(side.stream, timeout=self.config.engine.reset_timeout)
-        except (ApiError, ApiTimeout, ApiUnavailable) as exc:
+        except (ApiError, ApiTimeout, ApiUnavailable, PermissionDenied) as exc:
             # not fatal: sources block (loudly) until the stream exists, publishes are retried
-            self.log.error("target.stream_unavailable", stream=side.stream, error=str(exc))
+            fields: dict[str, str] = {}
+            if isinstance(exc, ApiError) and exc.err_code == STREAM_NOT_FOUND:
+                path = shlex.quote(str(self.config_path)) if self.config_path is not None else "FILE"
+                fields["hint"] = (
+                    f"the aggregate does not exist; create it with: nats-bridge setup -c {path} "
+                    "(until then the sources block and ack nothing)"
+                )
+            self.log.error("target.stream_unavailable", stream=side.stream, error=str(exc), **fields)
             return
         cfg = info.get("config", {})
         window_ns = int(cfg.get("duplicate_window", 0))

@@ -43,7 +43,7 @@ from bridge.core.fleet import (
 )
 from bridge.errors import BridgeError
 from bridge.io.kv import KvBucket, KvConflict, json_object, parse_view
-from bridge.logs import get_logger
+from bridge.logs import Throttle, get_logger
 from bridge.observe.metrics import FleetSnapshot, LeaseSnapshot
 from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
 from bridge.runtime.waits import WaitLog
@@ -109,6 +109,7 @@ class FleetRunner:
         # iterates (snapshot, settled) takes this lock. Fences read single values and need none.
         self._lock = threading.Lock()
         self._waits: dict[str, WaitLog] = {}  # per source: waiting for its lease while another process owns it
+        self._throttles = {event: Throttle() for event in ("fleet.view_failed", "fleet.presence_failed")}
 
     # -- views for the bridge --------------------------------------------------------------------------------
 
@@ -257,7 +258,7 @@ class FleetRunner:
         self._changed.set()
         for effect in effects:
             if isinstance(effect, Notice):
-                getattr(self.log, effect.level)(effect.event, **effect.fields)
+                self._notice(effect)
             elif isinstance(effect, StartSource):
                 self._since[effect.source] = time.time()
                 self._wait(effect.source).end("lease")
@@ -269,6 +270,16 @@ class FleetRunner:
                     self.control.abandon(effect.source)
             else:
                 self._spawn(self._request, effect)
+
+    def _notice(self, notice: Notice) -> None:
+        throttle = self._throttles.get(notice.event)
+        if throttle is None:
+            getattr(self.log, notice.level)(notice.event, **notice.fields)
+            return
+        # the same failure of the bucket read or the presence write, retried every view: once per 30 s, counted
+        suppressed = throttle.allow(self.clock(), notice.fields.get("reason"))
+        if suppressed is not None:
+            getattr(self.log, notice.level)(notice.event, **notice.fields, similar_suppressed=suppressed)
 
     def _wait(self, source: str) -> WaitLog:
         wait = self._waits.get(source)

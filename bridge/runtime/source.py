@@ -66,8 +66,9 @@ from bridge.core.pull import PullEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.replication import Replication
 from bridge.core.targetwire import AckOutcome
-from bridge.errors import ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
+from bridge.errors import ApiError, ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
 from bridge.io.connect import describe, error_fields
+from bridge.io.jsapi import STREAM_NOT_FOUND
 from bridge.io.origin import OriginClient
 from bridge.io.shared import OriginConnections
 from bridge.logs import Throttle, get_logger
@@ -245,6 +246,7 @@ class SourceRunner:
                     attempts=step.attempt,
                     similar_suppressed=step.suppressed,
                     retry_in=round(step.delay, 3),
+                    **self._setup_hint(exc),
                 )
 
         async def attempt() -> bool:
@@ -263,6 +265,16 @@ class SourceRunner:
         if done:
             for reason in ("origin", "consumer", *sorted(began)):
                 self.waits.end(reason)
+
+    def _setup_hint(self, exc: BaseException) -> dict[str, str]:
+        """A ``hint`` for a missing origin stream: the operator might expect ``nats-bridge setup`` to create it."""
+        cause = exc.__cause__
+        if isinstance(exc, OriginUnavailable) and isinstance(cause, ApiError) and cause.err_code == STREAM_NOT_FOUND:
+            return {
+                "hint": "the origin stream is your applications' own, which nats-bridge setup does not create: create "
+                f"it on the origin, or correct sources[{self.source.name}].stream or .domain"
+            }
+        return {}
 
     def _setup_wait(self, exc: BaseException) -> tuple[str, dict[str, Any]]:
         """What a failed setup waits for, and the fields that say why (for ``source.waiting``)."""

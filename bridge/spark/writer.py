@@ -75,7 +75,8 @@ from bridge.core.frames import Frame
 from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import OutboundMessage
 from bridge.core.targetwire import AckOutcome
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, PermissionDenied
+from bridge.io import permissions
 from bridge.io.connect import describe, open_connection
 from bridge.io.target import SourcePublisher
 from bridge.spark.options import StreamOptions
@@ -367,6 +368,7 @@ async def publish_all(
     publisher = _StreamCheckingPublisher(nc, acks.on_outcomes, opts.stream)
     sent = 0
     problem = ""
+    denied: PermissionDenied | None = None
     try:
         await publisher.start()
         while not acks.failed and not problem:
@@ -393,6 +395,12 @@ async def publish_all(
         while acks.pending:  # settle every publish in flight
             if not await acks.wait(opts.timeout):
                 break
+        # an ack that never came is explained by a permission the server denied, if it did; asked before closing,
+        # which forgets the connection's denials
+        record = permissions.record_for(nc)
+        if acks.pending and record is not None:
+            subjects = [subject for _, subject in acks.pending.values()]
+            denied = record.denied(publish=subjects, listen=[publisher.acks_subject])
     finally:
         await publisher.stop()
         with contextlib.suppress(Exception):
@@ -401,7 +409,9 @@ async def publish_all(
     if acks.pending:
         first_id, first_subject = next(iter(acks.pending.values()))
         problem = problem or (
-            f"no publish ack within {opts.timeout:g}s for {len(acks.pending)} of {sent} messages "
+            f"{denied} ({len(acks.pending)} of {sent} messages not stored, first: {first_id} on {first_subject})"
+            if denied is not None
+            else f"no publish ack within {opts.timeout:g}s for {len(acks.pending)} of {sent} messages "
             f"(first: {first_id} on {first_subject})"
         )
     if acks.failed:

@@ -8,6 +8,7 @@ aggregate stream is missing. ``demo``: where metrics and health can be seen, pri
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -149,14 +150,24 @@ async def test_check_against_running_topology(topology: Topology, tmp_path: Path
     config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=specs)
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
-        await create_stream(leaf_nc, "ORDERS_B", ["b.>"], retention="interest")
 
-        # no aggregate yet: exit 1, the target named as failing, the sources still checked
+        # no aggregate yet and one origin stream missing: exit 1; the aggregate is pointed to the setup command that
+        # creates it, with this very file; the origin stream to its owner, since setup does not create one; the
+        # other source is still checked
         done = await anyio.to_thread.run_sync(lambda: run_cli("check", "-c", str(config)))
         assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
         assert "Traceback" not in done.stdout + done.stderr
-        assert any(line.startswith("FAIL") and AGGREGATE in line for line in done.stdout.splitlines()), done.stdout
+        failed = [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
+        assert sorted(failed) == [
+            "FAIL source sidecar: origin stream 'ORDERS_B' does not exist; it is your applications' own stream, "
+            "which nats-bridge setup does not create: create it on the origin, or correct sources[sidecar].stream "
+            "or .domain",
+            f"FAIL target stream {AGGREGATE}: the aggregate does not exist on the target; create it with: "
+            f"nats-bridge setup -c {shlex.quote(str(config))}",
+        ], done.stdout
+        assert any(line.startswith("OK   source direct: origin ") for line in done.stdout.splitlines()), done.stdout
 
+        await create_stream(leaf_nc, "ORDERS_B", ["b.>"], retention="interest")
         await create_aggregate(hub_nc)
         done = await anyio.to_thread.run_sync(lambda: run_cli("check", "-c", str(config)))
         assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)

@@ -8,6 +8,7 @@ flow-control answers (``FcTap``), or in pull mode (an origin older than 2.14, ma
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -83,6 +84,9 @@ async def test_aggregate_missing_acks_nothing(
                 await wait_until(
                     lambda: consumer_exists(leaf_nc, ORIGIN, spec.consumer_name), timeout=20, what="the consumer"
                 )
+                # checked before any source starts: the operator is told the command that creates the aggregate
+                (missing,) = bridge.events("target.stream_unavailable")
+                assert f"nats-bridge setup -c {shlex.quote(str(config))}" in missing["hint"], missing
 
             publisher = Publisher(leaf_nc, n)
             await publisher.run()
