@@ -52,6 +52,9 @@ from bridge.core.leases import LeaseState as LeaseState  # re-exported: the runt
 
 LEASE_PREFIX = "lease."
 PRESENCE_PREFIX = "presence."
+# A view reads every key of the bucket: above this many keys a second, views are spaced out (up to one per renew
+# period) rather than the hub made to serve the whole bucket every second to every process.
+VIEW_KEYS_PER_SECOND = 500
 
 
 def _renew_spread(source: str) -> float:
@@ -262,6 +265,7 @@ class Fleet:
         self.holders: dict[str, Holder] = {}
         self.stopping = False
         self._view_at = -math.inf  # when the last view was read (sent)
+        self._due = -math.inf  # no lease needs the ticker before this (a renew due, a fence to watch)
         self._viewing = False
         self._next_view = now
         self._presence_ok = False
@@ -313,6 +317,10 @@ class Fleet:
         """A whole read of the bucket, sent at ``sent_at``."""
         self._viewing = False
         self._view_at = sent_at
+        keys = len(view.members) + len(view.holders) + len(view.free)
+        spaced = min(max(self.timing.view_every, keys / VIEW_KEYS_PER_SECOND), self.timing.renew_every)
+        self._next_view = max(self._next_view, sent_at + spaced)
+        self._due = -math.inf  # (cheap once a view: whatever an input moved, the next tick looks at every lease)
         self.members = dict(view.members)
         self.holders = dict(view.holders)
         effects: list[FleetEffect] = []
@@ -415,6 +423,7 @@ class Fleet:
         lease.failing += 1
         # try again soon: the fence still has time (a renew is due every ttl/3, the fence closes at 4/5 ttl)
         lease.next_renew = now + min(1.0, self.timing.renew_every / 3)
+        self._due = min(self._due, lease.next_renew)
         if lease.failing % 5 != 1:
             return []  # retried a few times a second near the fence: the first failure and every fifth are news
         return [
@@ -439,7 +448,7 @@ class Fleet:
         if lease is None:
             return []
         lease.revision = revision
-        lease.next_renew = now
+        lease.next_renew = self._due = now
         return []
 
     def source_stopped(self, source: str, now: float) -> list[FleetEffect]:
@@ -474,13 +483,20 @@ class Fleet:
     def tick(self, now: float) -> list[FleetEffect]:
         """Renewals due, fences passed, the bucket read and presence written when due."""
         effects: list[FleetEffect] = []
-        for lease in list(self.leases.values()):
-            machine = lease.machine
-            if machine.source_runs and now >= lease.valid_until:
-                effects += self._lost(lease, LeaseEvent.LOST, "no renew succeeded in time")
-            elif machine.renews and now >= lease.next_renew and machine.process(LeaseEvent.RENEW_SENT):
-                wait = max(self.timing.request_timeout, lease.valid_until - now)
-                effects.append(Renew(lease.source, lease.revision, wait))
+        if now >= self._due:  # a thousand leases renew every few seconds each: most ticks have nothing due
+            due = math.inf
+            for lease in list(self.leases.values()):
+                machine = lease.machine
+                if machine.source_runs and now >= lease.valid_until:
+                    effects += self._lost(lease, LeaseEvent.LOST, "no renew succeeded in time")
+                elif machine.renews and now >= lease.next_renew and machine.process(LeaseEvent.RENEW_SENT):
+                    wait = max(self.timing.request_timeout, lease.valid_until - now)
+                    effects.append(Renew(lease.source, lease.revision, wait))
+                if machine.source_runs:
+                    due = min(due, lease.valid_until)
+                if machine.renews:
+                    due = min(due, lease.next_renew)
+            self._due = due
         if not self.stopping and now >= self._next_presence:
             self._next_presence = now + self.timing.renew_every
             effects.append(WritePresence())
@@ -586,3 +602,4 @@ class Fleet:
         # together (hundreds at start-up) drift apart instead of renewing in the same instant, where on a busy
         # connection they would time out together. Earlier is always safe: the fence is counted from the write.
         lease.next_renew = sent_at + self.timing.renew_every * (1.0 - _renew_spread(lease.source))
+        self._due = min(self._due, lease.next_renew)

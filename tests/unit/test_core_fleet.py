@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from bridge.core.effects import Notice
 from bridge.core.fleet import (
+    VIEW_KEYS_PER_SECOND,
     Acquire,
     Fleet,
     FleetEffect,
@@ -31,6 +32,7 @@ from bridge.core.fleet import (
     StopSource,
     View,
     WritePresence,
+    _renew_spread,
     preference_order,
     preferred_owner,
 )
@@ -360,3 +362,27 @@ def test_a_renew_waits_for_its_reply_until_the_fence() -> None:
     assert renew.timeout == pytest.approx(fence - due)
     fleet.renewed("s", 2, due, fence - 0.01)  # the reply, just before the fence
     assert fleet.holds("s", fence + 0.5)  # moved to due + ttl - guard
+
+
+@pytest.mark.parametrize(("keys", "next_view"), [(10, TIMING.view_every), (300, 0.6), (5000, TIMING.renew_every)])
+def test_views_of_a_big_bucket_are_spaced_out_up_to_a_renew_period(keys: int, next_view: float) -> None:
+    """A view reads every key: past VIEW_KEYS_PER_SECOND keys a second the next view waits, at most a renew period."""
+    assert VIEW_KEYS_PER_SECOND == 500
+    fleet = joined()  # its first ReadView went out at 0
+    fleet.viewed(View(members=me(fleet), free={f"x{i}": i + 1 for i in range(keys - 1)}), 0.0, 0.0)
+    assert ReadView() not in fleet.tick(next_view - 0.01)
+    assert ReadView() in fleet.tick(next_view)
+
+
+def test_a_renew_is_due_on_time_after_a_quiet_spell_of_ticks() -> None:
+    """Ticks skip the leases until the earliest renew or fence: every input that moves one of those is seen."""
+    fleet = joined()
+    own(fleet)
+    for step in range(1, 30):  # ticks with nothing due
+        assert not any(isinstance(e, Renew) for e in fleet.tick(step * 0.03))
+    due = TIMING.renew_every * (1.0 - _renew_spread("s"))
+    assert Renew("s", 1) in fleet.tick(due)
+    fleet.renew_failed("s", "timeout", False, due + 0.1)
+    retry = due + 0.1 + min(1.0, TIMING.renew_every / 3)
+    assert not any(isinstance(e, Renew) for e in fleet.tick(retry - 0.01))
+    assert Renew("s", 1) in fleet.tick(retry)
