@@ -209,6 +209,23 @@ def server_kill(side: str) -> Fault:
     return fault
 
 
+async def storm(ctx: FaultContext, rng: random.Random) -> None:
+    """The end of a regional cut: the leaf and the hub SIGKILLed together, started again together, so every link,
+    every source's recovery and every lease renewal comes back in the same moment."""
+    assert ctx.topo.servers is not None
+    leaf, hub = ctx.topo.servers.leaf, ctx.topo.servers.hub
+    down = round(rng.uniform(0.5, 2.0), 2)
+    await asyncio.gather(asyncio.to_thread(leaf.kill), asyncio.to_thread(hub.kill))
+    ctx.record("storm", "inject", signal="SIGKILL", servers=["leaf", "hub"], down_seconds=down)
+    await asyncio.sleep(down)
+    await asyncio.gather(asyncio.to_thread(hub.start), asyncio.to_thread(leaf.start))
+    await asyncio.gather(
+        asyncio.to_thread(hub.wait_ready, SERVER_READY_TIMEOUT),
+        asyncio.to_thread(leaf.wait_ready, SERVER_READY_TIMEOUT),
+    )
+    ctx.record("storm", "heal", ready=True)
+
+
 def server_pause(side: str) -> Fault:
     async def fault(ctx: FaultContext, rng: random.Random) -> None:
         name = f"{side}-pause"
@@ -388,6 +405,7 @@ def _registry() -> dict[str, Fault]:
         "leaf-pause": server_pause("leaf"),
         "hub-restart": server_restart("hub"),
         "hub-kill": server_kill("hub"),
+        "storm": storm,
         "aggregate-full": aggregate_full,
     }
     for side in ("leaf", "hub"):
