@@ -1,6 +1,6 @@
-"""``nats-bridge ingest`` over a live replicating aggregate: killed (the driver, SIGKILL, with its JVM) and stopped
-(SIGTERM) at points of a seeded random choice, then run again to the end; the Parquet table read back with Spark
-holds every aggregate message exactly once."""
+"""``nats-bridge ingest`` over a live replicating aggregate: killed (the driver, SIGKILL, with its JVM) at a point
+of a seeded random choice, run again while the messages still arrive and stopped (SIGTERM, exit 0) once it has
+written the last; the Parquet table read back with Spark holds every aggregate message exactly once."""
 
 from __future__ import annotations
 
@@ -88,33 +88,39 @@ async def test_ingest_killed_and_restarted_writes_each_message_once(
             await create_aggregate(hub_nc)
             bridge_procs(config)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(Publisher(leaf_nc, N, rate=150).run)  # about 20 s of production
-                for signum in (signal.SIGKILL, signal.SIGTERM):
-                    run = Ingest(config, table, checkpoint, log, "0.5")
-                    runs.append(run)
-                    batches = committed_batches(table) + rng.randint(1, 3)
-                    await wait_until(
-                        functools.partial(has_committed, table, batches),
-                        timeout=120,
-                        what=f"{batches} committed micro-batches",
-                        interval=0.1,
-                    )
-                    await anyio.sleep(rng.uniform(0.0, 0.5))  # anywhere in a batch, or between two
-                    if signum == signal.SIGKILL:
-                        run.signal_group(signum)  # the driver and its JVM, at once
-                    else:
-                        run.proc.send_signal(signum)  # the command stops its query and Spark
-                    code = await anyio.to_thread.run_sync(run.wait, 60.0)
-                    assert code == (-signal.SIGKILL if signum == signal.SIGKILL else 0), log.read_text()[-3000:]
+                tg.start_soon(Publisher(leaf_nc, N, rate=300).run)  # about 10 s of production
+                killed = Ingest(config, table, checkpoint, log, "0.5")
+                runs.append(killed)
+                batches = rng.randint(1, 3)
+                await wait_until(
+                    functools.partial(has_committed, table, batches),
+                    timeout=120,
+                    what=f"{batches} committed micro-batches",
+                    interval=0.1,
+                )
+                await anyio.sleep(rng.uniform(0.0, 0.5))  # anywhere in a batch, or between two
+                killed.signal_group(signal.SIGKILL)  # the driver and its JVM, at once
+                code = await anyio.to_thread.run_sync(killed.wait, 60.0)
+                assert code == -signal.SIGKILL, log.read_text()[-3000:]
+                # the next run streams on while the messages still arrive (whatever the killed one left half
+                # written is written again), then is stopped with SIGTERM once it has committed the last one
+                start = log.stat().st_size
+                final = Ingest(config, table, checkpoint, log, "0.5", per_trigger=None)  # the backlog at once
+                runs.append(final)
             await wait_until(
                 lambda: _at_least(aggregate_count(hub_nc, "edge.one.>", AGGREGATE), N),
                 timeout=60,
                 what="every message replicated",
             )
-        # the rest in one batch (the kills are done: small batches would only add a Spark job per 150 messages)
-        final = Ingest(config, table, checkpoint, log, "available-now", per_trigger=None)
-        runs.append(final)
-        assert await anyio.to_thread.run_sync(final.wait, 180.0) == 0, log.read_text()[-3000:]
+        # the aggregate holds exactly the N copies, sequences 1..N: the progress line names N once all are written
+        await wait_until(
+            lambda: f"offset seq {N}," in log.read_text()[start:],
+            timeout=180,
+            what=f"the ingest's progress at offset seq {N}",
+            interval=0.5,
+        )
+        final.proc.send_signal(signal.SIGTERM)  # the command stops its query and Spark
+        assert await anyio.to_thread.run_sync(final.wait, 60.0) == 0, log.read_text()[-3000:]
     finally:
         for run in runs:
             run.signal_group(signal.SIGKILL)
