@@ -260,6 +260,7 @@ class Fleet:
         self.incarnation = incarnation
         self.timing = timing
         self.configured: list[str] = list(sources)
+        self._named = frozenset(self.configured)  # the same names, for membership tests (a thousand per view)
         self.leases: dict[str, Lease] = {name: Lease(name) for name in self.configured}
         self.members: dict[str, Member] = {}
         self.holders: dict[str, Holder] = {}
@@ -298,9 +299,10 @@ class Fleet:
     def set_sources(self, sources: Iterable[str], now: float) -> list[FleetEffect]:
         """The configuration changed: a removed source that is ours drains and is released; an added one waits."""
         self.configured = list(sources)
+        self._named = frozenset(self.configured)
         effects: list[FleetEffect] = []
         for name in list(self.leases):
-            if name not in self.configured:
+            if name not in self._named:
                 lease = self.leases[name]
                 if lease.machine.standby:
                     del self.leases[name]
@@ -384,7 +386,7 @@ class Fleet:
         effects: list[FleetEffect] = [
             Notice("lease.acquired", fields={"source": source, "revision": revision, "instance": self.instance})
         ]
-        if self.stopping or source not in self.configured:
+        if self.stopping or source not in self._named:
             return effects + self._hand_over(lease, "stopping" if self.stopping else "removed from the configuration")
         return [*effects, StartSource(source)]
 
@@ -474,7 +476,7 @@ class Fleet:
         if not ok:
             fields["reason"] = reason
         effects: list[FleetEffect] = [Notice("lease.released" if ok else "lease.release_failed", fields=fields)]
-        if source not in self.configured:
+        if source not in self._named:
             del self.leases[source]
         return effects
 
@@ -523,13 +525,13 @@ class Fleet:
     def _candidates(self, source: str) -> set[str]:
         candidates = {name for name, member in self.members.items() if source in member.sources}
         candidates.discard(self.instance)  # our own presence as last written may be stale: decide from now
-        if source in self.configured and not self.stopping:
+        if source in self._named and not self.stopping:
             candidates.add(self.instance)
         return candidates
 
     def fair_share(self) -> int:
         """The most sources this process should own: its configured sources over the live members serving any."""
-        mine = set(self.configured)
+        mine = self._named
         live = {name for name, member in self.members.items() if member.sources & mine} | {self.instance}
         return math.ceil(len(self.configured) / len(live))
 

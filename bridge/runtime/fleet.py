@@ -303,7 +303,8 @@ class FleetRunner:
                     owner_host=holder.host or None,
                     instance=self.instance,
                 )
-        for name in [n for n in self._waits if n not in fleet.configured]:
+        configured = set(fleet.configured)
+        for name in [n for n in self._waits if n not in configured]:
             del self._waits[name]  # removed from the configuration: nothing to wait for
 
     def _spawn(self, func: Callable[[_T], Coroutine[Any, Any, None]], arg: _T) -> None:
