@@ -88,6 +88,7 @@ class Bridge:
         self, config: BridgeConfig, *, config_path: Path | None = None, notifier: Notifier | None = None
     ) -> None:
         self.config = config
+        self._configured = {s.name: s for s in config.sources}  # by name: a thousand starts look one up each
         self.config_path = config_path
         self.notifier = notifier if notifier is not None else Notifier.from_env()
         self.stop = anyio.Event()
@@ -345,7 +346,7 @@ class Bridge:
 
     def _start_named(self, name: str, fence: Fence | None = None) -> None:
         """Start the configured source ``name`` (under ``fence`` with leases); nothing if it is not configured."""
-        source = next((s for s in self.config.sources if s.name == name), None)
+        source = self._configured.get(name)
         if source is None or self._sources_tg is None:
             return
         self._start_source(source, fence)
@@ -384,7 +385,7 @@ class Bridge:
         while anyio.current_time() < deadline:
             if self._sources_tg is not None and not self._waiting_sources():
                 break  # both sides connected: the target, and every source's consumer bound
-            await anyio.sleep(0.1)
+            await anyio.sleep(0.25)  # (each look visits every source: with thousands, not ten times a second)
         waiting = self._waiting_sources() if self._sources_tg is not None else ["the target"]
         status = self._status_line()
         if waiting:
@@ -417,6 +418,7 @@ class Bridge:
                 "reload.restart_required", sections=plan.restart_required, hint="these sections apply on restart only"
             )
         self.config = self.config.model_copy(update={"sources": new.sources})
+        self._configured = {s.name: s for s in new.sources}
         for name in plan.stop:
             await self._stop_source(name)
         for name in plan.start:
