@@ -17,6 +17,7 @@ import anyio
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.commands.setup import origin_missing, setup_command
 from bridge.config import BridgeConfig, SourceConfig, exposed_secrets, load_config
+from bridge.core.fleet import holder_in
 from bridge.core.modes import ModeUnsupported, mode_key
 from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError, ConfigError
@@ -108,7 +109,7 @@ async def _check_coordination(config: BridgeConfig) -> bool:
         return False
     finally:
         await nc.close()
-    owned = sum(1 for src in config.sources if src.name in view.holders)
+    owned = sum(1 for src in config.sources if holder_in(view, src.name, coordination.lease_groups) is not None)
     note = (
         "" if abs(ttl - coordination.lease_ttl) < 1e-3 else f" (the bucket's; configured {coordination.lease_ttl:g}s)"
     )

@@ -18,6 +18,7 @@ import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.config import BridgeConfig, SourceConfig, load_config
+from bridge.core.fleet import holder_in
 from bridge.core.recovery import recover, recovery_depth
 from bridge.errors import BridgeError
 from bridge.io.aggregate import read_source_tail
@@ -98,7 +99,7 @@ async def _owners(config: BridgeConfig) -> dict[str, dict[str, Any]] | str:
         await nc.close()
     out: dict[str, dict[str, Any]] = {}
     for src in config.sources:
-        holder = view.holders.get(src.name)
+        holder = holder_in(view, src.name, coordination.lease_groups)
         out[src.name] = (
             {"instance": holder.instance, "host": holder.host, "pid": holder.pid, "since": _iso(holder.since)}
             if holder is not None

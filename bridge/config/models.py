@@ -274,6 +274,12 @@ class CoordinationConfig(BaseModel):
     lease_ttl: Annotated[
         float, seconds_at_least(1.0, ": the lease is renewed every third of it and a KV write takes a round trip")
     ] = 10.0
+    # Every source belongs to one of this many groups (by its name) and the groups are leased, not the sources: the
+    # hub's coordination writes stay at most lease_groups / (lease_ttl / 3) a second however many sources there are.
+    # 0 leases every source on its own (the scheme before lease groups). Every process of a fleet needs the same.
+    lease_groups: Annotated[
+        int, int_between(0, 4096, ": 0 for one lease per source, else about 16 per process of the fleet or more")
+    ] = 128
     instance_id: InstanceId = ""
     servers: Servers | None = None
     domain: JetStreamName | None = None

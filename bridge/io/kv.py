@@ -23,7 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from bridge.core import headers as hdr
-from bridge.core.fleet import LEASE_PREFIX, PRESENCE_PREFIX, Holder, Member, View
+from bridge.core.fleet import GROUP_PREFIX, LEASE_PREFIX, PRESENCE_PREFIX, Holder, Member, View
 from bridge.errors import ApiError, ApiTimeout, ApiUnavailable, BridgeError
 from bridge.io import permissions, wire
 from bridge.io.connect import describe
@@ -252,16 +252,20 @@ class _TooManyKeys(Exception):
 def parse_view(entries: list[KvEntry]) -> View:
     """The bucket's keys as the core sees them; an unreadable value counts as held by nobody we know."""
     members: dict[str, Member] = {}
-    holders: dict[str, Holder] = {}
-    free: dict[str, int] = {}
+    keys: dict[str, tuple[dict[str, Holder], dict[str, int]]] = {
+        LEASE_PREFIX: ({}, {}),  # lease.<source>: holders, delete markers
+        GROUP_PREFIX: ({}, {}),  # group.<n>
+    }
     for entry in entries:
-        if entry.key.startswith(LEASE_PREFIX):
-            source = entry.key[len(LEASE_PREFIX) :]
+        prefix = LEASE_PREFIX if entry.key.startswith(LEASE_PREFIX) else GROUP_PREFIX
+        if entry.key.startswith(prefix):
+            holders, free = keys[prefix]
+            name = entry.key[len(prefix) :]
             if entry.deleted:
-                free[source] = entry.revision
+                free[name] = entry.revision
                 continue
             data = json_object(entry.value)
-            holders[source] = Holder(
+            holders[name] = Holder(
                 instance=str(data.get("instance", "?")),
                 incarnation=str(data.get("incarnation", "?")),
                 host=str(data.get("host", "")),
@@ -272,14 +276,17 @@ def parse_view(entries: list[KvEntry]) -> View:
         elif entry.key.startswith(PRESENCE_PREFIX) and not entry.deleted:
             data = json_object(entry.value)
             instance = entry.key[len(PRESENCE_PREFIX) :]
-            sources = data.get("sources", [])
+            # "units" and "lease_groups" since lease groups; a process from before writes "sources" only
+            units = data.get("units", data.get("sources", []))
             members[instance] = Member(
                 instance=instance,
                 incarnation=str(data.get("incarnation", "?")),
-                sources=frozenset(str(s) for s in sources) if isinstance(sources, list) else frozenset(),
+                sources=frozenset(str(s) for s in units) if isinstance(units, list) else frozenset(),
                 host=str(data.get("host", "")),
+                lease_groups=_number(data.get("lease_groups"), int),
             )
-    return View(members=members, holders=holders, free=free)
+    (holders, free), (groups, free_groups) = keys[LEASE_PREFIX], keys[GROUP_PREFIX]
+    return View(members=members, holders=holders, free=free, groups=groups, free_groups=free_groups)
 
 
 def _number(value: object, kind: type[_N]) -> _N:

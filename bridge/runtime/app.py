@@ -331,6 +331,7 @@ class Bridge:
                 instance=coordination.instance,
                 sources=sources,
                 ttl=coordination.lease_ttl,
+                lease_groups=coordination.lease_groups,
                 replicas=coordination.replicas,
                 control=control,
                 shutdown_grace=self.config.engine.shutdown_grace,

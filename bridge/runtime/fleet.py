@@ -27,7 +27,6 @@ from anyio.abc import TaskGroup
 from bridge.core.backoff import Backoff
 from bridge.core.effects import Notice
 from bridge.core.fleet import (
-    LEASE_PREFIX,
     PRESENCE_PREFIX,
     Acquire,
     Fleet,
@@ -88,6 +87,7 @@ class FleetRunner:
         ttl: float,
         replicas: int,
         control: SourceControl,
+        lease_groups: int = 0,
         shutdown_grace: float,
         clock: Callable[[], float] = lease_clock,
     ) -> None:
@@ -101,9 +101,8 @@ class FleetRunner:
         self.shutdown_grace = shutdown_grace
         self.clock = clock
         self.log = get_logger(component="fleet", instance=instance)
-        self.fleet = Fleet(instance, self.incarnation, sources, LeaseTiming(ttl), clock())
+        self.fleet = Fleet(instance, self.incarnation, sources, LeaseTiming(ttl), clock(), lease_groups)
         self._tg: TaskGroup | None = None
-        self._since: dict[str, float] = {}  # wall time each lease of ours was acquired
         self._changed = anyio.Event()  # set after every input the core was fed
         # the core is fed on the fleet's own thread (bridge.runtime.fleet_thread); what reads it from elsewhere and
         # iterates (snapshot, settled) takes this lock. Fences read single values and need none.
@@ -115,12 +114,12 @@ class FleetRunner:
 
     def fence(self, source: str) -> Fence:
         """A check bound to the current term of ``source``: False once that term's lease may have passed."""
-        lease = self.fleet.leases[source]
-        term = lease.term
+        lease = self.fleet.lease_of(source)
+        term = lease.term if lease is not None else -1
 
         def holds() -> bool:
-            current = self.fleet.leases.get(source)
-            return current is not None and current.term == term and current.holds(self.clock())
+            current = self.fleet.lease_of(source)
+            return current is lease and current is not None and current.term == term and current.holds(self.clock())
 
         return holds
 
@@ -147,8 +146,9 @@ class FleetRunner:
         fleet = self.fleet
         leases = []
         for name in fleet.configured:
-            lease = fleet.leases[name]
-            holder = fleet.holders.get(name)
+            lease = fleet.lease_of(name)
+            assert lease is not None  # every configured source has its lease
+            holder = fleet.holder_of(name)
             owned = lease.owned
             leases.append(
                 LeaseSnapshot(
@@ -157,7 +157,7 @@ class FleetRunner:
                     state=lease.public_state,
                     owner=self.instance if owned else (holder.instance if holder else ""),
                     owner_host=self.host if owned else (holder.host if holder else ""),
-                    owner_since=self._since.get(name) if owned else (holder.since if holder else None),
+                    owner_since=lease.since_wall if owned else (holder.since if holder else None),
                     renewals=lease.renewals,
                     renew_failures=lease.renew_failures,
                     ownership_changes=lease.changes,
@@ -260,7 +260,6 @@ class FleetRunner:
             if isinstance(effect, Notice):
                 self._notice(effect)
             elif isinstance(effect, StartSource):
-                self._since[effect.source] = time.time()
                 self._wait(effect.source).end("lease")
                 self.control.start(effect.source, self.fence(effect.source))
             elif isinstance(effect, StopSource):
@@ -292,8 +291,9 @@ class FleetRunner:
         logged when this process becomes its standby and when its owner changes, not per view)."""
         fleet = self.fleet
         for name in fleet.configured:
-            lease, holder = fleet.leases[name], fleet.holders.get(name)
-            if lease.state is LeaseState.STANDBY and holder is not None and holder.instance != self.instance:
+            lease, holder = fleet.lease_of(name), fleet.holder_of(name)
+            standby = lease is not None and lease.state is LeaseState.STANDBY
+            if standby and holder is not None and holder.instance != self.instance:
                 self._wait(name).begin(
                     "lease",
                     level="info",
@@ -332,7 +332,11 @@ class FleetRunner:
                 "incarnation": self.incarnation,
                 "host": self.host,
                 "pid": os.getpid(),
-                "sources": fleet.configured,
+                # a version before lease groups reads "sources" (and no "lease_groups"): with groups it must not
+                # count this process as serving its sources, so it finds none there
+                "sources": [] if fleet.groups else list(fleet.units),
+                "units": list(fleet.units),
+                "lease_groups": fleet.groups,
             }
             try:
                 await self.kv.write(PRESENCE_PREFIX + self.instance, _encode(presence), None, timeout)
@@ -342,45 +346,45 @@ class FleetRunner:
             self._feed(partial(fleet.presence_written, self.clock()))
         elif isinstance(effect, Acquire):
             since = time.time()
+            key = fleet.key_prefix + effect.lease
             try:
-                revision = await self.kv.write(
-                    LEASE_PREFIX + effect.source, self._holder_value(since), effect.revision, timeout
-                )
+                revision = await self.kv.write(key, self._holder_value(since), effect.revision, timeout)
             except BridgeError as exc:
-                self._feed(partial(fleet.acquire_failed, effect.source, str(exc), self.clock()))
+                self._feed(partial(fleet.acquire_failed, effect.lease, str(exc), self.clock()))
                 return
-            self._feed(partial(fleet.acquired, effect.source, revision, sent_at, since, self.clock()))
+            self._feed(partial(fleet.acquired, effect.lease, revision, sent_at, since, self.clock()))
         elif isinstance(effect, Renew):
-            value = self._holder_value(self._since.get(effect.source, time.time()))
+            lease = fleet.leases.get(effect.lease)
+            value = self._holder_value(lease.since_wall if lease is not None else time.time())
             try:
-                revision = await self.kv.write(LEASE_PREFIX + effect.source, value, effect.revision, effect.timeout)
+                revision = await self.kv.write(fleet.key_prefix + effect.lease, value, effect.revision, effect.timeout)
             except KvConflict as exc:
-                await self._renew_refused(effect.source, str(exc))
+                await self._renew_refused(effect.lease, str(exc))
                 return
             except BridgeError as exc:
-                self._feed(partial(fleet.renew_failed, effect.source, str(exc), False, self.clock()))
+                self._feed(partial(fleet.renew_failed, effect.lease, str(exc), False, self.clock()))
                 return
-            self._feed(partial(fleet.renewed, effect.source, revision, sent_at, self.clock()))
+            self._feed(partial(fleet.renewed, effect.lease, revision, sent_at, self.clock()))
         else:
             try:
-                await self.kv.write(LEASE_PREFIX + effect.source, b"", effect.revision, timeout, delete=True)
+                await self.kv.write(fleet.key_prefix + effect.lease, b"", effect.revision, timeout, delete=True)
             except BridgeError as exc:
-                self._feed(partial(fleet.released, effect.source, False, str(exc), self.clock()))
+                self._feed(partial(fleet.released, effect.lease, False, str(exc), self.clock()))
                 return
-            self._feed(partial(fleet.released, effect.source, True, "", self.clock()))
+            self._feed(partial(fleet.released, effect.lease, True, "", self.clock()))
 
-    async def _renew_refused(self, source: str, reason: str) -> None:
+    async def _renew_refused(self, name: str, reason: str) -> None:
         # the key moved past the revision we named: someone else's write, or an earlier one of ours whose reply
         # was lost (a timeout that was stored after all). Only the key itself tells which.
         try:
-            entry = await self.kv.get(LEASE_PREFIX + source, self.fleet.timing.request_timeout)
+            entry = await self.kv.get(self.fleet.key_prefix + name, self.fleet.timing.request_timeout)
         except BridgeError as exc:
-            self._feed(partial(self.fleet.renew_failed, source, f"{reason}; then {exc}", False, self.clock()))
+            self._feed(partial(self.fleet.renew_failed, name, f"{reason}; then {exc}", False, self.clock()))
             return
         if entry is not None and not entry.deleted and json_object(entry.value).get("incarnation") == self.incarnation:
-            self._feed(partial(self.fleet.renew_adopted, source, entry.revision, self.clock()))
+            self._feed(partial(self.fleet.renew_adopted, name, entry.revision, self.clock()))
         else:
-            self._feed(partial(self.fleet.renew_failed, source, reason, True, self.clock()))
+            self._feed(partial(self.fleet.renew_failed, name, reason, True, self.clock()))
 
     def _holder_value(self, since: float) -> bytes:
         return _encode(

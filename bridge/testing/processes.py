@@ -286,7 +286,8 @@ class BridgeProcess:
 
     def events(self, event: str | None = None, **fields: Any) -> list[dict[str, Any]]:
         """The JSON log events written so far (non-JSON lines skipped), in order; with ``event``, only the lines of
-        that event with every one of ``fields`` equal."""
+        that event with every one of ``fields`` equal. ``source=name`` also matches an event that lists ``name`` in
+        its ``sources`` (what a lease group's events carry)."""
         out = []
         for line in self.log_text().splitlines():
             if line.startswith("{"):
@@ -294,7 +295,7 @@ class BridgeProcess:
                     out.append(json.loads(line))
         if event is None:
             return out
-        return [e for e in out if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())]
+        return [e for e in out if e.get("event") == event and all(_field_is(e, k, v) for k, v in fields.items())]
 
     def count(self, event: str, **fields: Any) -> int:
         """How many ``event`` lines (with every one of ``fields`` equal) the log holds."""
@@ -354,3 +355,10 @@ def fleet_instance(bridge_procs: BridgeFactory, config: Path, name: str) -> Brid
     """A bridge started by ``bridge_procs`` on ``config`` as fleet instance ``name``, so that scenarios with
     several processes read (and assert) which one owns what."""
     return bridge_procs(config, {INSTANCE_ID_ENV: name})
+
+
+def _field_is(event: dict[str, Any], name: str, value: Any) -> bool:
+    if event.get(name) == value:
+        return True
+    listed = event.get("sources")
+    return name == "source" and isinstance(listed, list) and value in listed

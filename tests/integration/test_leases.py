@@ -29,7 +29,7 @@ from bridge.testing.jetstream import (
     replicate_exactly,
 )
 from bridge.testing.polling import wait_until
-from bridge.testing.processes import BridgeFactory, BridgeProcess, fleet_instance, run_cli
+from bridge.testing.processes import INSTANCE_ID_ENV, BridgeFactory, BridgeProcess, fleet_instance, run_cli
 from bridge.testing.servers import Topology
 
 TTL = float(TEST_COORDINATION["lease_ttl"])
@@ -314,3 +314,33 @@ async def test_a_busy_event_loop_keeps_its_leases(topology: Topology, tmp_path: 
         await publisher.run()
         await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
         assert after.renew_failures == 0, after
+
+
+@pytest.mark.anyio
+async def test_a_rolling_update_from_leases_per_source_to_lease_groups_never_shares_a_source(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """The upgrade from a version before lease groups, as an orchestrator rolls it: the old process (one lease per
+    source: ``lease_groups = 0``, what older versions do) owns the source; the new one (the default groups) starts
+    beside it, says why it takes nothing (``fleet.mixed_lease_groups``) and stays out; the old one gets SIGTERM and
+    the new one takes over. Under traffic, exactly once, in order."""
+    config, prepare = await one_source(topology, tmp_path)
+    await prepare()
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        old = bridge_procs(config, {INSTANCE_ID_ENV: "old", "NATS_BRIDGE_COORDINATION__LEASE_GROUPS": "0"})
+        await old.wait_event("reset.done", timeout=20)
+        publisher = Publisher(leaf_nc, 8000, rate=RATE)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher.run)
+            await wait_until(lambda: publisher.published > 2000, timeout=30, what="traffic")
+            new = fleet_instance(bridge_procs, config, "new")
+            await new.wait_event("fleet.mixed_lease_groups", timeout=20)
+            (mixed,) = new.events("fleet.mixed_lease_groups")
+            assert mixed["members"] == ["old"] and mixed["their_lease_groups"] == [0], mixed
+            await wait_until(lambda: publisher.published > 4000, timeout=30, what="traffic beside the new process")
+            assert new.events("reset.done") == [] and await owns(old, "edge1")
+            assert await old.astop(20) == 0
+            await new.wait_event("reset.done", timeout=TTL + 10)
+        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        assert new.events("lease.acquired", source="edge1")[0]["group"], "the new process leases a group"
+        assert await new.astop(20) == 0

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from bridge.core.effects import Notice
 from bridge.core.fleet import (
+    GROUP_PREFIX,
     LEASE_PREFIX,
     PRESENCE_PREFIX,
     Acquire,
@@ -49,6 +50,7 @@ class Stored:
     instance: str
     stored_at: float
     sources: frozenset[str] = frozenset()
+    lease_groups: int = 0
 
 
 class ModelKv:
@@ -72,13 +74,14 @@ class ModelKv:
         expected: int | None,
         now: float,
         sources: frozenset[str],
+        lease_groups: int = 0,
     ) -> int | None:
         """The new revision, or None when ``expected`` does not match (a refused compare-and-set)."""
         current = self.live(now).get(key)
         if expected is not None and (current.revision if current is not None else 0) != expected:
             return None
         self.seq += 1
-        self.keys[key] = Stored(self.seq, incarnation, instance, now, sources)
+        self.keys[key] = Stored(self.seq, incarnation, instance, now, sources, lease_groups)
         return self.seq
 
 
@@ -98,8 +101,11 @@ class Proc:
 class FleetSim:
     """Processes sharing sources through one model bucket; ``step`` advances time and delivers what is due."""
 
-    def __init__(self, sources: list[str], instances: list[str], ttl: float, rng: random.Random) -> None:
+    def __init__(
+        self, sources: list[str], instances: list[str], ttl: float, rng: random.Random, groups: int = 0
+    ) -> None:
         self.sources = sources
+        self.groups = groups  # lease_groups of every process started (a test may change it between starts)
         self.ttl = ttl
         self.timing = LeaseTiming(ttl)
         self.kv = ModelKv(ttl)
@@ -121,7 +127,7 @@ class FleetSim:
     def start(self, instance: str) -> None:
         incarnation = f"{instance}#{next(self._incarnations)}"
         self.procs[instance] = Proc(
-            instance, incarnation, Fleet(instance, incarnation, self.sources, self.timing, self.now)
+            instance, incarnation, Fleet(instance, incarnation, self.sources, self.timing, self.now, self.groups)
         )
 
     def kill(self, instance: str) -> None:
@@ -223,10 +229,10 @@ class FleetSim:
             if isinstance(effect, WritePresence):
                 return lambda: fleet.presence_failed(reason, self.now)
             if isinstance(effect, Acquire):
-                return lambda: fleet.acquire_failed(effect.source, reason, self.now)
+                return lambda: fleet.acquire_failed(effect.lease, reason, self.now)
             if isinstance(effect, Renew):
-                return lambda: fleet.renew_failed(effect.source, reason, False, self.now)
-            return lambda: fleet.released(effect.source, False, reason, self.now)
+                return lambda: fleet.renew_failed(effect.lease, reason, False, self.now)
+            return lambda: fleet.released(effect.lease, False, reason, self.now)
 
         result: list[Callable[[], list[FleetEffect]]] = []
 
@@ -258,59 +264,69 @@ class FleetSim:
                 proc.instance,
                 None,
                 self.now,
-                frozenset(self.sources),
+                frozenset(fleet.units),
+                fleet.groups,
             )
             return lambda: fleet.presence_written(self.now)
-        key = LEASE_PREFIX + effect.source
+        key = fleet.key_prefix + effect.lease
         if isinstance(effect, Acquire):
             acquired = kv.write(key, proc.incarnation, proc.instance, effect.revision, self.now, frozenset())
             if acquired is None:
-                return lambda: fleet.acquire_failed(effect.source, "wrong last sequence", self.now)
-            return lambda: fleet.acquired(effect.source, acquired, sent_at, 0.0, self.now)
+                return lambda: fleet.acquire_failed(effect.lease, "wrong last sequence", self.now)
+            return lambda: fleet.acquired(effect.lease, acquired, sent_at, 0.0, self.now)
         if isinstance(effect, Renew):
             revision = kv.write(key, proc.incarnation, proc.instance, effect.revision, self.now, frozenset())
             if revision is None:
                 current = kv.live(self.now).get(key)
                 if current is not None and current.incarnation == proc.incarnation:
                     adopted = current.revision
-                    return lambda: fleet.renew_adopted(effect.source, adopted, self.now)
-                return lambda: fleet.renew_failed(effect.source, "wrong last sequence", True, self.now)
-            return lambda: fleet.renewed(effect.source, revision, sent_at, self.now)
+                    return lambda: fleet.renew_adopted(effect.lease, adopted, self.now)
+                return lambda: fleet.renew_failed(effect.lease, "wrong last sequence", True, self.now)
+            return lambda: fleet.renewed(effect.lease, revision, sent_at, self.now)
         ok = kv.write(key, None, proc.instance, effect.revision, self.now, frozenset()) is not None
-        return lambda: fleet.released(effect.source, ok, "" if ok else "wrong last sequence", self.now)
+        return lambda: fleet.released(effect.lease, ok, "" if ok else "wrong last sequence", self.now)
 
     def _view(self) -> View:
         members: dict[str, Member] = {}
-        holders: dict[str, Holder] = {}
-        free: dict[str, int] = {}
+        kinds: dict[str, tuple[dict[str, Holder], dict[str, int]]] = {LEASE_PREFIX: ({}, {}), GROUP_PREFIX: ({}, {})}
         for key, stored in self.kv.live(self.now).items():
             if key.startswith(PRESENCE_PREFIX):
-                members[stored.instance] = Member(stored.instance, stored.incarnation or "", stored.sources)
-            elif stored.incarnation is None:
-                free[key[len(LEASE_PREFIX) :]] = stored.revision
-            else:
-                holders[key[len(LEASE_PREFIX) :]] = Holder(
-                    stored.instance, stored.incarnation, revision=stored.revision
+                members[stored.instance] = Member(
+                    stored.instance, stored.incarnation or "", stored.sources, lease_groups=stored.lease_groups
                 )
-        return View(members=members, holders=holders, free=free)
+                continue
+            prefix = LEASE_PREFIX if key.startswith(LEASE_PREFIX) else GROUP_PREFIX
+            holders, free = kinds[prefix]
+            if stored.incarnation is None:
+                free[key[len(prefix) :]] = stored.revision
+            else:
+                holders[key[len(prefix) :]] = Holder(stored.instance, stored.incarnation, revision=stored.revision)
+        (holders, free), (groups, free_groups) = kinds[LEASE_PREFIX], kinds[GROUP_PREFIX]
+        return View(members=members, holders=holders, free=free, groups=groups, free_groups=free_groups)
 
     # -- invariants ------------------------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Safety: a process whose fence is open for a source is the one the bucket says holds it, right now."""
+        """Safety: a process whose fence is open for a source is the one the bucket says holds it, right now, and
+        no source has two processes whose fence is open (whatever key each leases it by)."""
         live = self.kv.live(self.now)
+        acting: dict[str, str] = {}
         for proc in self.procs.values():
             if not proc.alive:
                 continue
+            fleet = proc.fleet
             for source in self.sources:
-                if proc.fleet.holds(source, self.now):
-                    stored = live.get(LEASE_PREFIX + source)
-                    lease = proc.fleet.leases[source]
+                if fleet.holds(source, self.now):
+                    lease = fleet.lease_of(source)
+                    assert lease is not None
+                    stored = live.get(fleet.key_prefix + lease.name)
                     assert stored is not None and stored.incarnation == proc.incarnation, (
                         f"{self.now:.3f}: {proc.instance} may act on {source} but the bucket has "
                         f"{stored!r}\n" + "\n".join(self.trace[-30:])
                     )
                     assert stored.revision >= lease.revision
+                    assert source not in acting, f"{self.now:.3f}: {acting[source]} and {proc.instance} act on {source}"
+                    acting[source] = proc.instance
 
     def owners(self) -> dict[str, list[str]]:
         """Per source, the live processes whose runner for it is up."""
@@ -322,4 +338,6 @@ class FleetSim:
         return out
 
     def state(self, instance: str, source: str) -> LeaseState:
-        return self.procs[instance].fleet.leases[source].state
+        lease = self.procs[instance].fleet.lease_of(source)
+        assert lease is not None
+        return lease.state
