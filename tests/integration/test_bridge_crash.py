@@ -38,6 +38,7 @@ from bridge.testing.servers import Topology, mode_source_extra, ready_event
 pytestmark = pytest.mark.pullmode
 
 N = 5000
+TAIL = 500
 DUPLICATE_WINDOW = 1.0
 
 
@@ -64,7 +65,9 @@ async def test_restart_mid_stream_no_loss_no_duplicate(
             backlog = Publisher(leaf_nc, N // 2)
             await backlog.run()
             first = bridge_procs(config)
-            publisher = Publisher(leaf_nc, N - N // 2, rate=2000)
+            # the last TAIL messages are published after the stop: the successor always finds messages the first
+            # process never saw (on a loaded machine a slow SIGTERM drain once replicated everything before it ended)
+            publisher = Publisher(leaf_nc, N - N // 2 - TAIL, rate=2000)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(publisher.run)
                 await wait_until(
@@ -84,7 +87,9 @@ async def test_restart_mid_stream_no_loss_no_duplicate(
                     assert first.count("source.stopped") == 1
                     assert "Traceback" not in first.log_text()
                 copies_at_stop = await aggregate_count(hub_nc, "edge.one.>")
-                assert copies_at_stop < N, "not mid-stream: everything was already replicated"
+                await publisher.done.wait()
+                tail = Publisher(leaf_nc, TAIL)
+                await tail.run()
 
                 # the origin holds everything the aggregate does not (WorkQueue: acked = deleted)
                 floor = ack_floor(await consumer_info(leaf_nc, ORIGIN, spec.consumer_name))
@@ -97,7 +102,7 @@ async def test_restart_mid_stream_no_loss_no_duplicate(
                 second = bridge_procs(config)
                 await second.wait_event(ready_event(origin_mode), timeout=20)
 
-            assert backlog.seqs + publisher.seqs == list(range(1, N + 1))
+            assert backlog.seqs + publisher.seqs + tail.seqs == list(range(1, N + 1))
             await wait_for_value(
                 lambda: stream_messages(leaf_nc, ORIGIN), 0, timeout=60, what="origin messages", interval=0.1
             )
