@@ -44,7 +44,7 @@ from bridge.runtime.fleet_thread import FleetThread
 from bridge.runtime.readiness import readyz, status_line, waiting_for
 from bridge.runtime.reload import plan_reload
 from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
-from bridge.runtime.source import TICK, SourceRunner
+from bridge.runtime.source import QUIET_TICKS, TICK, SourceRunner
 from bridge.runtime.ticker import Ticker
 from bridge.runtime.waits import WaitLog
 
@@ -96,7 +96,7 @@ class Bridge:
         self.metrics.read_from(self.snapshot)
         self.http_port: int | None = None  # bound port of the HTTP listener, once it listens
         self.log = get_logger(component="bridge")
-        self._ticker = Ticker(TICK)  # every source's clock, one task
+        self._ticker = Ticker(TICK, QUIET_TICKS)  # every source's clock, one task (a quiet one once a second)
         self._api: anyio.CapacityLimiter | None = None  # made in run(): the sources' API requests in flight
         self._origins = OriginConnections()  # one connection per distinct origin settings, shared by its sources
         self._target_nc: NATS | None = None

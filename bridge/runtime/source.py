@@ -164,7 +164,7 @@ class SourceRunner:
         self._replicated_bytes = 0
         self._last_replicated_origin_ns: int | None = None
         self._fc_arrivals: dict[str, float] = {}
-        self._ticks = 0
+        self._tick_callback = self._tick  # one bound method: the shared ticker's key for this runner
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class SourceRunner:
             await self._run(stop)
         finally:
             if self._shared_ticker is not None:  # however it ended: a runner that is gone is not ticked
-                self._shared_ticker.discard(self._tick)
+                self._shared_ticker.discard(self._tick_callback)
 
     async def _run(self, stop: anyio.Event) -> None:
         async with anyio.create_task_group() as tg:
@@ -193,7 +193,7 @@ class SourceRunner:
             if self._shared_ticker is None:
                 tg.start_soon(self._ticker)
             else:
-                self._shared_ticker.add(self._tick)
+                self._shared_ticker.add(self._tick_callback)
         await self._close()
 
     def may_act(self) -> bool:
@@ -418,6 +418,8 @@ class SourceRunner:
         if effects:
             self._effects.extend(effects)
             self._wake.set()
+        if self._shared_ticker is not None and not self.engine.quiet:
+            self._shared_ticker.wake(self._tick_callback)  # work came: ticked ten times a second again
 
     def _write_ready(self) -> None:
         """Write the publishes at the head of the queue now, if nothing is under way (called by the wire parser
@@ -557,18 +559,20 @@ class SourceRunner:
             self.log.warning("origin.error", **error_fields(exc), similar_suppressed=suppressed)
 
     async def _ticker(self) -> None:
+        ticks = 0
         while True:
             await anyio.sleep(TICK)
-            self._tick()
+            ticks += 1
+            if not ticks % QUIET_TICKS or not self.engine.quiet:
+                self._tick()
 
-    def _tick(self) -> None:
+    def _tick(self) -> bool:
         """Feed the engine the time (every ``TICK`` seconds, from this runner's ticker or the process's; once a
-        second while the engine is quiet)."""
-        self._ticks += 1
-        if self._ticks % QUIET_TICKS and self.engine.quiet:
-            return
+        second while the engine is quiet). True when it is quiet after: the shared ticker then calls again in a
+        second, unless ``_emit`` wakes it first."""
         self._emit(self.engine.tick(self.clock()))
         self._changed.set()
+        return self.engine.quiet
 
     # -- effects --------------------------------------------------------------------------------------------
 

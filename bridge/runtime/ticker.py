@@ -2,8 +2,12 @@
 
 Each source's engine is fed the time every ``TICK`` seconds (timeouts, retries, silence, due resets, probes, stalls).
 A task of its own per source costs a timer and a task wake-up per tick, about 25 us each: at 1,600 sources 45% of a
-core with nothing to replicate. :class:`Ticker` is one task that calls every registered source in turn; a tick of
-an idle engine is about 2 us.
+core with nothing to replicate. :class:`Ticker` is one task that calls the registered sources in turn.
+
+Most sources of a large process are quiet (nothing in flight: their timers count in seconds), so the ticker calls
+a callback that says it is quiet only every ``quiet_every`` ticks (once a second), from a wheel of that many slots,
+and walks only the busy ones and one slot per tick: a thousand quiet sources cost a thousand calls a second, not
+ten thousand. :meth:`Ticker.wake` brings a quiet callback back to every tick at once (its source got work).
 """
 
 from __future__ import annotations
@@ -14,35 +18,86 @@ import anyio
 
 from bridge.logs import get_logger
 
-__all__ = ["Ticker"]
+__all__ = ["TickCallback", "Ticker"]
+
+# called with nothing; returns True when its source is quiet after the tick (a tick a second is enough until woken)
+TickCallback = Callable[[], bool | None]
+_CALLING = -2  # the slot of a callback taken for this tick and not placed again yet
 
 
 class Ticker:
-    """Calls each registered callback every ``interval`` seconds, from one task (:meth:`run`, owned by the app)."""
+    """Calls each registered callback every ``interval`` seconds, or every ``quiet_every`` intervals while it says
+    it is quiet, from one task (:meth:`run`, owned by the app)."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, quiet_every: int = 10) -> None:
         self.interval = interval
-        self._callbacks: dict[Callable[[], None], None] = {}  # insertion-ordered set
+        self.quiet_every = max(1, quiet_every)
+        self._busy: dict[TickCallback, None] = {}  # called on the next tick (insertion-ordered set)
+        self._wheel: list[dict[TickCallback, None]] = [{} for _ in range(self.quiet_every)]
+        self._slot: dict[TickCallback, int] = {}  # every registered callback: -1 busy, its wheel slot, or _CALLING
+        self._ticks = 0
         self._log = get_logger(component="ticker")
 
-    def add(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` on every tick from the next one on (it must not block: it runs in the ticker's task)."""
-        self._callbacks[callback] = None
+    def add(self, callback: TickCallback) -> None:
+        """Call ``callback`` from the next tick on (it must not block: it runs in the ticker's task)."""
+        self._remove(callback)
+        self._busy[callback] = None
+        self._slot[callback] = -1
 
-    def discard(self, callback: Callable[[], None]) -> None:
+    def discard(self, callback: TickCallback) -> None:
         """Stop calling ``callback`` (nothing if it was not registered)."""
-        self._callbacks.pop(callback, None)
+        self._remove(callback)
+
+    def wake(self, callback: TickCallback) -> None:
+        """``callback``'s source has work: call it on every tick again (nothing if busy already or not registered)."""
+        slot = self._slot.get(callback, -1)
+        if slot >= 0:
+            del self._wheel[slot][callback]
+            self._busy[callback] = None
+            self._slot[callback] = -1
 
     def __len__(self) -> int:
-        return len(self._callbacks)
+        return len(self._slot)
+
+    def _remove(self, callback: TickCallback) -> None:
+        slot = self._slot.pop(callback, None)
+        if slot is None:
+            return
+        if slot == -1:
+            self._busy.pop(callback, None)
+        elif slot >= 0:
+            self._wheel[slot].pop(callback, None)
 
     async def run(self) -> None:
         """Tick until cancelled. A callback that raises is reported and dropped; the others keep their clock."""
         while True:
             await anyio.sleep(self.interval)
-            for callback in list(self._callbacks):
-                try:
-                    callback()
-                except Exception as exc:
-                    self._callbacks.pop(callback, None)
-                    self._log.error("tick.failed", error=f"{type(exc).__name__}: {exc}", callback=repr(callback))
+            self.tick()
+
+    def tick(self) -> None:
+        """One tick: every busy callback and the quiet ones whose slot has come round (:meth:`run` calls it)."""
+        self._ticks += 1
+        index = self._ticks % self.quiet_every
+        slot = self._wheel[index]
+        due = [*self._busy, *slot]
+        self._busy = {}
+        slot.clear()
+        for callback in due:
+            self._slot[callback] = _CALLING
+        for callback in due:
+            if callback not in self._slot:
+                continue  # discarded by an earlier callback of this tick
+            try:
+                quiet = callback()
+            except Exception as exc:
+                self._remove(callback)
+                self._log.error("tick.failed", error=f"{type(exc).__name__}: {exc}", callback=repr(callback))
+                continue
+            if self._slot.get(callback) != _CALLING:
+                continue  # it discarded or re-added itself meanwhile: placed already, or gone
+            if quiet:
+                slot[callback] = None  # this slot comes round again in quiet_every ticks
+                self._slot[callback] = index
+            else:
+                self._busy[callback] = None
+                self._slot[callback] = -1

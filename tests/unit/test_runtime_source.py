@@ -282,13 +282,13 @@ async def test_on_the_process_clock_the_runner_is_ticked_while_it_runs_and_dropp
 async def test_a_quiet_engine_is_ticked_once_a_second_and_a_busy_one_every_tick() -> None:
     origin, target = FakeOrigin(), FakeTarget(hold_acks=True)
     origin.publish(1)
-    ticker = Ticker(3600.0)  # never on its own: the test ticks
+    ticker = Ticker(3600.0, QUIET_TICKS)  # never on its own: the test ticks
 
     def ticked(runner: SourceRunner, times: int) -> int:
         count = 0
         for _ in range(times):
             runner._changed = anyio.Event()  # set by every tick fed to the engine
-            runner._tick()
+            ticker.tick()
             count += runner._changed.is_set()
         return count
 
