@@ -161,7 +161,7 @@ def ingest(
         return 2
     config = load_config(path)
     try:
-        from bridge.spark.session import spark_session, stop_spark
+        from bridge.spark.session import WORKER_LATE_RETRIES, spark_session, stop_spark, worker_was_late
     except ImportError as exc:
         print(
             f"nats-bridge ingest: {exc.name or exc} is not installed: install the audit extra "
@@ -178,21 +178,33 @@ def ingest(
     spark = spark_session(master)
     progress = Progress()
     code = EXIT_OK
+    late = 0
     try:
-        query = start_query(spark, config, to, checkpoint, interval, max_per_trigger)
-        print(f"ingest: {config.target.stream} -> {to} (checkpoint {checkpoint}), query {query.id}", flush=True)
-        last_rows, last_at = 0, time.monotonic()
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(PROGRESS_EVERY)
+        while True:
+            query = start_query(spark, config, to, checkpoint, interval, max_per_trigger)
+            print(f"ingest: {config.target.stream} -> {to} (checkpoint {checkpoint}), query {query.id}", flush=True)
+            last_rows, last_at = progress.rows, time.monotonic()
+            while query.isActive and not stop.is_set():
+                query.awaitTermination(PROGRESS_EVERY)
+                progress.update(query.recentProgress)
+                now = time.monotonic()
+                rate = (progress.rows - last_rows) / max(now - last_at, 1e-9)
+                last_rows, last_at = progress.rows, now
+                print(progress.line(rate), flush=True)
+            if query.isActive:
+                query.stop()  # between batches or in one: an uncommitted batch is written again on the next start
+            failure = query.exception()
             progress.update(query.recentProgress)
-            now = time.monotonic()
-            rate = (progress.rows - last_rows) / max(now - last_at, 1e-9)
-            last_rows, last_at = progress.rows, now
-            print(progress.line(rate), flush=True)
-        if query.isActive:
-            query.stop()  # between batches or in one: an uncommitted batch is written again on the next start
-        failure = query.exception()
-        progress.update(query.recentProgress)
+            if worker_was_late(failure) and not stop.is_set() and late < WORKER_LATE_RETRIES:
+                late += 1
+                print(
+                    "ingest: Spark's Python worker did not start within Spark's fixed 10 s (a loaded machine): "
+                    f"the query starts again from its checkpoint ({late} of {WORKER_LATE_RETRIES})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            break
         if failure is not None:
             print(f"nats-bridge ingest: the query failed: {failure}", file=sys.stderr)
             code = EXIT_PROBLEM

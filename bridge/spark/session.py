@@ -24,6 +24,16 @@ from pyspark.sql import SparkSession
 from bridge.spark.datasource import JetStreamDataSource
 
 ARCHIVE = "nats_bridge.zip"  # the name the package has on the executors' Python path
+# Spark gives the Python worker of a Python data source a fixed 10 s to start and connect back
+# (PythonWorkerFactory.createSimpleWorker; no setting changes it in Spark 4.x). On a loaded machine the interpreter and
+# pyspark's imports can take longer, and the query fails with this text: a checkpointed query is simply started again.
+WORKER_LATE = "Python worker failed to connect back"
+WORKER_LATE_RETRIES = 3
+
+
+def worker_was_late(failure: object) -> bool:
+    """Whether a query's failure is Spark giving up on its Python worker's start (not a problem of the query)."""
+    return failure is not None and WORKER_LATE in str(failure)
 
 
 @functools.cache
