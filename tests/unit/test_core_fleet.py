@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -396,6 +397,22 @@ def test_a_renew_is_due_on_time_after_a_quiet_spell_of_ticks() -> None:
 FLEET_SIM_SOURCES = int(os.environ.get("FLEET_SIM_SOURCES", "1500"))
 
 
+def settle_started_apart(sim: FleetSim, check: Callable[[], None]) -> float:
+    """Start p1 and p2 two and four seconds after ``sim``'s p0 and run, checking safety every quarter second, until
+    every source has one owner and no process more than 10 % above its share: when that was (within 60 s)."""
+    while sim.now < 60.0:
+        sim.run_for(0.25)
+        check()
+        for instance in ("p1", "p2"):
+            if instance not in sim.procs and sim.now >= 2.0 * int(instance[1]):
+                sim.start(instance)
+        counts = [len(proc.running) for proc in sim.procs.values()]
+        one_each = all(len(o) == 1 for o in sim.owners().values())
+        if len(counts) == 3 and one_each and max(counts) <= 1.1 * len(sim.sources) / 3:
+            return sim.now
+    raise AssertionError({name: len(proc.running) for name, proc in sim.procs.items()})
+
+
 def test_three_processes_started_apart_settle_to_one_owner_each_balanced() -> None:
     """Issue 25's scale: three processes sharing the sources, started two seconds apart (a rolling start), settle to
     one owner per source, each process within 10 % of its share, well within 30 s of the last start. CI runs 1,500
@@ -404,18 +421,7 @@ def test_three_processes_started_apart_settle_to_one_owner_each_balanced() -> No
     sources = [f"s{i:05d}" for i in range(FLEET_SIM_SOURCES)]
     sim = FleetSim(sources, ["p0"], 10.0, random.Random(1))
     check, sim.check = sim.check, lambda: None  # type: ignore[method-assign]
-    settled_at: float | None = None
-    while sim.now < 60.0 and settled_at is None:
-        sim.run_for(0.25)
-        check()
-        for instance in ("p1", "p2"):
-            if instance not in sim.procs and sim.now >= 2.0 * int(instance[1]):
-                sim.start(instance)
-        counts = [len(proc.running) for proc in sim.procs.values()]
-        owners = sim.owners()
-        if len(counts) == 3 and all(len(o) == 1 for o in owners.values()) and max(counts) <= 1.1 * len(sources) / 3:
-            settled_at = sim.now
-    assert settled_at is not None, {name: len(proc.running) for name, proc in sim.procs.items()}
+    settled_at = settle_started_apart(sim, check)
     print(f"{len(sources)} sources: settled {settled_at - 4.0:.2f} s after the last start")
     assert settled_at - 4.0 < 30.0
 
@@ -428,18 +434,7 @@ def test_five_thousand_sources_in_lease_groups_settle_balanced_with_a_write_rate
     sources = [f"site-{i:05d}" for i in range(5000)]
     sim = FleetSim(sources, ["p0"], 10.0, random.Random(2), groups=128)
     check, sim.check = sim.check, lambda: None  # type: ignore[method-assign]
-    settled_at: float | None = None
-    while sim.now < 60.0 and settled_at is None:
-        sim.run_for(0.25)
-        check()
-        for instance in ("p1", "p2"):
-            if instance not in sim.procs and sim.now >= 2.0 * int(instance[1]):
-                sim.start(instance)
-        counts = [len(proc.running) for proc in sim.procs.values()]
-        owners = sim.owners()
-        if len(counts) == 3 and all(len(o) == 1 for o in owners.values()) and max(counts) <= 1.1 * len(sources) / 3:
-            settled_at = sim.now
-    assert settled_at is not None, {name: len(proc.running) for name, proc in sim.procs.items()}
+    settled_at = settle_started_apart(sim, check)
     assert settled_at - 4.0 < 30.0
     lease_keys = [key for key in sim.kv.live(sim.now) if not key.startswith("presence.")]
     assert 120 <= len(lease_keys) <= 128
