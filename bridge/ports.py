@@ -121,6 +121,11 @@ class PublisherPort(Protocol):
     def write_now(self, batch: Sends) -> Failures | None:
         """Write without waiting, or None when the connection has unwritten data (then use ``publish``)."""
 
+    @property
+    def epoch(self) -> int:
+        """Which connection publishes go out on: it changes each time the connection is made again. Publishes in
+        flight on an earlier one are presumed lost."""
+
 
 class TargetPort(Protocol):
     """The aggregate stream, shared by every source runner of the process."""

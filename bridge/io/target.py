@@ -39,6 +39,12 @@ class SourcePublisher:
         self._raw = wire.has_raw_writes(nc)
 
     @property
+    def epoch(self) -> int:
+        """nats-py's count of reconnections: it rises before nats-py writes anything on the new connection, and
+        before it tells the bridge (after a round trip), so a publish made meanwhile can still check it."""
+        return int(self._nc.stats.get("reconnects", 0))
+
+    @property
     def acks_subject(self) -> str:
         """The subscription the publish acks come to (``<inbox>.>``)."""
         return f"{self._inbox}.>"

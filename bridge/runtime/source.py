@@ -165,6 +165,7 @@ class SourceRunner:
         self._last_replicated_origin_ns: int | None = None
         self._fc_arrivals: dict[str, float] = {}
         self._tick_callback = self._tick  # one bound method: the shared ticker's key for this runner
+        self._target_epoch = 0  # the target connection the engine's publishes in flight went out on
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -321,6 +322,7 @@ class SourceRunner:
         if self._publisher is None:
             self._publisher = self.target.publisher(self._on_outcomes)
             await self._publisher.start()
+            self._target_epoch = self._publisher.epoch
         self._emit(self.engine.target_limits(await self._target_limits(), self.clock()))
 
     async def _choose_mode(self, stream: OriginStream) -> None:
@@ -429,6 +431,8 @@ class SourceRunner:
             return
         if not (self._effects and isinstance(self._effects[0], Publish)) or not self.may_act():
             return
+        if not self._same_target_connection():
+            return
         batch = self._take_publishes()
         failures = self._publisher.write_now(targetwire.publish_sends(batch))
         if failures is None:  # nats-py has unwritten data: these go behind it, through the executor
@@ -529,8 +533,29 @@ class SourceRunner:
         )
 
     def target_reconnected(self) -> None:
-        """Called by the bridge when the shared target connection is back."""
+        """Called by the bridge when the shared target connection is back (unless a write noticed it first)."""
+        if self._publisher is None:
+            self._emit(self.engine.target_reconnected(self.clock()))
+        else:
+            self._same_target_connection()
+
+    def _same_target_connection(self) -> bool:
+        """Whether the target connection is the one this source's publishes in flight went out on. nats-py writes
+        on a new connection a round trip before it says it reconnected; a publish made in that window, while an
+        earlier one was lost with the old connection, would be stored before the earlier one's retry (out of origin
+        order: the chaos storm found it). So before anything is written, a new connection is taken as the engine's
+        ``target_reconnected``: what was in flight is presumed lost (and verified), and the publishes queued for it
+        are dropped, the engine re-sends them in order."""
+        assert self._publisher is not None
+        epoch = self._publisher.epoch
+        if epoch == self._target_epoch:
+            return True
+        self._target_epoch = epoch
+        kept = [effect for effect in self._effects if not isinstance(effect, Publish)]
+        self._effects.clear()  # (in place: the executor holds this deque)
+        self._effects.extend(kept)
         self._emit(self.engine.target_reconnected(self.clock()))
+        return False
 
     async def _on_disconnected(self) -> None:
         if not self._connected:
@@ -584,6 +609,8 @@ class SourceRunner:
                 try:
                     if not self.may_act():
                         return
+                    if isinstance(effects[0], Publish) and not self._same_target_connection():
+                        continue  # its publishes were dropped: the engine sends them again, in order
                     batch = self._take_publishes()
                     if batch:
                         await self._publish(batch)

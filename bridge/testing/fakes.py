@@ -343,6 +343,9 @@ class FakeTarget:
     max_payload: int = 1024 * 1024
     reject: str = ""  # when set, every publish is refused with this error
     hold_acks: bool = False
+    lose_writes: bool = False  # the connection is dead: publishes vanish, unstored and unacked
+    written: int = 0  # publishes handed to the connection (lost ones included)
+    epoch: int = 0  # the connection's number (see ``reconnect``)
     stored: dict[str, tuple[str, dict[str, str], bytes]] = field(default_factory=dict)
     limits_reads: int = 0
     held: list[AckOutcome] = field(default_factory=list)
@@ -352,6 +355,11 @@ class FakeTarget:
         """Origin sequences of ``source`` stored, in store order."""
         found = (hdr.parse_provenance(headers) for _, headers, _ in self.stored.values())
         return [p.stream_seq for p in found if p is not None and p.source == source]
+
+    def reconnect(self) -> None:
+        """The connection is made again (what was written to the dead one is gone); the bridge is not told."""
+        self.lose_writes = False
+        self.epoch += 1
 
     def release_acks(self) -> None:
         held, self.held = self.held, []
@@ -377,6 +385,9 @@ class FakeTarget:
         return sorted(copies, key=lambda c: c.stream_seq)[-depth:], True
 
     def _take(self, sends: Sends) -> None:
+        self.written += len(sends)
+        if self.lose_writes:
+            return
         for message, order, attempt in sends:
             if self.reject:
                 outcome = AckOutcome(order, attempt, False, error=self.reject)
@@ -409,3 +420,7 @@ class FakePublisher:
     def write_now(self, batch: Sends) -> Failures | None:
         self.target._take(batch)
         return []
+
+    @property
+    def epoch(self) -> int:
+        return self.target.epoch

@@ -300,3 +300,26 @@ async def test_a_quiet_engine_is_ticked_once_a_second_and_a_busy_one_every_tick(
         await until(lambda: len(target.held) == 1, "a publish in flight")
         assert not runner.engine.quiet
         assert ticked(runner, QUIET_TICKS) == QUIET_TICKS
+
+
+async def test_nothing_is_written_on_a_new_target_connection_before_what_the_old_one_lost_is_retried() -> None:
+    """The chaos storm's finding: nats-py writes on a re-made target connection a round trip before it says it
+    reconnected. Messages 1-3 go out on a connection that dies (never stored, never acked); the connection is made
+    again and, before the bridge hears of it, message 4 arrives. Written at once, 4 would be stored before 1-3's
+    retry. The runner notices the new connection before writing: 1-3 are presumed lost, verified absent and re-sent,
+    then 4, in origin order."""
+    origin, target = FakeOrigin(), FakeTarget()
+    origin.publish(3)
+    async with running(origin, target) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        target.lose_writes = True
+        origin.deliver()
+        await until(lambda: target.written == 3, "three publishes written to the dead connection")
+        target.reconnect()  # and no target_reconnected from the bridge: it comes a round trip later, if at all
+        origin.publish(1)
+        origin.deliver()
+        await until(lambda: len(target.seqs("edge1")) == 4, "all four stored")
+        assert target.seqs("edge1") == [1, 2, 3, 4]
+        runner.target_reconnected()  # the bridge's late word changes nothing more
+        await until(lambda: runner.engine.watermark == 4, "the watermark over all four")
+        assert target.seqs("edge1") == [1, 2, 3, 4]
