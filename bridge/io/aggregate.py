@@ -39,11 +39,27 @@ CONCURRENT_TAIL_READS = 4
 MAX_SCANNED = 1_000_000
 BATCH = 1024
 MAX_BYTES = 8 * 1024 * 1024
+# The aggregate's limits are the same for every source: a read younger than this serves them all (a thousand sources
+# starting together would otherwise send a thousand identical STREAM.INFOs); a blocked source's re-read, waiting
+# for an operator's fix, sees the change within it.
+LIMITS_FRESH = 1.0
 
 
 def duplicate_window_short(window_seconds: float, ack_timeout: float) -> bool:
     """A duplicate window below ``SHORT_WINDOW_ACK_TIMEOUTS`` ack timeouts: a retried publish may be stored twice."""
     return window_seconds < SHORT_WINDOW_ACK_TIMEOUTS * ack_timeout
+
+
+class _RecentLimits:
+    """The last complete limits read and the read under way, shared by the sources of a process."""
+
+    def __init__(self) -> None:
+        self.value: TargetLimits | None = None
+        self.read_at = -1e18
+        self.reading: anyio.Event | None = None
+
+    def fresh(self) -> TargetLimits | None:
+        return self.value if anyio.current_time() - self.read_at < LIMITS_FRESH else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +73,36 @@ class TargetSide:
     ack_timeout: float
     timeout: float = 5.0  # for API requests
     tail_reads: anyio.Semaphore = field(default_factory=lambda: anyio.Semaphore(CONCURRENT_TAIL_READS))
+    recent_limits: _RecentLimits = field(default_factory=_RecentLimits)
 
     def publisher(self, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> SourcePublisher:
         return SourcePublisher(self.nc, on_outcomes)
 
     async def limits(self) -> TargetLimits:
-        """The server's ``max_payload`` and, if the stream can be read, its ``max_msg_size`` and subjects."""
+        """The server's ``max_payload`` and, if the stream can be read, its ``max_msg_size`` and subjects: one read
+        for every source asking within ``LIMITS_FRESH`` of it (those asking while it is under way wait for it)."""
+        recent = self.recent_limits
+        fresh = recent.fresh()
+        if fresh is not None:
+            return fresh
+        if recent.reading is not None:
+            await recent.reading.wait()
+            fresh = recent.fresh()
+            if fresh is not None:
+                return fresh
+        started = anyio.current_time()
+        reading = recent.reading = anyio.Event()
+        try:
+            limits = await self._read_limits()
+        finally:
+            reading.set()
+            if recent.reading is reading:
+                recent.reading = None
+        if limits.subjects is not None:  # the stream was read: complete, worth sharing
+            recent.value, recent.read_at = limits, started
+        return limits
+
+    async def _read_limits(self) -> TargetLimits:
         max_payload = int(self.nc.max_payload or 0)
         try:
             config = (await self.api.stream_info(self.stream, timeout=self.timeout)).get("config", {})

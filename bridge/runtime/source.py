@@ -166,6 +166,7 @@ class SourceRunner:
         self._fc_arrivals: dict[str, float] = {}
         self._tick_callback = self._tick  # one bound method: the shared ticker's key for this runner
         self._target_epoch = 0  # the target connection the engine's publishes in flight went out on
+        self._just_bound = False  # set-up bound the consumer and no reset has used that since
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -309,6 +310,7 @@ class SourceRunner:
             return  # abandoned: the task group is cancelled, nothing more starts
         async with self._api_slot():
             bound = await origin.bind()
+        self._just_bound = True  # the first reset that follows need not bind again
         self.engine.consumer_bound(bound.created)
         self.log.info(
             "consumer.bound",
@@ -719,7 +721,12 @@ class SourceRunner:
             # reset_timeout unanswered (and an Interest origin drops what is published meanwhile); the stream's
             # API answers a create or look-up at once, and a managed consumer comes back within a round trip
             async with self._api_slot():
-                await self.origin.bind()
+                if self._just_bound:
+                    # start-up bound the consumer a moment ago: a second create or look-up would only double the
+                    # JetStream requests of a thousand sources starting at once
+                    self._just_bound = False
+                else:
+                    await self.origin.bind()
                 if not self.may_act():
                     return
                 effects = await exchange()

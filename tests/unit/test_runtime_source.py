@@ -76,7 +76,8 @@ async def test_replicates_in_order_and_answers_flow_control_only_with_what_is_st
     origin.publish(5)
     async with running(origin, target) as (runner, _):
         await until(runner.ready.is_set, "the start reset is done")
-        assert origin.ops[:7] == ["connect", "stream", "consumer_kind", "bind", "unsubscribe", "bind", "reset None"]
+        # one bind: the start reset uses set-up's (a later reset binds again first, see the gap test)
+        assert origin.ops[:6] == ["connect", "stream", "consumer_kind", "bind", "unsubscribe", "reset None"]
         assert origin.deliver() == 5
         subject = origin.request_flow_control()
         await until(lambda: len(target.held) == 5, "five publishes sent")
@@ -208,7 +209,7 @@ async def test_auto_chooses_pull_mode_on_an_old_origin_and_acks_only_what_is_sto
         await until(runner.ready.is_set, "the start resync is done")
         assert runner.mode is not None and runner.mode.mode is Mode.PULL
         assert runner.snapshot().mode == "pull"
-        assert origin.ops[:7] == ["connect", "stream", "consumer_kind", "bind", "unsubscribe", "bind", "anchor"]
+        assert origin.ops[:6] == ["connect", "stream", "consumer_kind", "bind", "unsubscribe", "anchor"]
         await until(lambda: bool(origin.pulls), "a pull request")
         assert origin.deliver() == 5
         await until(lambda: len(target.held) == 5, "five publishes sent")

@@ -1,0 +1,48 @@
+"""The aggregate's side of the process on a real server: its limits read once for every source asking at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from bridge.core.pipeline import TargetLimits
+from bridge.io.aggregate import LIMITS_FRESH, TargetSide
+from bridge.io.jsapi import JsApi
+from bridge.testing.jetstream import connect, create_aggregate, js_request
+from bridge.testing.servers import ServerFactory
+
+pytestmark = pytest.mark.anyio
+
+
+async def api_requests(nc: Any) -> int:
+    """The account's JetStream API requests so far, as the server counts them (this one included)."""
+    return int((await js_request(nc, "INFO"))["api"]["total"])
+
+
+async def test_a_thousand_sources_asking_at_once_cost_one_stream_info_and_a_change_is_seen_within_a_second(
+    servers: ServerFactory,
+) -> None:
+    server = servers("hub", "")
+    async with connect(server.url) as nc:
+        await create_aggregate(nc, max_msg_size=4096)
+        side = TargetSide(nc, JsApi(nc, "$JS.API"), "AGG", publish_window=64, ack_timeout=5.0)
+        before = await api_requests(nc)
+        results: list[TargetLimits] = []
+
+        async def ask() -> None:
+            results.append(await side.limits())
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(1000):
+                tg.start_soon(ask)
+        assert len(results) == 1000 and {r.max_msg_size for r in results} == {4096}
+        assert await api_requests(nc) - before == 2  # one STREAM.INFO, and the count's own request
+        # an operator raises the limit: a blocked source's re-read sees it once the shared read is older than
+        # LIMITS_FRESH (time is the condition here)
+        info = await js_request(nc, "STREAM.INFO.AGG")
+        config = {**info["config"], "max_msg_size": 65536}
+        await js_request(nc, "STREAM.UPDATE.AGG", config)
+        await anyio.sleep(LIMITS_FRESH)
+        assert (await side.limits()).max_msg_size == 65536
