@@ -37,6 +37,7 @@ from bridge.testing.servers import origin_mode_expected
 
 __all__ = [
     "ACK_BODIES",
+    "PUBLISH_ACK_WAIT",
     "AckSeen",
     "AckTap",
     "ApiFailure",
@@ -174,6 +175,9 @@ def default_payload(i: int) -> bytes:
     return f"payload-{i:06d}-".encode() + b"x" * 100
 
 
+PUBLISH_ACK_WAIT = 30.0  # seconds the test publisher waits for one publish ack
+
+
 @dataclass
 class Publisher:
     """Publishes ``count`` messages to the origin with publish acks, optionally paced and pausable.
@@ -217,7 +221,12 @@ class Publisher:
                     hdrs.update(self.headers(k))
                 futures.append((k, await js.publish_async(self.subject(k), self.payload(k), headers=hdrs)))
             for k, fut in futures:
-                ack = await fut
+                # nats-py's publish futures have no deadline of their own: an ack lost in a server restart would
+                # wait forever (a loaded run hung here for pytest-timeout's 600 s), so fail clearly instead
+                with anyio.move_on_after(PUBLISH_ACK_WAIT) as waited:
+                    ack = await fut
+                if waited.cancelled_caught:
+                    raise AssertionError(f"no publish ack for message {k} within {PUBLISH_ACK_WAIT:g}s")
                 self.seqs.append(ack.seq)
                 self.subjects[ack.seq] = self.subject(k)
             i += n
