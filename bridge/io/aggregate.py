@@ -14,6 +14,7 @@ ADR-31 (Direct Get): https://github.com/nats-io/nats-architecture-and-design/blo
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -55,7 +56,7 @@ class _RecentLimits:
 
     def __init__(self) -> None:
         self.value: TargetLimits | None = None
-        self.read_at = -1e18
+        self.read_at = -math.inf
         self.reading: anyio.Event | None = None
 
     def fresh(self) -> TargetLimits | None:

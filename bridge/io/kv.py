@@ -257,8 +257,8 @@ def parse_view(entries: list[KvEntry]) -> View:
         GROUP_PREFIX: ({}, {}),  # group.<n>
     }
     for entry in entries:
-        prefix = LEASE_PREFIX if entry.key.startswith(LEASE_PREFIX) else GROUP_PREFIX
-        if entry.key.startswith(prefix):
+        prefix = next((p for p in keys if entry.key.startswith(p)), None)
+        if prefix is not None:
             holders, free = keys[prefix]
             name = entry.key[len(prefix) :]
             if entry.deleted:

@@ -115,11 +115,13 @@ class FleetRunner:
     def fence(self, source: str) -> Fence:
         """A check bound to the current term of ``source``: False once that term's lease may have passed."""
         lease = self.fleet.lease_of(source)
-        term = lease.term if lease is not None else -1
+        if lease is None:
+            return lambda: False  # not configured (any more): nothing may act on it
+        term = lease.term
 
         def holds() -> bool:
-            current = self.fleet.lease_of(source)
-            return current is lease and current is not None and current.term == term and current.holds(self.clock())
+            # the same lease (a source removed and added again has a new one), in the same term
+            return self.fleet.lease_of(source) is lease and lease.term == term and lease.holds(self.clock())
 
         return holds
 

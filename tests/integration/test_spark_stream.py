@@ -65,35 +65,37 @@ class Query:
 
     def available_now(self) -> Any:
         """Run with ``Trigger.AvailableNow`` to its end; the stopped query (its ``recentProgress``)."""
-        from pyspark.errors import StreamingQueryException
-
-        for attempt in range(WORKER_LATE_RETRIES + 1):
-            query = self.writer.trigger(availableNow=True).start()
-            try:
-                assert query.awaitTermination(QUERY_TIMEOUT), "the query did not end in time"
-            except StreamingQueryException as exc:
-                if worker_was_late(exc) and attempt < WORKER_LATE_RETRIES:
-                    continue  # Spark's fixed 10 s for its Python worker, missed on a loaded machine: as ingest does
-                raise
-            finally:
-                query.stop()
-            return query
-        raise AssertionError("unreachable")
+        query, failure = self._run_available_now()
+        if failure is not None:
+            raise failure
+        return query
 
     def failure(self) -> str:
         """Run with ``Trigger.AvailableNow``, expecting it to fail: the error's text."""
         from pyspark.errors import StreamingQueryException
 
+        _, failure = self._run_available_now()
+        assert isinstance(failure, StreamingQueryException), "the query did not fail"
+        return str(failure)
+
+    def _run_available_now(self) -> tuple[Any, Exception | None]:
+        """Run with ``Trigger.AvailableNow`` to its end, started again while Spark gave up on its Python worker (its
+        fixed 10 s, missed on a loaded machine: as ingest does); the stopped query and how it failed, if it did."""
+        from pyspark.errors import StreamingQueryException
+
         for attempt in range(WORKER_LATE_RETRIES + 1):
             query = self.writer.trigger(availableNow=True).start()
+            failure: Exception | None = None
             try:
-                with pytest.raises(StreamingQueryException) as err:
-                    query.awaitTermination(QUERY_TIMEOUT)
+                ended = query.awaitTermination(QUERY_TIMEOUT)
+            except StreamingQueryException as exc:
+                failure, ended = exc, True
             finally:
                 query.stop()
-            if not (worker_was_late(err.value) and attempt < WORKER_LATE_RETRIES):
-                break
-        return str(err.value)
+            assert ended, "the query did not end in time"
+            if not (worker_was_late(failure) and attempt < WORKER_LATE_RETRIES):
+                return query, failure
+        raise AssertionError("unreachable")
 
     def seqs(self) -> list[int]:
         return [s for batch in self.batches for s in batch]
