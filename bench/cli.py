@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import audit, edge, fanin, profile, publish_modes, recovery, report, stream, wan
+from bench import audit, edge, fanin, fleet, profile, publish_modes, recovery, report, stream, wan
 from bench.common import REPO_ROOT, list_items, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, MODES, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
@@ -126,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     wan.parser(sub)
     fanin.parser(sub)
     edge.parser(sub)
+    fleet.parser(sub)
     recovery.parser(sub)
     profile.parser(sub)
     return parser
@@ -166,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fanin.run(args)
     if args.command == "edge":
         return edge.run(args)
+    if args.command == "fleet":
+        return fleet.run(args)
     if args.command == "recovery":
         return recovery.run(args)
     if args.command == "profile":

@@ -487,6 +487,77 @@ async def _close(nc: Client) -> None:
         await asyncio.wait_for(nc.close(), 5)
 
 
+class EdgeServers:
+    """The hub (JetStream domain ``hub``) and ``leaves`` leaf servers, each in a domain of its own with a leafnode
+    remote to the hub, under ``directory``; every one stopped by its PID in :meth:`stop`."""
+
+    def __init__(self, directory: Path, binary: str, leaves: int) -> None:
+        self.directory = directory
+        self.binary = binary
+        self.count = leaves
+        self.hub: NatsServer | None = None
+        self.leaves: list[NatsServer] = []
+        self.links: list[Topology] = []
+
+    def start(self) -> None:
+        self.hub = NatsServer(
+            self.directory / "hub",
+            name="hub",
+            binary=self.binary,
+            domain=HUB_DOMAIN,
+            leafnode_listen=True,
+            max_file_store=MAX_FILE_STORE,
+        )
+        self.hub.start()
+        self.hub.wait_ready(SERVER_READY_TIMEOUT)
+        for i in range(self.count):
+            leaf = NatsServer(
+                self.directory / leaf_domain(i),
+                name=leaf_domain(i),
+                binary=self.binary,
+                domain=leaf_domain(i),
+                leaf_remotes=[self.hub.leafnode_url],
+                max_file_store=MAX_FILE_STORE,
+            )
+            self.leaves.append(leaf)
+            self.links.append(Topology(self.hub, leaf))
+        self.start_leaves()
+        self.wait_linked()
+
+    def start_leaves(self) -> None:
+        for leaf in self.leaves:
+            leaf.start()
+        for leaf in self.leaves:
+            leaf.wait_ready(SERVER_READY_TIMEOUT)
+
+    def wait_linked(self) -> None:
+        """Every leaf linked to the hub, its JetStream API reachable across the link (one deadline for all)."""
+        deadline = time.monotonic() + LINK_DEADLINE
+        for link in self.links:
+            link.wait_linked(max(0.1, deadline - time.monotonic()))
+
+    def stop(self) -> None:
+        for leaf in self.leaves:
+            with contextlib.suppress(Exception):
+                leaf.stop()
+        if self.hub is not None:
+            self.hub.stop()
+
+    def pids(self) -> list[int]:
+        return [s.pid for s in [self.hub, *self.leaves] if s is not None and s.pid is not None]
+
+    def cpu(self) -> float:
+        """CPU seconds of every server so far."""
+        total = 0.0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                total += cpu_seconds(pid)
+        return total
+
+    async def leaf_clients(self) -> list[Client]:
+        return [await ops.connect(leaf.url, f"bench {leaf.name}") for leaf in self.leaves]
+
+
 # One run
 
 
@@ -496,13 +567,10 @@ class _Run:
     def __init__(self, run: EdgeRun, directory: Path, binary: str, idle: float, down: float) -> None:
         self.run = run
         self.directory = directory
-        self.binary = binary
         self.idle = idle
         self.down = down
         self.sources = layout(run.sources, run.leaves)
-        self.hub: NatsServer | None = None
-        self.leaves: list[NatsServer] = []
-        self.links: list[Topology] = []
+        self.servers = EdgeServers(directory / "servers", binary, run.leaves)
         self.bridge: BridgeProcess | None = None
         self.log = EdgeLog(directory / "bridge.log")
         self.published: dict[str, int] = {s.names.source: 0 for s in self.sources}
@@ -510,63 +578,6 @@ class _Run:
         self.kill_ns = 0  # the storm's kill and the links' return (wall clock, ns)
         self.links_ns = 0
         self.storm_cpu0 = 0.0  # the bridge's CPU seconds at the kill
-
-    # -- servers ---------------------------------------------------------------------------------------------
-
-    def _start_servers(self) -> None:
-        servers = self.directory / "servers"
-        self.hub = NatsServer(
-            servers / "hub",
-            name="hub",
-            binary=self.binary,
-            domain=HUB_DOMAIN,
-            leafnode_listen=True,
-            max_file_store=MAX_FILE_STORE,
-        )
-        self.hub.start()
-        self.hub.wait_ready(SERVER_READY_TIMEOUT)
-        for i in range(self.run.leaves):
-            leaf = NatsServer(
-                servers / leaf_domain(i),
-                name=leaf_domain(i),
-                binary=self.binary,
-                domain=leaf_domain(i),
-                leaf_remotes=[self.hub.leafnode_url],
-                max_file_store=MAX_FILE_STORE,
-            )
-            self.leaves.append(leaf)
-            self.links.append(Topology(self.hub, leaf))
-        self._start_leaves()
-        self._wait_linked()
-
-    def _start_leaves(self) -> None:
-        for leaf in self.leaves:
-            leaf.start()
-        for leaf in self.leaves:
-            leaf.wait_ready(SERVER_READY_TIMEOUT)
-
-    def _wait_linked(self) -> None:
-        """Every leaf linked to the hub, its JetStream API reachable across the link (one deadline for all)."""
-        deadline = time.monotonic() + LINK_DEADLINE
-        for link in self.links:
-            link.wait_linked(max(0.1, deadline - time.monotonic()))
-
-    def _stop_servers(self) -> None:
-        for leaf in self.leaves:
-            with contextlib.suppress(Exception):
-                leaf.stop()
-        if self.hub is not None:
-            self.hub.stop()
-
-    def _server_pids(self) -> list[int]:
-        return [s.pid for s in [self.hub, *self.leaves] if s is not None and s.pid is not None]
-
-    def _server_cpu(self) -> float:
-        total = 0.0
-        for pid in self._server_pids():
-            with contextlib.suppress(OSError):
-                total += cpu_seconds(pid)
-        return total
 
     @property
     def pid(self) -> int:
@@ -582,16 +593,13 @@ class _Run:
         if (reason := self._failure()) is not None:
             raise ops.BenchError(reason)
 
-    async def _leaf_clients(self) -> list[Client]:
-        return [await ops.connect(leaf.url, f"bench edge {leaf.name}") for leaf in self.leaves]
-
     # -- the run ---------------------------------------------------------------------------------------------
 
     def execute(self) -> None:
         run = self.run
         run.loadavg = loadavg()
         try:
-            self._start_servers()
+            self.servers.start()
             asyncio.run(self._main())
         except Exception as exc:
             run.error = f"{type(exc).__name__}: {exc}"
@@ -600,7 +608,7 @@ class _Run:
                 if self.bridge is not None:
                     self.bridge.cleanup()
             finally:
-                self._stop_servers()
+                self.servers.stop()
         if run.error is None and run.bridge_exit_code not in (None, 0):
             run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
         if run.error is None and run.check is not None and not run.check.ok:
@@ -613,9 +621,9 @@ class _Run:
             run.error = f"{run.error} (logs in {self.directory})"
 
     async def _main(self) -> None:
-        assert self.hub is not None
-        hub = await ops.connect(self.hub.url, "bench edge hub")
-        clients = await self._leaf_clients()
+        assert self.servers.hub is not None
+        hub = await ops.connect(self.servers.hub.url, "bench edge hub")
+        clients = await self.servers.leaf_clients()
         sampler: asyncio.Task[None] | None = None
         try:
             groups = by_leaf(self.sources, self.run.leaves)
@@ -623,7 +631,7 @@ class _Run:
                 *(create_origins(nc, [s.names for s in group]) for nc, group in zip(clients, groups, strict=True))
             )
             await ops.create_aggregate(hub, native=False)
-            await self._start_bridge(self.hub.url)
+            await self._start_bridge(self.servers.hub.url)
             await self._idle()
             sampler = asyncio.create_task(self._sample_rss())
             half = self.run.seconds / 2
@@ -634,7 +642,7 @@ class _Run:
                 await _close(nc)
             clients = []
             links_ns = await self._storm()
-            clients = await self._leaf_clients()
+            clients = await self.servers.leaf_clients()
             await self._probe(hub, clients, links_ns)
             self.run.phase2, self.run.cpu_us_per_msg_after, _, _ = await self._produce(clients, routes, half)
             await self._drain(hub)
@@ -680,13 +688,13 @@ class _Run:
 
     async def _idle(self) -> None:
         run, pid = self.run, self.pid
-        started, cpu0, servers0 = time.monotonic(), cpu_seconds(pid), self._server_cpu()
+        started, cpu0, servers0 = time.monotonic(), cpu_seconds(pid), self.servers.cpu()
         # an observation window: every source bound, nothing to replicate
         await asyncio.sleep(self.idle)
         elapsed = time.monotonic() - started
         run.idle_seconds = elapsed
         run.idle_cores = (cpu_seconds(pid) - cpu0) / elapsed
-        run.idle_servers_cores = (self._server_cpu() - servers0) / elapsed
+        run.idle_servers_cores = (self.servers.cpu() - servers0) / elapsed
         run.rss_idle_bytes = rss_bytes(pid)
         self._alive()
 
@@ -721,16 +729,16 @@ class _Run:
         self.log.mark_ns = kill_ns
         self.storm_cpu0 = cpu_seconds(self.pid)
         killed = time.monotonic()
-        for leaf in self.leaves:  # the signals first, all of them, then the reaping
+        for leaf in self.servers.leaves:  # the signals first, all of them, then the reaping
             if leaf.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(leaf.pid, signal.SIGKILL)
-        for leaf in self.leaves:
+        for leaf in self.servers.leaves:
             leaf.kill()
         await asyncio.sleep(max(0.0, self.down - (time.monotonic() - killed)))
-        await asyncio.to_thread(self._start_leaves)
+        await asyncio.to_thread(self.servers.start_leaves)
         run.storm_down_s = time.monotonic() - killed
-        await asyncio.to_thread(self._wait_linked)
+        await asyncio.to_thread(self.servers.wait_linked)
         links_ns = time.time_ns()
         run.storm_links_s = (links_ns - kill_ns) / 1e9
         self.kill_ns, self.links_ns = kill_ns, links_ns
@@ -770,7 +778,7 @@ class _Run:
         deadline = time.monotonic() + ORIGINS_EMPTY_DEADLINE
         while True:
             left = 0
-            for leaf in self.leaves:
+            for leaf in self.servers.leaves:
                 left += int((await asyncio.to_thread(leaf.monitor, "jsz")).get("messages", 0))
             run.origins_left = left
             if left == 0 or time.monotonic() > deadline:

@@ -97,6 +97,9 @@ lane_a() {
     # the reconnect storm at a size CI affords: 2 leaves, 10 sources, every leaf killed at once and restarted
     step a "bench smoke: edge (a reconnect storm)" \
         .venv/bin/python -m bench edge --quick --out .cache/bench-smoke/edge.json
+    # three processes sharing a dozen sources: settling, a SIGKILLed member's take-over
+    step a "bench smoke: fleet (three processes)" \
+        .venv/bin/python -m bench fleet --quick --out .cache/bench-smoke/fleet.json
     step a "bench smoke: recovery" .venv/bin/python -m bench recovery --quick --out .cache/bench-smoke/recovery.json
     step a "bench smoke: profile" \
         .venv/bin/python -m bench profile --profiler none --messages 20000 --out .cache/bench-smoke

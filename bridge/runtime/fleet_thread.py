@@ -10,7 +10,7 @@ the other loop does, so a renewal is late by milliseconds, not by the backlog.
 What crosses between the two loops, and how (each direction posts, neither waits for the other):
 
 * fleet to bridge: start a source under its fence, abandon one (its fence is already closed), drain one. Posted to
-  the bridge's loop with ``call_soon_threadsafe``; a drain's end is posted back to the fleet's loop.
+  the bridge's loop through a :class:`Mailbox`; a drain's end is posted back to the fleet's loop the same way.
 * bridge to fleet: a reload's source list, and leave. Posted to the fleet's loop.
 * Fences, ``holds`` and ``ready`` read single values only the fleet's thread writes (atomic under the interpreter
   lock); ``settled`` and ``snapshot`` iterate, under the runner's lock.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
 
@@ -38,6 +39,55 @@ from bridge.observe.metrics import FleetSnapshot
 from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
 
 ABORT_WAIT = 5.0  # seconds a cancelled run waits for the fleet's thread to end
+
+
+class Mailbox:
+    """Calls posted from any thread, run on one event loop in the order posted, with one wake-up of that loop per
+    batch (``call_soon_threadsafe`` once, when the box goes from empty to not empty).
+
+    Why not ``call_soon_threadsafe`` per call: each one writes a byte to the loop's self-pipe, and asyncio learns of a
+    signal only through a byte the signal writes to that same pipe. A fleet taking 128 lease groups starts 2,000
+    sources at once; while the bridge's loop was busy starting them, those bytes filled the pipe, the SIGTERM that
+    came next found it full ("Exception ignored when trying to write to the signal wakeup fd: BlockingIOError") and
+    was lost: the process ignored it until it was killed (``bench fleet``, three processes, 2,000 sources). With a
+    mailbox, the fleet adds at most one byte per batch.
+    """
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by the loop's owner once it runs
+        self._calls: deque[Callable[[], object]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False  # a delivery is on the loop's way: later posts join it
+
+    def post(self, call: Callable[[], object]) -> None:
+        """Run ``call`` on the loop soon; dropped when the loop is not running (nothing is left to tell it)."""
+        loop = self.loop
+        if loop is None:
+            return
+        with self._lock:
+            self._calls.append(call)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed
+            with self._lock:
+                self._calls.clear()
+                self._scheduled = False
+
+    def _deliver(self) -> None:
+        with self._lock:
+            calls = list(self._calls)
+            self._calls.clear()
+            self._scheduled = False
+        for call in calls:
+            try:
+                call()
+            except Exception as exc:  # as asyncio reports a failing callback: the rest of the batch still runs
+                if self.loop is not None:
+                    self.loop.call_exception_handler({"message": "a call posted across loops failed", "exception": exc})
+
 
 Connect = Callable[[anyio.Event], Awaitable[NATS | None]]
 """Opens the fleet's connection on the fleet's loop, retrying until connected or the event is set (then None)."""
@@ -55,8 +105,8 @@ class FleetThread:
         self._sources = list(sources)
         self._lock = threading.Lock()  # orders the runner's creation against set_sources
         self.runner: FleetRunner | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # the fleet's
-        self._main: asyncio.AbstractEventLoop | None = None  # the bridge's
+        self._to_fleet = Mailbox()  # runs on the fleet's loop
+        self._to_main = Mailbox()  # runs on the bridge's loop
         self._main_tg: anyio.abc.TaskGroup | None = None
         self._leave: anyio.Event | None = None  # fleet loop: leave cleanly
         self._abort = anyio.CancelScope()  # fleet loop: stop at once
@@ -104,7 +154,7 @@ class FleetThread:
 
     async def run(self, stop: anyio.Event) -> None:
         """Run the fleet until ``stop`` is set and it has left (its owned sources drained and released)."""
-        self._main = asyncio.get_running_loop()
+        self._to_main.loop = asyncio.get_running_loop()
         started, ended = anyio.Event(), anyio.Event()
         thread = threading.Thread(
             target=self._thread_main,
@@ -136,16 +186,10 @@ class FleetThread:
             raise self._error
 
     def _post_main(self, call: Callable[[], object]) -> None:
-        main = self._main
-        if main is not None:
-            with contextlib.suppress(RuntimeError):  # the bridge's loop is closed: nothing is left to tell
-                main.call_soon_threadsafe(call)
+        self._to_main.post(call)
 
     def _post_fleet(self, call: Callable[[], object]) -> None:
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # the fleet's loop has ended: so has everything it would do
-                loop.call_soon_threadsafe(call)
+        self._to_fleet.post(call)
 
     def _start_on_main(self, source: str, fence: Fence) -> None:
         self._post_main(partial(self._control.start, source, fence))
@@ -156,14 +200,12 @@ class FleetThread:
     async def _drain_on_main(self, source: str) -> None:
         """Fleet loop: have the bridge drain ``source``; return once it has."""
         drained = anyio.Event()
-        fleet_loop = asyncio.get_running_loop()
 
         async def drain() -> None:  # bridge loop
             try:
                 await self._control.stop(source)
             finally:
-                with contextlib.suppress(RuntimeError):
-                    fleet_loop.call_soon_threadsafe(drained.set)
+                self._post_fleet(drained.set)
 
         def spawn() -> None:  # bridge loop
             if self._main_tg is not None:
@@ -184,7 +226,7 @@ class FleetThread:
             ended()
 
     async def _fleet_main(self, started: Callable[[], None]) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._to_fleet.loop = asyncio.get_running_loop()
         self._leave = anyio.Event()
         started()
         with self._abort:

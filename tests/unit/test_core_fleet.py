@@ -426,12 +426,13 @@ def test_three_processes_started_apart_settle_to_one_owner_each_balanced() -> No
     assert settled_at - 4.0 < 30.0
 
 
-def test_five_thousand_sources_in_lease_groups_settle_balanced_with_a_write_rate_that_does_not_grow() -> None:
-    """Issue 25, point 5, with the default lease groups: three processes sharing 5,000 sources started two seconds
-    apart settle to one owner per source, each within 10 % of its share; the bucket sees one key per group, so the
-    renewals' writes stay near groups / (ttl / 3) a second (each lease renews up to a quarter early: 128 groups at a
-    10 s TTL are about 44), not the 1,700 of one lease per source. The safety check runs every quarter second."""
-    sources = [f"site-{i:05d}" for i in range(5000)]
+def test_ten_thousand_sources_in_lease_groups_settle_balanced_with_a_write_rate_that_does_not_grow() -> None:
+    """Issue 25, point 5, with the default lease groups: three processes sharing 10,000 sources started two seconds
+    apart settle to one owner per source, each within 10 % of its share, within 30 s of the last start; the bucket
+    sees one key per group, so the renewals' writes stay near groups / (ttl / 3) a second (each lease renews up to a
+    quarter early: 128 groups at a 10 s TTL are about 44), not the 3,300 of one lease per source. The safety check
+    runs every quarter second."""
+    sources = [f"site-{i:05d}" for i in range(10_000)]
     sim = FleetSim(sources, ["p0"], 10.0, random.Random(2), groups=128)
     check, sim.check = sim.check, lambda: None  # type: ignore[method-assign]
     settled_at = settle_started_apart(sim, check)
