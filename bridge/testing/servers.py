@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -232,20 +233,49 @@ def mode_source_extra(mode: str | None = None) -> dict[str, Any]:
 # would fail; remembering them (a few ints per server) rules that out.
 _claimed_ports: set[int] = set()
 _ports_lock = threading.Lock()
+_ports_random = random.Random()  # seeded by the OS: processes running side by side draw different ports
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORTS_FROM = 10_000  # the lowest port handed out when the ports below the kernel's ephemeral range are used
+PICK_ATTEMPTS = 200  # random picks tried per port before falling back to the kernel's choice
+
+
+def _below_ephemeral() -> int:
+    """The first port of the kernel's ephemeral range (what it hands to bind-to-0 and to outgoing connections), or
+    0 when it cannot be read or leaves no room below it for our ports."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return low if low - PORTS_FROM >= 1000 else 0
 
 
 def free_ports(count: int) -> list[int]:
     """Return ``count`` distinct ports that are free on 127.0.0.1 now and were never given out here before.
 
-    All sockets are held open until every port is picked, so the kernel cannot hand the same one out twice.
+    Drawn at random below the kernel's ephemeral range when there is room: a port the kernel picks for bind-to-0
+    is one it may also give to any process's next outgoing connection, and between this call and the server's (or
+    proxy's) own bind, another lane of the suite on a loaded machine took one (a chaos proxy's bind failed with
+    "address already in use"). Below the range only an explicit bind can take a port, and each pick is checked by
+    binding it. All sockets are held open until every port is picked, so no port is handed out twice.
     """
+    low = _below_ephemeral()
     held: list[socket.socket] = []
     ports: list[int] = []
     try:
         while len(ports) < count:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             held.append(sock)
-            sock.bind((_LOOPBACK, 0))
+            if low:
+                for _ in range(PICK_ATTEMPTS):
+                    try:
+                        sock.bind((_LOOPBACK, _ports_random.randrange(PORTS_FROM, low)))
+                        break
+                    except OSError:  # in use (or lingering): draw again
+                        continue
+                else:
+                    sock.bind((_LOOPBACK, 0))
+            else:
+                sock.bind((_LOOPBACK, 0))
             port = int(sock.getsockname()[1])
             with _ports_lock:
                 if port in _claimed_ports:
