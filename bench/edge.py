@@ -482,7 +482,8 @@ async def subject_counts(hub: Client, subjects_filter: str) -> dict[str, int]:
             return out
 
 
-async def _close(nc: Client) -> None:
+async def close_client(nc: Client) -> None:
+    """Close a bench connection, giving up after 5 s (a dead server's connection may not close cleanly)."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(nc.close(), 5)
 
@@ -639,7 +640,7 @@ class _Run:
             self.run.phase1, self.run.cpu_us_per_msg, cores, wait = await self._produce(clients, routes, half)
             self.run.cores_replicating, self.run.wait_cores_replicating = cores, wait
             for nc in clients:
-                await _close(nc)
+                await close_client(nc)
             clients = []
             links_ns = await self._storm()
             clients = await self.servers.leaf_clients()
@@ -655,7 +656,7 @@ class _Run:
             self.run.rss_max_bytes = max(self.rss_samples, default=None)
             self._collect_log()
             for nc in (hub, *clients):
-                await _close(nc)
+                await close_client(nc)
 
     async def _start_bridge(self, hub_url: str) -> None:
         run = self.run

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import shutil
 import sys
 import time
@@ -43,6 +42,7 @@ from bench.edge import (
     SequenceCheck,
     by_leaf,
     check_sequences,
+    close_client,
     edge_config,
     layout,
     positive_float,
@@ -52,7 +52,6 @@ from bench.edge import (
 from bench.fanin import Target, create_origins, format_targets, markdown
 from bench.procs import cpu_seconds, revision_text, rss_bytes
 from bridge.core import headers
-from bridge.testing.http import get
 from bridge.testing.processes import BridgeProcess
 
 TARGET_SETTLE_S = 30.0  # issue 25: three processes sharing 5,000 sources settle within 30 s of starting
@@ -143,20 +142,6 @@ def balance(counts: Sequence[int], total: int) -> float:
     return max(abs(c - even) for c in counts) / even
 
 
-def readyz(bridge: BridgeProcess) -> dict[str, Any] | None:
-    """The process's ``/readyz`` body, None when it does not answer within :data:`READYZ_TIMEOUT` (a body listing
-    thousands of sources takes a while on a loaded machine: the harness's 2 s is for tests)."""
-    port = bridge.http_port()
-    if port is None or not bridge.is_running:
-        return None
-    try:
-        _, body = get(f"http://127.0.0.1:{port}/readyz", READYZ_TIMEOUT)
-        data = json.loads(body)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 # One run
 
 
@@ -204,7 +189,7 @@ class _Fleet:
     async def _owners(self, bridges: Sequence[BridgeProcess]) -> dict[str, list[int]] | None:
         """Who owns what, from every process's ``/readyz``; None when one of them did not answer (a poll that is
         skipped: a silent process is not a process that owns nothing)."""
-        bodies = await asyncio.gather(*(asyncio.to_thread(readyz, b) for b in bridges))
+        bodies = await asyncio.gather(*(asyncio.to_thread(b.readyz, READYZ_TIMEOUT) for b in bridges))
         return None if any(body is None for body in bodies) else owners(bodies, self.names)
 
     async def _main(self) -> None:
@@ -228,8 +213,7 @@ class _Fleet:
             await self._finish(hub)
         finally:
             for nc in (hub, *clients):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(nc.close(), 5)
+                await close_client(nc)
 
     def _count_published(self) -> None:
         for name in self.names:

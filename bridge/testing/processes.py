@@ -324,13 +324,14 @@ class BridgeProcess:
                     port = int(json.loads(line)["port"])
         return port
 
-    def readyz(self) -> dict[str, Any] | None:
-        """The running process's ``/readyz`` body (its status aside), None when it does not answer."""
+    def readyz(self, timeout: float = 2.0) -> dict[str, Any] | None:
+        """The running process's ``/readyz`` body (its status aside), None when it does not answer within
+        ``timeout`` seconds (a body of thousands of sources from a busy process takes longer than a test's)."""
         port = self.http_port()
         if port is None or not self.is_running or self._paused:
             return None
         try:
-            _, body = get(f"http://{LOOPBACK}:{port}/readyz", 2.0)
+            _, body = get(f"http://{LOOPBACK}:{port}/readyz", timeout)
         except OSError:
             return None
         with contextlib.suppress(ValueError):
