@@ -48,6 +48,8 @@ up meanwhile) changes nothing and returns no effects. What an input does besides
 * ``hand_over``: StopSource graceful for each of its sources. ``source_stopped`` of the last of them: Release (a
   delete on our revision) and the fence closes.
 * ``lost`` and ``renew_refused``: StopSource not graceful for each, nothing more is done.
+* ``source_fenced`` (a source found its fence closed at an action and stopped itself): while the lease still holds
+  in the same term (a late renew moved the fence meanwhile), StartSource for it again; else ``lost`` at once.
 * A reload that adds a source to a lease of ours starts it; one that removes a source from it drains that source
   (the lease stays).
 """
@@ -566,6 +568,34 @@ class Fleet:
         if lease.draining:
             return []
         return self._drained(lease, now)
+
+    def source_fenced(self, source: str, term: int, now: float) -> list[FleetEffect]:
+        """``source``, started in ``term``, found its fence closed at an action and stopped itself.
+
+        The runtime checks the fence on the bridge's thread and takes renew replies on the fleet's, so a source can
+        find the fence closed a moment before a renew whose reply was late moves it (its write, a compare-and-set
+        on our revision, kept the key ours all along), and this report can reach the fleet before or after that
+        reply. Either way the fleet must not go on counting the source as running: while the lease still holds
+        (the reply came first) the source starts again under the moved fence; when it does not, the lease is lost
+        now, as the ticker would find it (a reply coming after this is stale), and the next view takes the key
+        back. A report from an earlier term, or while the lease is being given up (its stop reports the end),
+        changes nothing.
+        """
+        lease = self.lease_of(source)
+        if lease is None or lease.term != term or source not in lease.running or not lease.machine.serving:
+            return []
+        if not lease.holds(now):
+            return self._lost(lease, LeaseEvent.LOST, f"{source} found the fence closed before a renew succeeded")
+        notice = Notice(
+            "source.restarted",
+            "warning",
+            {
+                "source": source,
+                "reason": "it found its fence closed while a late renew was on its way; the renew kept the lease",
+                "fence_in": round(lease.valid_until - now, 3),
+            },
+        )
+        return [notice, StartSource(source)]
 
     def _drained(self, lease: Lease, now: float | None) -> list[FleetEffect]:
         """Every source the handover stopped has drained (``now`` None: there was none): release the key."""

@@ -71,8 +71,9 @@ API_REQUESTS_IN_FLIGHT = 32
 class _SourceTask:
     """A running source: its runner, the event that stops it, and the event set once it has finished."""
 
-    def __init__(self, runner: SourceRunner) -> None:
+    def __init__(self, runner: SourceRunner, fence: Fence | None) -> None:
         self.runner = runner
+        self.fence = fence  # with leases: the fence of the term it was started in
         self.stop = anyio.Event()
         self.done = anyio.Event()
 
@@ -278,7 +279,7 @@ class Bridge:
             api=self._api,
             connections=self._origins,
         )
-        task = _SourceTask(runner)
+        task = _SourceTask(runner, fence)
         self._tasks[source.name] = task
         self._sources_tg.start_soon(self._run_source, task)
 
@@ -297,6 +298,14 @@ class Bridge:
         finally:
             self._add_run(self._ended, task.runner)
             task.done.set()
+            name = task.runner.source.name
+            if task.runner.fenced and self._tasks.get(name) is task:
+                # it stopped itself at a closed fence (the fleet's own stops take the task out first): the fleet
+                # learns of it, or a renew that moved the fence a moment later would leave the source stopped
+                # while its lease is kept
+                del self._tasks[name]
+                if self.fleet is not None and task.fence is not None:
+                    self.fleet.source_fenced(task.fence)
 
     # -- ownership (coordination enabled) ---------------------------------------------------------------------
 

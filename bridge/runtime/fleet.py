@@ -31,6 +31,7 @@ from bridge.core.fleet import (
     Acquire,
     Fleet,
     FleetEffect,
+    Lease,
     LeaseState,
     LeaseTiming,
     ReadView,
@@ -57,7 +58,30 @@ def lease_clock() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
 
 
-Fence = Callable[[], bool]
+class Fence:
+    """The fence of one source for one term of its lease: calling it says whether this process may act on the
+    source now (False once that term's lease may have passed, or the source was removed and added again)."""
+
+    __slots__ = ("_clock", "_fleet", "_lease", "source", "term")
+
+    def __init__(self, fleet: Fleet, source: str, lease: Lease | None, clock: Callable[[], float]) -> None:
+        self._fleet = fleet
+        self._lease = lease
+        self._clock = clock
+        self.source = source
+        self.term = lease.term if lease is not None else -1
+
+    def __call__(self) -> bool:
+        lease = self._lease
+        # the same lease (a source removed and added again has a new one), in the same term
+        return (
+            lease is not None
+            and self._fleet.lease_of(self.source) is lease
+            and lease.term == self.term
+            and lease.holds(self._clock())
+        )
+
+
 _T = TypeVar("_T")
 
 
@@ -113,17 +137,13 @@ class FleetRunner:
     # -- views for the bridge --------------------------------------------------------------------------------
 
     def fence(self, source: str) -> Fence:
-        """A check bound to the current term of ``source``: False once that term's lease may have passed."""
-        lease = self.fleet.lease_of(source)
-        if lease is None:
-            return lambda: False  # not configured (any more): nothing may act on it
-        term = lease.term
+        """A check bound to the current term of ``source``: False once that term's lease may have passed (always,
+        for a source not configured any more)."""
+        return Fence(self.fleet, source, self.fleet.lease_of(source), self.clock)
 
-        def holds() -> bool:
-            # the same lease (a source removed and added again has a new one), in the same term
-            return self.fleet.lease_of(source) is lease and lease.term == term and lease.holds(self.clock())
-
-        return holds
+    def source_fenced(self, fence: Fence) -> None:
+        """The source ``fence`` guarded found it closed and stopped itself (the fleet may start it again)."""
+        self._feed(partial(self.fleet.source_fenced, fence.source, fence.term, self.clock()))
 
     def holds(self, source: str) -> bool:
         """The fence of ``source`` now: this process may act on it."""

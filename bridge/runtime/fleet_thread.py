@@ -141,6 +141,13 @@ class FleetThread:
         runner = self.runner
         return runner.snapshot() if runner is not None else None
 
+    def source_fenced(self, fence: Fence) -> None:
+        """A source found ``fence`` closed and stopped itself: the fleet decides on its own loop whether the lease
+        still holds (a late renew moved the fence) and it starts again."""
+        runner = self.runner
+        if runner is not None:
+            self._post_fleet(partial(runner.source_fenced, fence))
+
     def set_sources(self, sources: list[str]) -> None:
         """A reload changed the configured sources: the fleet takes the new list on its own loop."""
         names = list(sources)

@@ -317,6 +317,51 @@ async def test_a_busy_event_loop_keeps_its_leases(topology: Topology, tmp_path: 
 
 
 @pytest.mark.anyio
+async def test_a_source_that_stopped_at_its_fence_while_the_lease_was_kept_is_started_again(
+    topology: Topology, tmp_path: Path
+) -> None:
+    """A source finds its fence closed at an action and stops itself, while the lease stays this process's (seen
+    under load: a renew answered a moment after the fence had passed moved it again). The bridge tells the fleet,
+    which starts the source again under the same lease: before, the source stayed stopped for good while its lease
+    was renewed on, and a WorkQueue origin kept everything published after that (a chaos storm run found it)."""
+    config, prepare = await one_source(topology, tmp_path)
+    await prepare()
+    async with (
+        connect(topology.leaf.url) as leaf_nc,
+        connect(topology.hub.url) as hub_nc,
+        running_bridge(config, tmp_path / "bridge.log") as bridge,
+    ):
+        fleet = bridge.fleet
+        assert fleet is not None
+
+        def lease() -> LeaseSnapshot:
+            snapshot = fleet.snapshot()
+            assert snapshot is not None
+            (row,) = snapshot.leases
+            return row
+
+        before = lease()
+        assert before.owned, before
+        publisher = Publisher(leaf_nc, 4000, rate=2000)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher.run)
+            await wait_until(lambda: len(publisher.seqs) >= 1000, timeout=20, what="a first part published")
+            (first,) = bridge.runners
+            # what the runner does when its fence check says closed (SourceRunner.may_act)
+            first.abandon("lease fence closed")
+            await wait_until(
+                lambda: [r for r in bridge.runners if r is not first],
+                timeout=20,
+                what="the source started again",
+            )
+        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        after = lease()
+        assert after.owned and after.ownership_changes == before.ownership_changes, (before, after)
+    events = [json.loads(line).get("event") for line in (tmp_path / "bridge.log").read_text().splitlines()]
+    assert events.count("source.fenced") == 1 and events.count("source.restarted") == 1, events
+
+
+@pytest.mark.anyio
 async def test_a_rolling_update_from_leases_per_source_to_lease_groups_never_shares_a_source(
     topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:

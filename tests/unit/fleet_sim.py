@@ -94,6 +94,7 @@ class Proc:
     frozen_until: float = 0.0
     cut_until: float = 0.0
     running: set[str] = field(default_factory=set)  # sources whose runner is up
+    terms: dict[str, int] = field(default_factory=dict)  # per running source: the term its fence is bound to
     stopping: set[str] = field(default_factory=set)  # graceful stops under way
     inbox: list[Callable[[], list[FleetEffect]]] = field(default_factory=list)  # replies while frozen
 
@@ -160,6 +161,9 @@ class FleetSim:
 
     def step(self, dt: float) -> None:
         target = self.now + dt
+        for proc in self.procs.values():
+            # its sources act at some moment of the step: between a fence passing and a renew's reply, say
+            self._at(self.now + self.rng.uniform(0.0, dt), lambda p=proc: self._act(p))  # type: ignore[misc]
         while self._events and self._events[0][0] <= target:
             at, _, action = heapq.heappop(self._events)
             self.now = max(self.now, at)
@@ -173,6 +177,22 @@ class FleetSim:
                     self._feed(proc, feed)
                 self._feed(proc, lambda p=proc: p.fleet.tick(self.now))  # type: ignore[misc]
         self.check()
+
+    def _act(self, proc: Proc) -> None:
+        """The running sources act, each checking its fence first (as ``SourceRunner.may_act``): one that finds it
+        closed stops itself and is reported (the runtime's ``source_fenced``). A draining source's stop is already
+        under way: the runtime reports its end as ``source_stopped`` only."""
+        if not proc.alive or self.now < proc.frozen_until or self.procs.get(proc.instance) is not proc:
+            return
+        fleet = proc.fleet
+        for lease in list(fleet.leases.values()):
+            if lease.holds(self.now):
+                continue
+            for source in sorted((set(lease.sources) & proc.running) - proc.stopping):
+                proc.running.discard(source)
+                term = proc.terms[source]
+                self.trace.append(f"{self.now:.2f} {proc.instance} {source} fenced")
+                self._feed(proc, lambda s=source, t=term: fleet.source_fenced(s, t, self.now))  # type: ignore[misc]
 
     def _at(self, when: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (when, next(self._order), action))
@@ -196,6 +216,9 @@ class FleetSim:
             assert fleet.holds(effect.source, self.now), "started a source without holding its lease"
             assert effect.source not in proc.running
             proc.running.add(effect.source)
+            lease = fleet.lease_of(effect.source)
+            assert lease is not None
+            proc.terms[effect.source] = lease.term
             self.takeovers += 1
         elif isinstance(effect, StopSource):
             if effect.graceful:

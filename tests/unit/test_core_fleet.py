@@ -370,6 +370,61 @@ def test_a_renew_waits_for_its_reply_until_the_fence() -> None:
     assert fleet.holds("s", fence + 0.5)  # moved to due + ttl - guard
 
 
+def test_a_source_that_found_its_fence_closed_before_a_late_renew_moved_it_is_started_again() -> None:
+    """Seen in a chaos run: the renews failed while the bucket's server was down, the one sent after it came back
+    was answered just after the fence had passed; the source had found the fence closed at an action in between
+    and stopped itself, and the fleet, its lease kept, never started it again (replication stopped for good)."""
+    fleet = joined()
+    own(fleet)
+    term = fleet.leases["s"].term
+    due = TIMING.renew_every
+    fleet.tick(due)
+    fleet.renew_failed("s", "outbound buffer limit exceeded", False, due + 0.1)
+    retry = due + 0.5
+    assert Renew("s", 1) in fleet.tick(retry)
+    fence = TTL - TIMING.guard
+    # the source acts just past the fence: closed, it stops itself; the renew's reply comes a moment later
+    assert not fleet.holds("s", fence + 0.001)
+    assert fleet.renewed("s", 2, retry, fence + 0.002) == []
+    effects = fleet.source_fenced("s", term, fence + 0.003)
+    assert kinds(effects) == [StartSource]
+    (notice,) = [e for e in effects if isinstance(e, Notice)]
+    assert notice.event == "source.restarted" and notice.level == "warning"
+    assert fleet.holds("s", fence + 0.003) and fleet.leases["s"].term == term
+    # a report from an earlier term changes nothing
+    assert fleet.source_fenced("s", term - 1, fence + 0.004) == []
+
+
+def test_a_source_fenced_before_the_late_renew_is_taken_loses_the_lease_and_the_reply_is_stale() -> None:
+    """The other order: the report reaches the fleet before the renew's reply. The fence has passed, so the lease
+    is lost then (the ticker would find the same a moment later), and the reply that follows changes nothing; the
+    next view takes the key back."""
+    fleet = joined()
+    own(fleet)
+    term = fleet.leases["s"].term
+    due = TIMING.renew_every
+    fleet.tick(due)
+    fleet.renew_failed("s", "timeout", False, due + 0.1)
+    retry = due + 0.5
+    assert Renew("s", 1) in fleet.tick(retry)
+    fence = TTL - TIMING.guard
+    effects = fleet.source_fenced("s", term, fence + 0.001)
+    assert StopSource("s", graceful=False) in effects
+    assert fleet.leases["s"].state is LeaseState.STANDBY
+    assert fleet.renewed("s", 2, retry, fence + 0.002) == []
+    assert not fleet.holds("s", fence + 0.002)
+    assert fleet.source_fenced("s", term, fence + 0.003) == []  # a second report of that term: nothing
+
+
+def test_a_source_fenced_while_its_lease_is_handed_over_is_not_started_again() -> None:
+    fleet = joined()
+    own(fleet)
+    term = fleet.leases["s"].term
+    fleet.shutdown(0.5)
+    assert fleet.leases["s"].state is LeaseState.DRAINING
+    assert fleet.source_fenced("s", term, 0.6) == []
+
+
 @pytest.mark.parametrize(("keys", "next_view"), [(10, TIMING.view_every), (300, 0.6), (5000, TIMING.renew_every)])
 def test_views_of_a_big_bucket_are_spaced_out_up_to_a_renew_period(keys: int, next_view: float) -> None:
     """A view reads every key: past VIEW_KEYS_PER_SECOND keys a second the next view waits, at most a renew period."""
