@@ -189,12 +189,18 @@ class OriginClient:
         # slow-consumer drop would only cost a reset
         limit = max(4 * self.source.max_ack_pending, 65536)
         try:
-            self._sub = await self._nc.subscribe(
-                subject, cb=self._on_msg, pending_msgs_limit=limit, pending_bytes_limit=PENDING_BYTES
+            self._sub = await wire.subscribe_sink(
+                self._nc,
+                subject,
+                self._arrived,
+                self._on_read,
+                self._on_msg,
+                self._on_early,
+                pending_msgs_limit=limit,
+                pending_bytes_limit=PENDING_BYTES,
             )
         except Exception as exc:  # not connected: the next reset (silence) subscribes again
             raise OriginUnavailable(f"cannot subscribe to {subject}: {describe(exc)}") from exc
-        wire.add_sink(self._nc, self._sub, self._arrived, self._on_read)
         if self.mode is Mode.PULL:
             self._inbox = subject
         return True
@@ -209,8 +215,12 @@ class OriginClient:
 
     async def _on_msg(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
+        self._on_early([msg])
+
+    def _on_early(self, msgs: list[Msg]) -> None:
+        """Messages nats-py parsed itself (no wire parser, or before the sink was registered), in order."""
         if self._on_messages is not None:
-            self._on_messages([inbound.classify(msg.subject, msg.reply, msg.headers, msg.data)])
+            self._on_messages([inbound.classify(m.subject, m.reply, m.headers, m.data) for m in msgs])
 
     async def unsubscribe(self) -> None:
         sub, self._sub = self._sub, None

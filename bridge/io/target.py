@@ -52,15 +52,18 @@ class SourcePublisher:
     async def start(self) -> None:
         """Subscribe the ack inbox (before the first publish); raises ``TargetUnavailable`` when it cannot."""
         try:
-            self._sub = await self._nc.subscribe(
+            self._sub = await wire.subscribe_sink(
+                self._nc,
                 self.acks_subject,
-                cb=self._handle,
+                self._arrived,
+                self._hand_over,  # after each read that brought acks
+                self._handle,
+                self._on_early,
                 pending_msgs_limit=1_000_000,
                 pending_bytes_limit=256 * 1024 * 1024,
             )
         except Exception as exc:  # nats-py's own errors (closed, outbound buffer full while reconnecting)
             raise TargetUnavailable(f"cannot subscribe to the publish acks: {describe(exc)}") from exc
-        wire.add_sink(self._nc, self._sub, self._arrived, self._hand_over)  # after each read that brought acks
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -72,8 +75,14 @@ class SourcePublisher:
 
     async def _handle(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
-        header = encode_header_block(msg.headers) if msg.headers else None
-        outcomes = self._outcomes([(msg.subject.encode(), b"", header, msg.data)])
+        self._on_early([msg])
+
+    def _on_early(self, msgs: list[Msg]) -> None:
+        """Acks nats-py parsed itself (no wire parser, or before the sink was registered), in order."""
+        frames: list[Frame] = [
+            (m.subject.encode(), b"", encode_header_block(m.headers) if m.headers else None, m.data) for m in msgs
+        ]
+        outcomes = self._outcomes(frames)
         if outcomes:
             self._on_outcomes(outcomes)
 

@@ -22,10 +22,12 @@ fall back to ordinary subscription callbacks.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from nats.aio.msg import Msg
 from nats.errors import ProtocolError
 from nats.protocol.parser import ERR_RE, INFO_RE, MAX_CONTROL_LINE_SIZE, Parser
 
@@ -37,11 +39,13 @@ __all__ = [
     "add_after_parse",
     "add_handler",
     "add_sink",
+    "adopt_sink",
     "has_raw_writes",
     "install",
     "missing_hooks",
     "remove_after_parse",
     "remove_handler",
+    "subscribe_sink",
     "take",
 ]
 
@@ -242,6 +246,48 @@ def add_sink(nc: Any, sub: Any, sink: list[Frame], on_read: Callable[[], None] |
     if on_read is not None:
         parser.on_read[sid] = on_read
     return True
+
+
+async def subscribe_sink(
+    nc: Any,
+    subject: str,
+    sink: list[Frame],
+    on_read: Callable[[], None],
+    fallback: Callable[[Msg], Awaitable[None]],
+    early: Callable[[list[Msg]], None],
+    **limits: int,
+) -> Any:
+    """Subscribe ``subject`` with its messages appended to ``sink`` (:func:`add_sink`) and return the subscription.
+
+    With a :class:`WireParser`, nats-py is given no callback, so it makes no task for the subscription (a task per
+    subscription, two subscriptions per source, was most of what a quiet source cost in memory), and
+    :func:`adopt_sink` hands over what nats-py queued before the sink took over. Without the parser, nats-py's
+    ``fallback`` callback takes every message. ``limits`` are nats-py's pending limits.
+    """
+    if not isinstance(getattr(nc, "_ps", None), WireParser):
+        return await nc.subscribe(subject, cb=fallback, **limits)
+    sub = await nc.subscribe(subject, **limits)
+    if adopt_sink(nc, sub, sink, on_read, early):
+        return sub
+    # a subscription the parser cannot name (an untested nats-py): nats-py's own dispatch, or nothing would read it
+    await sub.unsubscribe()
+    return await nc.subscribe(subject, cb=fallback, **limits)
+
+
+def adopt_sink(
+    nc: Any, sub: Any, sink: list[Frame], on_read: Callable[[], None], early: Callable[[list[Msg]], None]
+) -> bool:
+    """Register ``sink`` for a subscription made without a callback, then hand what nats-py had queued for it (a
+    read between its SUB and now) to ``early``, at once: before anything the sink gets, so the order holds. False
+    (nothing registered) when ``nc`` has no :class:`WireParser` or ``sub`` no id it knows."""
+    registered = add_sink(nc, sub, sink, on_read)
+    queue: asyncio.Queue[Msg] | None = getattr(sub, "_pending_queue", None)
+    if queue is not None and not queue.empty():
+        queued: list[Msg] = []
+        while not queue.empty():
+            queued.append(queue.get_nowait())
+        early(queued)
+    return registered
 
 
 def take(sink: list[Frame]) -> list[Frame]:

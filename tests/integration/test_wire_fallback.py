@@ -1,13 +1,17 @@
-"""Without the wire parser (a nats-py whose internals ``bridge.io.wire`` does not recognise), the bridge replicates
-through nats-py's ordinary subscription callbacks, with the same result: every message once, in order, headers
-renamed by the same policy."""
+"""The wire parser and nats-py's own dispatch. Without the parser (a nats-py whose internals ``bridge.io.wire`` does
+not recognise), the bridge replicates through nats-py's ordinary subscription callbacks, with the same result: every
+message once, in order, headers renamed by the same policy. With it, the hot subscriptions have no nats-py task."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
+from bridge.core.frames import Frame
 from bridge.io import wire
 from bridge.io.origin import OriginClient
 from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
@@ -22,7 +26,7 @@ from bridge.testing.jetstream import (
     seqs_by_source,
     stream_messages,
 )
-from bridge.testing.polling import wait_for_value
+from bridge.testing.polling import wait_for_value, wait_until
 from bridge.testing.servers import Topology
 
 N = 3000
@@ -60,3 +64,47 @@ async def test_replicates_through_nats_py_callbacks(
         assert copy.headers["X-App"] == str(index)
         assert copy.headers["Bridge-Orig-Nats-Msg-Id"] == f"app-{index}"
         assert copy.headers["Nats-Msg-Id"] == f"edge1:{ORIGIN}:{copy.origin_seq}"
+
+
+@pytest.mark.anyio
+async def test_a_sink_subscription_makes_no_task_and_hands_over_first_what_nats_py_queued(topology: Topology) -> None:
+    """With the wire parser a hot subscription is made without a nats-py callback: no task per subscription (two
+    per source), and what nats-py queued itself before the sink was registered comes first, in order."""
+    nc = NATS()
+    assert wire.install(nc) is not None
+    await nc.connect(topology.hub.url)
+    try:
+        async with connect(topology.hub.url) as pub:
+            early: list[bytes] = []
+            sink: list[Frame] = []
+            taken: list[bytes] = []
+
+            def on_read() -> None:
+                taken.extend(frame[3] for frame in wire.take(sink))
+
+            # what a read between SUB and the sink's registration leaves: messages in nats-py's own queue
+            sub = await nc.subscribe("early.test")
+            for i in range(5):
+                await pub.publish("early.test", str(i).encode())
+            await pub.flush()
+            await wait_for_value(lambda: sub.pending_msgs, 5, timeout=10, what="messages queued by nats-py")
+            assert wire.adopt_sink(nc, sub, sink, on_read, lambda msgs: early.extend(m.data for m in msgs))
+            assert sub.pending_msgs == 0
+            for i in range(5, 10):
+                await pub.publish("early.test", str(i).encode())
+            await pub.flush()
+            await wait_until(lambda: len(taken) == 5, timeout=10, what="the sink's messages")
+            assert early + taken == [str(i).encode() for i in range(10)]
+
+            async def no_callback(msg: Msg) -> None:
+                raise AssertionError("nats-py dispatched a sink's message")
+
+            tasks = len(asyncio.all_tasks())
+            second = await wire.subscribe_sink(nc, "sink.test", sink, on_read, no_callback, lambda msgs: None)
+            assert len(asyncio.all_tasks()) == tasks, "subscribing made a task"
+            await pub.publish("sink.test", b"x")
+            await pub.flush()
+            await wait_until(lambda: taken[-1:] == [b"x"], timeout=10, what="the second sink's message")
+            await second.unsubscribe()
+    finally:
+        await nc.close()
