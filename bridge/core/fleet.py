@@ -109,6 +109,11 @@ class LeaseTiming:
         return max(0.2, min(self.ttl / 5, 5.0))
 
     @property
+    def join_wait(self) -> float:
+        """How long after its presence is first written a process waits before taking leases (one view)."""
+        return self.view_every
+
+    @property
     def view_every(self) -> float:
         """How often the bucket is read whole (members and holders)."""
         return max(0.1, min(1.0, self.ttl / 10))
@@ -320,6 +325,7 @@ class Fleet:
         self._viewing = False
         self._next_view = now
         self._presence_ok = False
+        self._joined_at = math.inf  # when our presence was first written
         self._next_presence = now
         self._collision_noted = False
 
@@ -453,7 +459,9 @@ class Fleet:
         """The presence key was written."""
         if not self._presence_ok:
             self._presence_ok = True
-            self._next_view = now  # the first view that can include us: decide at once rather than a view later
+            self._joined_at = now
+            # the first view that may decide: one that can include peers started with us (see ``joining``)
+            self._next_view = now + self.timing.join_wait
         return []
 
     def settled(self) -> bool:
@@ -686,10 +694,19 @@ class Fleet:
         }
         return math.ceil(len(self.units) / len(live | {self.instance}))
 
+    @property
+    def joining(self) -> bool:
+        """No view read since ``join_wait`` after our presence was first written: peers started with us may not
+        be in the views yet, and a process that took every group it saw free would start them all only to hand
+        two thirds over a moment later (three processes started together on 2,000 sources: the first did every
+        set-up twice, ``bench fleet``)."""
+        return self._view_at < self._joined_at + self.timing.join_wait
+
     def _decide(self, now: float) -> list[FleetEffect]:
-        if self.stopping or not self._presence_ok or self.foreign:
-            # acquire only once the fleet can see us (otherwise every start would move sources twice), and never
-            # beside a process that leases by other keys: it cannot see our leases, nor we its
+        if self.stopping or not self._presence_ok or self.joining or self.foreign:
+            # acquire only once the fleet can see us and we can see the peers that started with us (otherwise
+            # every start would move sources twice), and never beside a process that leases by other keys: it
+            # cannot see our leases, nor we its
             return []
         effects: list[FleetEffect] = []
         excess = sum(1 for lease in self.leases.values() if lease.machine.serving) - self.fair_share()

@@ -50,11 +50,11 @@ def kinds(effects: list[FleetEffect]) -> list[type]:
 
 
 def joined(instance: str = "a", sources: tuple[str, ...] = ("s",), now: float = 0.0) -> Fleet:
-    """A fleet core that has written its presence and may decide."""
+    """A fleet core that has written its presence (a join wait ago) and may decide."""
     fleet = Fleet(instance, f"{instance}#1", sources, TIMING, now)
     effects = fleet.tick(now)
     assert kinds(effects) == [WritePresence, ReadView]
-    fleet.presence_written(now)
+    fleet.presence_written(now - TIMING.join_wait)
     return fleet
 
 
@@ -346,7 +346,7 @@ def test_failing_renews_are_logged_on_the_first_and_every_fifth() -> None:
     timing = LeaseTiming(30.0)  # a long fence: seven failures fit before it closes
     fleet = Fleet("a", "a#1", ["s"], timing, 0.0)
     fleet.tick(0.0)
-    fleet.presence_written(0.0)
+    fleet.presence_written(-timing.join_wait)
     fleet.viewed(View(members=me(fleet)), 0.0, 0.0)
     fleet.acquired("s", 1, 0.0, 0.0, 0.0)
     now, logged = timing.renew_every, []
@@ -505,7 +505,7 @@ def test_ten_thousand_sources_in_lease_groups_settle_balanced_with_a_write_rate_
 def grouped(sources: tuple[str, ...], groups: int, instance: str = "a") -> Fleet:
     fleet = Fleet(instance, f"{instance}#1", sources, TIMING, 0.0, groups)
     fleet.tick(0.0)
-    fleet.presence_written(0.0)
+    fleet.presence_written(-TIMING.join_wait)
     return fleet
 
 
@@ -595,3 +595,26 @@ def test_processes_with_different_lease_groups_never_both_act(first_groups: int)
     sim.kill("p0")
     sim.run_for(3 * TTL)
     assert all(owners == ["p1"] for owners in sim.owners().values())
+
+
+def test_processes_started_together_each_take_only_their_share() -> None:
+    """Three processes write their presence within one join wait of each other and every lease is free. A view
+    read before the others' presence is there decides nothing (without the wait the first process took all 30 and
+    handed two thirds over a moment later); the first view that may decide sees all three, so each acquires exactly
+    the leases it is preferred for."""
+    sources = tuple(f"s{i}" for i in range(30))
+    fleets = [Fleet(name, f"{name}#1", sources, TIMING, 0.0) for name in "abc"]
+    for i, fleet in enumerate(fleets):
+        fleet.tick(0.0)
+        fleet.presence_written(0.05 * i)
+    early = fleets[0].viewed(View(members=me(fleets[0])), 0.01, 0.01)
+    assert not [e for e in early if isinstance(e, Acquire)]
+    members = {name: member for fleet in fleets for name, member in me(fleet).items()}
+    later = 0.1 + TIMING.join_wait
+    taken = {
+        fleet.instance: {e.lease for e in fleet.viewed(View(members=members), later, later) if isinstance(e, Acquire)}
+        for fleet in fleets
+    }
+    assert sorted(s for leases in taken.values() for s in leases) == sorted(sources)  # each once
+    for instance, leases in taken.items():
+        assert leases == {s for s in sources if preferred_owner(s, "abc") == instance}
