@@ -26,8 +26,9 @@ buffered, whatever its tasks happen to run first. ``guard`` absorbs clock-rate d
 
 **Assignment.** Each process writes ``presence.<instance>`` (value: its incarnation and the leases it serves)
 every ``renew_every``; the bucket's ``max_age`` removes the presence of a process that died. A source's preferred
-owner is the live member serving it with the highest rendezvous hash of (source, instance), so each of N members
-prefers about M/N sources and a member joining or leaving changes the preference of its share only. A free source
+owner comes from rendezvous hashing of (lease, instance) with bounded loads (:func:`bounded_assignment`): each
+of N members is preferred for at most ceil(M/N) of the M leases, every process computes the same assignment from the
+same presence keys, and a member joining or leaving changes the preference of about its share only. A free source
 is acquired by its preferred member at once, and, while its preferred member is not taking it, by its second choice
 once it has been free for ``ttl``, by its third once free for twice that, and so on (a dead member's presence
 outlives its leases by up to a renew period: the member preferred once it expires takes the source, which then
@@ -107,6 +108,11 @@ class LeaseTiming:
     def request_timeout(self) -> float:
         """The longest a KV write may take before it counts as failed (and is tried again)."""
         return max(0.2, min(self.ttl / 5, 5.0))
+
+    @property
+    def join_wait(self) -> float:
+        """How long after its presence is first written a process waits before taking leases (one view)."""
+        return self.view_every
 
     @property
     def view_every(self) -> float:
@@ -241,6 +247,34 @@ def preferred_owner(source: str, candidates: Iterable[str]) -> str | None:
     return None if best is None else best[1]
 
 
+def bounded_assignment(served: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """Each lease's preferred owner among the members serving it, with bounded loads.
+
+    Rendezvous hashing alone leaves the shares uneven (128 groups over three members: 48 / 48 / 32), and the sticky
+    fair-share rule never corrects it, since a process hands a lease over only to its preferred member. Here the
+    leases are taken in a fixed order (by their own hash) and each goes to its most preferred member (rendezvous
+    order) that has fewer than ceil(leases / members) so far; one whose members are all full goes to its first.
+    Every process that sees the same members serving the same leases computes the same answer, and a member
+    joining or leaving still moves few leases (each keeps its rendezvous order).
+    """
+    names = sorted(served, key=lambda name: (rendezvous(name, ""), name))
+    candidates = {name: preference_order(name, served[name]) for name in names}
+    members = {instance for order in candidates.values() for instance in order}
+    if not members:
+        return {}
+    cap = math.ceil(len(names) / len(members))
+    load = dict.fromkeys(members, 0)
+    out: dict[str, str] = {}
+    for name in names:
+        order = candidates[name]
+        if not order:
+            continue
+        pick = next((instance for instance in order if load[instance] < cap), order[0])
+        load[pick] += 1
+        out[name] = pick
+    return out
+
+
 @dataclass(slots=True)
 class Lease:
     """One lease (a source's, or a group's): its state machine (``bridge.core.leases``) and what the states do not
@@ -320,6 +354,7 @@ class Fleet:
         self._viewing = False
         self._next_view = now
         self._presence_ok = False
+        self._joined_at = math.inf  # when our presence was first written
         self._next_presence = now
         self._collision_noted = False
 
@@ -453,7 +488,9 @@ class Fleet:
         """The presence key was written."""
         if not self._presence_ok:
             self._presence_ok = True
-            self._next_view = now  # the first view that can include us: decide at once rather than a view later
+            self._joined_at = now
+            # the first view that may decide: one that can include peers started with us (see ``joining``)
+            self._next_view = now + self.timing.join_wait
         return []
 
     def settled(self) -> bool:
@@ -663,7 +700,20 @@ class Fleet:
 
     def preferred(self, name: str) -> str | None:
         """The instance that should own the lease ``name`` among the live members serving it (this one included)."""
-        return preferred_owner(name, self._candidates(name))
+        return self._assignment().get(name)
+
+    def _assignment(self) -> dict[str, str]:
+        """Every lease any live member serves (this one as configured now), with its preferred owner."""
+        served: dict[str, set[str]] = {}
+        for instance, member in self.members.items():
+            if instance == self.instance or member.lease_groups != self.groups:
+                continue  # our own presence as last written may be stale: decide from now
+            for name in member.sources:
+                served.setdefault(name, set()).add(instance)
+        if not self.stopping:
+            for name in self.units:
+                served.setdefault(name, set()).add(self.instance)
+        return bounded_assignment(served)
 
     def _candidates(self, name: str) -> set[str]:
         candidates = {
@@ -686,17 +736,27 @@ class Fleet:
         }
         return math.ceil(len(self.units) / len(live | {self.instance}))
 
+    @property
+    def joining(self) -> bool:
+        """No view read since ``join_wait`` after our presence was first written: peers started with us may not
+        be in the views yet, and a process that took every group it saw free would start them all only to hand
+        two thirds over a moment later (three processes started together on 2,000 sources: the first did every
+        set-up twice, ``bench fleet``)."""
+        return self._view_at < self._joined_at + self.timing.join_wait
+
     def _decide(self, now: float) -> list[FleetEffect]:
-        if self.stopping or not self._presence_ok or self.foreign:
-            # acquire only once the fleet can see us (otherwise every start would move sources twice), and never
-            # beside a process that leases by other keys: it cannot see our leases, nor we its
+        if self.stopping or not self._presence_ok or self.joining or self.foreign:
+            # acquire only once the fleet can see us and we can see the peers that started with us (otherwise
+            # every start would move sources twice), and never beside a process that leases by other keys: it
+            # cannot see our leases, nor we its
             return []
         effects: list[FleetEffect] = []
         excess = sum(1 for lease in self.leases.values() if lease.machine.serving) - self.fair_share()
+        assigned = self._assignment()
         for name in self.units:
             lease = self.leases[name]
             holder = self.holders.get(name)
-            preferred = self.preferred(name)
+            preferred = assigned.get(name)
             if lease.machine.serving:
                 # sticky: a lease moves only off a process above its fair share, and only to its preferred member
                 if excess > 0 and preferred is not None and preferred != self.instance and preferred in self.members:

@@ -139,7 +139,7 @@ def drive(state: LeaseState) -> Fleet:
     renew sent at RENEW_AT, any handover after that)."""
     fleet = Fleet("a", "a#1", ["s"], TIMING, 0.0)
     fleet.tick(0.0)
-    fleet.presence_written(0.0)
+    fleet.presence_written(-TIMING.join_wait)  # joined a join wait ago: it may decide at 0
     if state is LeaseState.STANDBY:
         return at(fleet, state)
     assert labels(fleet.viewed(View(members=me(fleet)), 0.0, 0.0)) == [Acquire("s", 0)]
@@ -283,7 +283,7 @@ def test_an_acquisition_that_lands_past_its_fence_is_acquired_then_lost() -> Non
 def test_a_renew_reply_after_the_release_does_not_answer_the_next_terms_renew() -> None:
     fleet = Fleet("a", "a#1", ["s", "t"], TIMING, 0.0)
     fleet.tick(0.0)
-    fleet.presence_written(0.0)
+    fleet.presence_written(-TIMING.join_wait)  # joined a join wait ago: it may decide at 0
     fleet.viewed(View(members=me(fleet)), 0.0, 0.0)
     fleet.acquired("s", 1, 0.0, 0.0, 0.0)
     fleet.acquired("t", 2, 0.0, 0.0, 0.0)
