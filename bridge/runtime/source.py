@@ -5,6 +5,8 @@ through the origin and target ports (``bridge.ports``) and feeds every outcome b
 
 Task ownership (all inside the runner's task group, cancelled together when the runner ends):
 
+* the task that called ``run`` watches for ``stop`` (then drains); ``_start`` sets up (connect, bind, recover) and
+  ends once it has started the rest;
 * the origin's subscription hands deliveries to the engine (synchronously, from the wire parser; it never awaits
   I/O, it only queues effects);
 * the publisher's ack callback feeds publish outcomes;
@@ -181,22 +183,28 @@ class SourceRunner:
     async def _run(self, stop: anyio.Event) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            tg.start_soon(self._watch_stop, stop, tg)
-            try:
-                await self._setup(stop)
-            except anyio.get_cancelled_exc_class():
-                await self._close()
-                raise
-            if stop.is_set() or self.fenced:
-                tg.cancel_scope.cancel()
-                await self._close()
-                return
-            tg.start_soon(self._executor)
-            if self._shared_ticker is None:
-                tg.start_soon(self._ticker)
-            else:
-                self._shared_ticker.add(self._tick_callback)
+            tg.start_soon(self._start, stop, tg)
+            # this task watches for the stop itself: a task of its own for that would be a third of what a quiet
+            # source's tasks cost in memory
+            await self._watch_stop(stop, tg)
         await self._close()
+
+    async def _start(self, stop: anyio.Event, tg: TaskGroup) -> None:
+        """Set up, then start the executor (and the ticker); the task ends there."""
+        try:
+            await self._setup(stop)
+        except anyio.get_cancelled_exc_class():
+            await self._close()
+            raise
+        if stop.is_set() or self.fenced:
+            tg.cancel_scope.cancel()
+            await self._close()
+            return
+        tg.start_soon(self._executor)
+        if self._shared_ticker is None:
+            tg.start_soon(self._ticker)
+        else:
+            self._shared_ticker.add(self._tick_callback)
 
     def may_act(self) -> bool:
         """The fence, checked right before every action on the source; abandons the source once it is closed."""
