@@ -18,8 +18,10 @@ import contextlib
 import functools
 import itertools
 import json
+import os
 import time
 from abc import ABC, abstractmethod
+from asyncio import Future
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -28,6 +30,8 @@ import anyio
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.api import PubAck
+from nats.js.client import JetStreamContext
 
 from bridge.core.ackreply import parse_ack_subject
 from bridge.core.modes import Mode
@@ -37,6 +41,7 @@ from bridge.testing.servers import origin_mode_expected
 
 __all__ = [
     "ACK_BODIES",
+    "PUBLISH_ACK_RETRY",
     "PUBLISH_ACK_WAIT",
     "AckSeen",
     "AckTap",
@@ -176,6 +181,7 @@ def default_payload(i: int) -> bytes:
 
 
 PUBLISH_ACK_WAIT = 30.0  # seconds the test publisher waits for one publish ack
+PUBLISH_ACK_RETRY = 5.0  # ... and after this long without it, sends the message again (same Nats-Msg-Id)
 
 
 @dataclass
@@ -184,6 +190,11 @@ class Publisher:
 
     Message ``i`` (0-based) goes to ``subject(i)`` with ``payload(i)`` and header ``Test-Index: i``. The acked
     origin sequences are kept in ``seqs`` (in order).
+
+    A publish whose ack is not back within ``PUBLISH_ACK_RETRY`` is sent again (a publish written into a connection
+    the server had just closed, in a server restart, is lost with no error); with ``msg_ids`` (the default) every
+    message carries ``Nats-Msg-Id: <publisher>-<i>`` so the stream's duplicate window stores a resent one once.
+    Without them nothing is resent (a test of exact header sets on a stream nobody restarts).
     """
 
     nc: Client
@@ -193,6 +204,7 @@ class Publisher:
     headers: Callable[[int], dict[str, str]] | None = None
     rate: float | None = None  # messages per second; None: as fast as acks come back
     batch: int = 100
+    msg_ids: bool = True
     seqs: list[int] = field(default_factory=list)
     subjects: dict[int, str] = field(default_factory=dict)  # origin seq -> subject
     resume: anyio.Event = field(default_factory=anyio.Event)
@@ -200,6 +212,7 @@ class Publisher:
 
     def __post_init__(self) -> None:
         self.resume.set()
+        self._id = os.urandom(4).hex()  # two publishers of one test never share a message id
 
     def pause(self) -> None:
         self.resume = anyio.Event()
@@ -217,16 +230,13 @@ class Publisher:
             futures = []
             for k in range(i, i + n):
                 hdrs = {"Test-Index": str(k)}
+                if self.msg_ids:
+                    hdrs["Nats-Msg-Id"] = f"{self._id}-{k}"
                 if self.headers is not None:
                     hdrs.update(self.headers(k))
-                futures.append((k, await js.publish_async(self.subject(k), self.payload(k), headers=hdrs)))
-            for k, fut in futures:
-                # nats-py's publish futures have no deadline of their own: an ack lost in a server restart would
-                # wait forever (a loaded run hung here for pytest-timeout's 600 s), so fail clearly instead
-                with anyio.move_on_after(PUBLISH_ACK_WAIT) as waited:
-                    ack = await fut
-                if waited.cancelled_caught:
-                    raise AssertionError(f"no publish ack for message {k} within {PUBLISH_ACK_WAIT:g}s")
+                futures.append((k, hdrs, await js.publish_async(self.subject(k), self.payload(k), headers=hdrs)))
+            for k, hdrs, fut in futures:
+                ack = await self._acked(js, k, hdrs, fut)
                 self.seqs.append(ack.seq)
                 self.subjects[ack.seq] = self.subject(k)
             i += n
@@ -235,6 +245,19 @@ class Publisher:
                 if ahead > 0:
                     await anyio.sleep(ahead)
         self.done.set()
+
+    async def _acked(self, js: JetStreamContext, k: int, hdrs: dict[str, str], fut: Future[PubAck]) -> PubAck:
+        """The ack of message ``k``, resending it (same headers, so the same message id) while none comes."""
+        # nats-py's publish futures have no deadline of their own: an ack lost in a server restart would wait
+        # forever (a loaded run hung here for pytest-timeout's 600 s), so resend, and fail clearly in the end
+        deadline = time.monotonic() + PUBLISH_ACK_WAIT
+        while True:
+            left = deadline - time.monotonic()
+            with anyio.move_on_after(min(left, PUBLISH_ACK_RETRY) if self.msg_ids else left) as waited:
+                return await fut
+            if waited.cancelled_caught and time.monotonic() >= deadline:
+                raise AssertionError(f"no publish ack for message {k} within {PUBLISH_ACK_WAIT:g}s")
+            fut = await js.publish_async(self.subject(k), self.payload(k), headers=hdrs)
 
     @property
     def published(self) -> int:
