@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 from bridge.observe.metrics import LeaseSnapshot
+from bridge.runtime.app import Bridge
 from bridge.testing.configs import ORIGIN, TEST_COORDINATION, SourceSpec, write_config
 from bridge.testing.http import http_port, readyz, standby_ready
 from bridge.testing.inprocess import running_bridge
@@ -35,6 +36,15 @@ from bridge.testing.servers import Topology
 TTL = float(TEST_COORDINATION["lease_ttl"])
 RATE = 2000
 DUPLICATE_WINDOW = 1.0
+
+
+def only_lease(bridge: Bridge) -> LeaseSnapshot:
+    """The one lease of an in-process bridge with one source, as its fleet sees it now."""
+    assert bridge.fleet is not None
+    snapshot = bridge.fleet.snapshot()
+    assert snapshot is not None
+    (row,) = snapshot.leases
+    return row
 
 
 async def owns(proc: BridgeProcess, source: str) -> bool:
@@ -293,20 +303,11 @@ async def test_a_busy_event_loop_keeps_its_leases(topology: Topology, tmp_path: 
         connect(topology.hub.url) as hub_nc,
         running_bridge(config, tmp_path / "bridge.log") as bridge,
     ):
-        fleet = bridge.fleet
-        assert fleet is not None
-
-        def lease() -> LeaseSnapshot:
-            snapshot = fleet.snapshot()
-            assert snapshot is not None
-            (row,) = snapshot.leases
-            return row
-
-        before = lease()
+        before = only_lease(bridge)
         assert before.owned, before
         # the fault under test: this thread, the bridge's loop included, does nothing else for that long
         time.sleep(2 * TTL)  # noqa: ASYNC251  (blocking the loop is the point)
-        after = lease()
+        after = only_lease(bridge)
         assert after.owned and after.ownership_changes == before.ownership_changes, (before, after)
         # a renew is due every TTL/3: at least four landed while the loop was blocked
         assert after.renewals >= before.renewals + 4, (before, after)
@@ -331,16 +332,7 @@ async def test_a_source_that_stopped_at_its_fence_while_the_lease_was_kept_is_st
         connect(topology.hub.url) as hub_nc,
         running_bridge(config, tmp_path / "bridge.log") as bridge,
     ):
-        fleet = bridge.fleet
-        assert fleet is not None
-
-        def lease() -> LeaseSnapshot:
-            snapshot = fleet.snapshot()
-            assert snapshot is not None
-            (row,) = snapshot.leases
-            return row
-
-        before = lease()
+        before = only_lease(bridge)
         assert before.owned, before
         publisher = Publisher(leaf_nc, 4000, rate=2000)
         async with anyio.create_task_group() as tg:
@@ -355,7 +347,7 @@ async def test_a_source_that_stopped_at_its_fence_while_the_lease_was_kept_is_st
                 what="the source started again",
             )
         await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
-        after = lease()
+        after = only_lease(bridge)
         assert after.owned and after.ownership_changes == before.ownership_changes, (before, after)
     events = [json.loads(line).get("event") for line in (tmp_path / "bridge.log").read_text().splitlines()]
     assert events.count("source.fenced") == 1 and events.count("source.restarted") == 1, events

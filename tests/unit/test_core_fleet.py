@@ -372,11 +372,9 @@ def test_a_renew_waits_for_its_reply_until_the_fence() -> None:
     assert fleet.holds("s", fence + 0.5)  # moved to due + ttl - guard
 
 
-def test_a_source_that_found_its_fence_closed_before_a_late_renew_moved_it_is_started_again() -> None:
-    """Seen in a chaos run: the renews failed while the bucket's server was down, the one sent after it came back
-    was answered just after the fence had passed; the source had found the fence closed at an action in between
-    and stopped itself, and the fleet, its lease kept, never started it again (replication stopped for good)."""
-    fleet = joined()
+def renew_retried_near_the_fence(fleet: Fleet) -> tuple[int, float, float]:
+    """``s`` owned, its renew failed once and retried: the retry is in flight. Returns the lease's term, the
+    retry's send time and the fence (which no reply has moved yet)."""
     own(fleet)
     term = fleet.leases["s"].term
     due = TIMING.renew_every
@@ -384,7 +382,15 @@ def test_a_source_that_found_its_fence_closed_before_a_late_renew_moved_it_is_st
     fleet.renew_failed("s", "outbound buffer limit exceeded", False, due + 0.1)
     retry = due + 0.5
     assert Renew("s", 1) in fleet.tick(retry)
-    fence = TTL - TIMING.guard
+    return term, retry, TTL - TIMING.guard
+
+
+def test_a_source_that_found_its_fence_closed_before_a_late_renew_moved_it_is_started_again() -> None:
+    """Seen in a chaos run: the renews failed while the bucket's server was down, the one sent after it came back
+    was answered just after the fence had passed; the source had found the fence closed at an action in between
+    and stopped itself, and the fleet, its lease kept, never started it again (replication stopped for good)."""
+    fleet = joined()
+    term, retry, fence = renew_retried_near_the_fence(fleet)
     # the source acts just past the fence: closed, it stops itself; the renew's reply comes a moment later
     assert not fleet.holds("s", fence + 0.001)
     assert fleet.renewed("s", 2, retry, fence + 0.002) == []
@@ -402,14 +408,7 @@ def test_a_source_fenced_before_the_late_renew_is_taken_loses_the_lease_and_the_
     is lost then (the ticker would find the same a moment later), and the reply that follows changes nothing; the
     next view takes the key back."""
     fleet = joined()
-    own(fleet)
-    term = fleet.leases["s"].term
-    due = TIMING.renew_every
-    fleet.tick(due)
-    fleet.renew_failed("s", "timeout", False, due + 0.1)
-    retry = due + 0.5
-    assert Renew("s", 1) in fleet.tick(retry)
-    fence = TTL - TIMING.guard
+    term, retry, fence = renew_retried_near_the_fence(fleet)
     effects = fleet.source_fenced("s", term, fence + 0.001)
     assert StopSource("s", graceful=False) in effects
     assert fleet.leases["s"].state is LeaseState.STANDBY
