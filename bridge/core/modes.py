@@ -5,6 +5,12 @@ that already exists (a server upgraded to 2.14 does not turn a pull consumer int
 refuses anyway), and otherwise takes flow control where the origin's server has it: JetStream API level 4
 (nats-server 2.14.0) or higher. Servers from 2.11 on report their API level in every stream info
 (``_nats.level``); a server that reports none is older than 2.11.
+
+Reading the durable costs every source a ``CONSUMER.INFO`` at start-up, and in the common case it only confirms what
+the server's level says. So ``auto`` on a server with flow control first *presumes* it (``presume_mode``) and
+creates the flow-control consumer straight away; the server never turns a consumer of one kind or ack policy into
+another (``server/consumer.go``, ``checkNewConsumerConfig``), so a durable of another kind refuses that create, and
+only then is it read and the mode chosen from it (``choose_mode``).
 """
 
 from __future__ import annotations
@@ -58,6 +64,14 @@ def describe_server(api_level: int | None, version: str | None) -> str:
         return "a nats-server older than 2.11 (it reports no API level)"
     name = f"nats-server {version}" if version else "nats-server"
     return f"{name} (API level {api_level})"
+
+
+def presume_mode(configured: str, api_level: int | None, version: str | None) -> Choice | None:
+    """The mode to try without reading the durable: flow control for ``auto`` on a server that has it (None: read
+    the durable and ``choose_mode``). Confirmed by the consumer's create; refused, the durable decides."""
+    if configured == "auto" and supports_flow_control(api_level):
+        return choose_mode(configured, api_level, version, None)  # as if no durable existed
+    return None
 
 
 def choose_mode(configured: str, api_level: int | None, version: str | None, existing: ConsumerKind | None) -> Choice:

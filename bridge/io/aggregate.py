@@ -14,9 +14,9 @@ ADR-31 (Direct Get): https://github.com/nats-io/nats-architecture-and-design/blo
 from __future__ import annotations
 
 import base64
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from nats.aio.client import Client as NATS
@@ -51,16 +51,59 @@ def duplicate_window_short(window_seconds: float, ack_timeout: float) -> bool:
     return window_seconds < SHORT_WINDOW_ACK_TIMEOUTS * ack_timeout
 
 
-class _RecentLimits:
-    """The last complete limits read and the read under way, shared by the sources of a process."""
+class _Read:
+    """One read of a ``SharedReads``: when it began, and its reply or failure once ``done`` is set (neither: it was
+    cancelled, and whoever waited for it reads again)."""
+
+    __slots__ = ("began", "done", "error", "reply")
+
+    def __init__(self, began: float) -> None:
+        self.began = began
+        self.done = anyio.Event()
+        self.reply: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+
+
+class SharedReads:
+    """A request whose reply many sources want (the aggregate's ``STREAM.INFO``), made once for all of them.
+
+    ``since(read, t)`` returns the reply of a read that *began* at or after ``t``: a source that needs what the stream
+    held when it asked passes the time it asked, and gets no older reply than its own read would have been; one
+    content with a recent one passes an earlier time. Asks arriving while a read is under way wait for it if it
+    began late enough, else for the next one, which the first of them starts once it ends: a thousand sources asking
+    together cost a few reads, not a thousand. A failure goes to every caller of its read and is not kept."""
 
     def __init__(self) -> None:
-        self.value: TargetLimits | None = None
-        self.read_at = -math.inf
-        self.reading: anyio.Event | None = None
+        self._latest: _Read | None = None  # the last read that succeeded
+        self._current: _Read | None = None  # the read under way
 
-    def fresh(self) -> TargetLimits | None:
-        return self.value if anyio.current_time() - self.read_at < LIMITS_FRESH else None
+    async def since(self, read: Callable[[], Awaitable[dict[str, Any]]], t: float) -> dict[str, Any]:
+        while True:
+            latest, current = self._latest, self._current
+            if latest is not None and latest.began >= t and latest.reply is not None:
+                return latest.reply
+            if current is None:
+                current = await self._perform(read)
+            else:
+                await current.done.wait()
+            if current.began >= t:
+                if current.error is not None:
+                    raise current.error
+                if current.reply is not None:
+                    return current.reply
+            # too old for this caller, or cancelled: the next read
+
+    async def _perform(self, read: Callable[[], Awaitable[dict[str, Any]]]) -> _Read:
+        this = self._current = _Read(anyio.current_time())
+        try:
+            this.reply = await read()
+            self._latest = this
+        except Exception as exc:
+            this.error = exc
+        finally:
+            self._current = None
+            this.done.set()
+        return this
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,39 +117,20 @@ class TargetSide:
     ack_timeout: float
     timeout: float = 5.0  # for API requests
     tail_reads: anyio.Semaphore = field(default_factory=lambda: anyio.Semaphore(CONCURRENT_TAIL_READS))
-    recent_limits: _RecentLimits = field(default_factory=_RecentLimits)
+    infos: SharedReads = field(default_factory=SharedReads)
 
     def publisher(self, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> SourcePublisher:
         return SourcePublisher(self.nc, on_outcomes)
 
-    async def limits(self) -> TargetLimits:
-        """The server's ``max_payload`` and, if the stream can be read, its ``max_msg_size`` and subjects: one read
-        for every source asking within ``LIMITS_FRESH`` of it (those asking while it is under way wait for it)."""
-        recent = self.recent_limits
-        fresh = recent.fresh()
-        if fresh is not None:
-            return fresh
-        if recent.reading is not None:
-            await recent.reading.wait()
-            fresh = recent.fresh()
-            if fresh is not None:
-                return fresh
-        started = anyio.current_time()
-        reading = recent.reading = anyio.Event()
-        try:
-            limits = await self._read_limits()
-        finally:
-            reading.set()
-            if recent.reading is reading:
-                recent.reading = None
-        if limits.subjects is not None:  # the stream was read: complete, worth sharing
-            recent.value, recent.read_at = limits, started
-        return limits
+    async def _info(self, since: float) -> dict[str, Any]:
+        return await self.infos.since(lambda: self.api.stream_info(self.stream, timeout=self.timeout), since)
 
-    async def _read_limits(self) -> TargetLimits:
+    async def limits(self) -> TargetLimits:
+        """The server's ``max_payload`` and, if the stream can be read, its ``max_msg_size`` and subjects, from a
+        ``STREAM.INFO`` begun at most ``LIMITS_FRESH`` ago (shared by every source: ``SharedReads``)."""
         max_payload = int(self.nc.max_payload or 0)
         try:
-            config = (await self.api.stream_info(self.stream, timeout=self.timeout)).get("config", {})
+            config = (await self._info(anyio.current_time() - LIMITS_FRESH)).get("config", {})
         except BridgeError:
             return TargetLimits(max_payload)
         return TargetLimits(max_payload, int(config.get("max_msg_size", -1)), tuple(config.get("subjects") or ()))
@@ -114,30 +138,49 @@ class TargetSide:
     async def read_tail(self, source: str, subject_filter: str, floor: int, depth: int) -> tuple[list[Copy], bool]:
         # a few at a time: hundreds of sources starting together would otherwise ask for more than the server
         # lets one client have pending (it closes a slow consumer's connection), and the publishes share it
+        asked = anyio.current_time()
         async with self.tail_reads:
+            # the stream's state from any read begun after this ask: sources queued here together share one
             return await read_source_tail(
-                self.nc, self.api, self.stream, source, subject_filter, floor, depth, self.timeout
+                self.nc,
+                self.api,
+                self.stream,
+                source,
+                subject_filter,
+                floor,
+                depth,
+                self.timeout,
+                info=lambda: self._info(asked),
             )
 
 
 async def read_source_tail(
-    nc: NATS, api: JsApi, stream: str, source: str, subject_filter: str, floor: int, cap: int, timeout: float
+    nc: NATS,
+    api: JsApi,
+    stream: str,
+    source: str,
+    subject_filter: str,
+    floor: int,
+    cap: int,
+    timeout: float,
+    *,
+    info: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> tuple[list[Copy], bool]:
     """The copies of ``source`` in ``stream`` above ``floor``, newest first read, oldest first returned.
 
     Reads backwards until a copy at or below ``floor`` (or the stream's first message) is reached: then the
     second value is True. It stops early, returning False, once ``cap`` copies above the floor were read or
-    ``MAX_SCANNED`` messages were examined.
+    ``MAX_SCANNED`` messages were examined. ``info`` gives the stream's ``STREAM.INFO`` (read here by default).
     """
     try:
-        info = await api.stream_info(stream, timeout=timeout)
+        reply = await (info() if info is not None else api.stream_info(stream, timeout=timeout))
     except ApiError as exc:
         if exc.err_code == STREAM_NOT_FOUND:
             return [], True  # a stream that does not exist holds no copies; publishes will block until it does
         raise TargetUnavailable(f"aggregate stream {stream!r}: {exc.description}") from exc
-    state = info.get("state", {})
+    state = reply.get("state", {})
     first, last = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
-    direct = bool(info.get("config", {}).get("allow_direct"))
+    direct = bool(reply.get("config", {}).get("allow_direct"))
     copies: list[Copy] = []
     if last == 0 or state.get("messages", 0) == 0:
         return copies, True

@@ -49,6 +49,7 @@ from bridge.core.backoff import Backoff
 from bridge.core.effects import (
     Ack,
     AnswerFlowControl,
+    BoundConsumer,
     Effect,
     FetchOrigin,
     Notice,
@@ -62,7 +63,7 @@ from bridge.core.effects import (
     VerifyStored,
 )
 from bridge.core.engine import EngineSettings, SourceEngine
-from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode, mode_key
+from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode, mode_key, presume_mode
 from bridge.core.pipeline import TargetLimits
 from bridge.core.pull import PullEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
@@ -169,6 +170,7 @@ class SourceRunner:
         self._tick_callback = self._tick  # one bound method: the shared ticker's key for this runner
         self._target_epoch = 0  # the target connection the engine's publishes in flight went out on
         self._just_bound = False  # set-up bound the consumer and no reset has used that since
+        self._mode_presumed = False  # ``mode`` awaits its confirmation by the consumer's create (``_bind``)
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
@@ -316,8 +318,7 @@ class SourceRunner:
             await self._choose_mode(stream)
         if not self.may_act():
             return  # abandoned: the task group is cancelled, nothing more starts
-        async with self._api_slot():
-            bound = await origin.bind()
+        bound = await self._bind(stream)
         self._just_bound = True  # the first reset that follows need not bind again
         self.engine.consumer_bound(bound.created)
         self.log.info(
@@ -335,26 +336,53 @@ class SourceRunner:
             self._target_epoch = self._publisher.epoch
         self._emit(self.engine.target_limits(await self._target_limits(), self.clock()))
 
-    async def _choose_mode(self, stream: OriginStream) -> None:
+    async def _choose_mode(self, stream: OriginStream, *, read_durable: bool = False) -> Mode:
         """Decide the consumer model once (``bridge.core.modes``); ``flow_control`` forced on an older server is a
-        configuration error: reported to the bridge, which stops with exit code 2."""
+        configuration error: reported to the bridge, which stops with exit code 2. ``auto`` on a server with flow
+        control presumes it without reading the durable (``presume_mode``) unless ``read_durable``: ``_bind``
+        confirms it, or reads the durable when the create is refused."""
+        presumed = None if read_durable else presume_mode(self.source.mode, stream.api_level, stream.version)
         # only auto depends on the durable (CONSUMER.INFO): it keeps a pull consumer made before an upgrade to 2.14
         kind = None
-        if self.source.mode == "auto":
+        if presumed is None and self.source.mode == "auto":
             async with self._api_slot():
                 kind = await self.origin.consumer_kind()
         try:
-            choice = choose_mode(self.source.mode, stream.api_level, stream.version, kind)
+            choice = presumed or choose_mode(self.source.mode, stream.api_level, stream.version, kind)
         except ModeUnsupported as exc:
             message = f"{mode_key(self.source.name)}: {exc}"
             if self._on_config_error is not None:
                 self._on_config_error(message)
             raise ConsumerUnfit(message) from exc
         self.mode = choice
+        self._mode_presumed = presumed is not None
         self.origin.mode = choice.mode
         if choice.mode is not self.engine.mode:
             self.engine = new_engine(choice.mode, self.engine.settings, self.clock())  # nothing happened in it yet
-        self.log.info("source.mode", mode=choice.mode.value, reason=choice.reason)
+        if not self._mode_presumed:
+            self._log_mode()
+        return choice.mode
+
+    def _log_mode(self) -> None:
+        if self.mode is not None:
+            self.log.info("source.mode", mode=self.mode.mode.value, reason=self.mode.reason)
+
+    async def _bind(self, stream: OriginStream) -> BoundConsumer:
+        """Create or look up the consumer (``origin.bind``); a presumed mode is confirmed by it, or, refused, chosen
+        again from the durable (one ``CONSUMER.INFO`` more, only then)."""
+        try:
+            async with self._api_slot():
+                bound = await self.origin.bind()
+        except ConsumerUnfit:
+            presumed = self.mode.mode if self.mode is not None and self._mode_presumed else None
+            if presumed is None or await self._choose_mode(stream, read_durable=True) is presumed:
+                raise  # the durable confirms the mode the create was refused in: that refusal stands
+            async with self._api_slot():
+                bound = await self.origin.bind()
+        if self._mode_presumed:
+            self._mode_presumed = False
+            self._log_mode()
+        return bound
 
     async def _read_tail(self, floor: int) -> tuple[list[Copy], bool]:
         """This source's copies in the aggregate above ``floor`` (see ``read_source_tail``)."""

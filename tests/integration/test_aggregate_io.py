@@ -46,3 +46,25 @@ async def test_a_thousand_sources_asking_at_once_cost_one_stream_info_and_a_chan
         await js_request(nc, "STREAM.UPDATE.AGG", config)
         await anyio.sleep(LIMITS_FRESH)
         assert (await side.limits()).max_msg_size == 65536
+
+
+async def test_restart_recoveries_starting_together_share_the_aggregates_stream_info(servers: ServerFactory) -> None:
+    """A thousand sources reading their tails at once (every source of a process after its restart): the
+    aggregate's ``STREAM.INFO`` is read once or twice for all of them, not once each, and the limits read that
+    follows each recovery is served by the same reads."""
+    server = servers("hub", "")
+    async with connect(server.url) as nc:
+        await create_aggregate(nc)
+        side = TargetSide(nc, JsApi(nc, "$JS.API"), "AGG", publish_window=64, ack_timeout=5.0)
+        before = await api_requests(nc)
+        results: list[tuple[list[Any], bool]] = []
+
+        async def recover(source: str) -> None:
+            results.append(await side.read_tail(source, f"agg.{source}.>", 0, 64))
+            await side.limits()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(1000):
+                tg.start_soon(recover, f"s{i:04}")
+        assert results == [([], True)] * 1000  # an empty aggregate holds no copies
+        assert await api_requests(nc) - before <= 3  # at most two STREAM.INFOs, and the count's own request

@@ -71,9 +71,11 @@ def config_for(tmp_path: Path, spec: SourceSpec, target_url: str) -> Path:
 async def test_an_origin_denial_is_named_by_check_run_and_status(
     tmp_path: Path, servers: ServerFactory, bridge_procs: BridgeFactory
 ) -> None:
-    """The origin's user may not look the consumer up (``CONSUMER.INFO``: ``mode = "auto"`` reads the durable's kind
-    with it, ``status`` its state)."""
-    spec = SourceSpec(name="edge1", servers="", subject_prefix="edge.one", extra=dict(BRIDGE_AUTH))
+    """The origin's user may not look the consumer up (``CONSUMER.INFO``: a bound consumer, ``manage_consumer =
+    false``, is looked up with it, and ``status`` reads its state with it)."""
+    spec = SourceSpec(
+        name="edge1", servers="", subject_prefix="edge.one", extra={**BRIDGE_AUTH, "manage_consumer": False}
+    )
     missing = f"$JS.API.CONSUMER.INFO.{ORIGIN}.{spec.consumer_name}"
     perms = origin_permissions(ORIGIN, spec.consumer_name, spec.deliver_subject).without(missing)
     origin = servers("origin", users_config(perms))

@@ -574,6 +574,48 @@ async def test_the_mode_follows_the_configuration_and_the_origin(
         assert consumer["ack_policy"] == ("explicit" if mode == "pull" else "flow_control"), consumer
 
 
+@pytest.mark.anyio
+async def test_auto_keeps_a_pull_durable_whatever_the_origin(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """A pull durable made before the origin's upgrade (the bridge's own pull configuration): ``auto`` keeps it on
+    any server. On 2.14+ the bridge first presumes flow control (no ``CONSUMER.INFO`` per source at start-up), the
+    server refuses to turn the pull consumer into a push one, and the durable then decides: pull mode, logged once,
+    the consumer unchanged, every message replicated once."""
+    n = 200
+    spec = SourceSpec(
+        name="edge1", servers=topology.leaf.url, subject_prefix=PREFIX, extra={"ack_wait": PULL_TEST_ACK_WAIT}
+    )
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await prepare(leaf_nc, hub_nc)
+        pull = {
+            "durable_name": spec.consumer_name,
+            "ack_policy": "explicit",
+            "deliver_policy": "all",
+            "max_deliver": -1,
+        }
+        await js_request(
+            leaf_nc,
+            f"CONSUMER.CREATE.{ORIGIN}.{spec.consumer_name}",
+            {"stream_name": ORIGIN, "config": pull},
+            timeout=5,
+        )
+        created = (await consumer_info(leaf_nc, ORIGIN, spec.consumer_name))["created"]
+        bridge = bridge_procs(config)
+        await bridge.wait_event(READY, timeout=20)
+        (chosen,) = [e for e in bridge.events() if e.get("event") == "source.mode"]
+        assert (chosen["mode"], chosen["reason"]) == ("pull", "the durable consumer exists as a pull consumer"), chosen
+        publisher = Publisher(leaf_nc, n)
+        await publisher.run()
+        await origin_emptied(leaf_nc, 30)
+        assert await bridge.astop(STOP_GRACE) == 0
+        assert_exact((await origin_seqs_by_source(hub_nc)).get("edge1", []), publisher.seqs, "edge1 copies")
+        after = await consumer_info(leaf_nc, ORIGIN, spec.consumer_name)
+        assert (after["created"], after["config"]["ack_policy"]) == (created, "explicit"), after
+        assert not after["config"].get("deliver_subject"), after
+
+
 # --- two processes on one source ----------------------------------------------------------------------------------
 
 

@@ -377,8 +377,9 @@ class Permissions:
 def origin_permissions(
     stream: str, consumer: str, deliver_subject: str, *, managed: bool = True, api: str = "$JS.API"
 ) -> Permissions:
-    """What the bridge's user needs on the server it reaches the origin stream through (``mode = "auto"`` reads the
-    durable's kind with ``CONSUMER.INFO``, managed or not)."""
+    """What the bridge's user needs on the server it reaches the origin stream through (``CONSUMER.INFO``: where
+    ``mode = "auto"`` reads the durable's kind, on an origin older than 2.14 or when the flow-control create is
+    refused; a bound consumer's look-up)."""
     create = (f"{api}.CONSUMER.CREATE.{stream}.{consumer}",) if managed else ()
     return Permissions(
         publish=(

@@ -12,7 +12,7 @@ import pytest
 
 from bridge.config import EngineConfig, HttpConfig, SourceConfig
 from bridge.core.engine import Phase
-from bridge.core.modes import Mode
+from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
 from bridge.runtime.source import QUIET_TICKS, SourceRunner
 from bridge.runtime.ticker import Ticker
@@ -76,8 +76,9 @@ async def test_replicates_in_order_and_answers_flow_control_only_with_what_is_st
     origin.publish(5)
     async with running(origin, target) as (runner, _):
         await until(runner.ready.is_set, "the start reset is done")
-        # one bind: the start reset uses set-up's (a later reset binds again first, see the gap test)
-        assert origin.ops[:6] == ["connect", "stream", "consumer_kind", "bind", "unsubscribe", "reset None"]
+        # one bind: the start reset uses set-up's (a later reset binds again first, see the gap test); no
+        # CONSUMER.INFO: on a 2.14+ server ``auto`` presumes flow control and the create confirms it
+        assert origin.ops[:5] == ["connect", "stream", "bind", "unsubscribe", "reset None"]
         assert origin.deliver() == 5
         subject = origin.request_flow_control()
         await until(lambda: len(target.held) == 5, "five publishes sent")
@@ -218,6 +219,34 @@ async def test_auto_chooses_pull_mode_on_an_old_origin_and_acks_only_what_is_sto
         await until(lambda: len(origin.acks) == 5, "five acks")
         assert target.seqs("edge1") == [1, 2, 3, 4, 5]
         assert origin.messages == {}  # a WorkQueue origin ends empty
+
+
+async def test_auto_keeps_a_pull_durable_on_a_new_origin_reading_it_only_when_the_create_is_refused() -> None:
+    """A pull durable made before the origin's upgrade to 2.14: the presumed flow-control create is refused (the
+    server never changes a consumer's kind), then the durable is read and decides: pull, logged once."""
+    origin, target = FakeOrigin(kind=ConsumerKind.PULL), FakeTarget()
+    origin.publish(3)
+    async with running(origin, target) as (runner, _):
+        await until(runner.ready.is_set, "the start resync is done")
+        assert origin.ops[:6] == ["connect", "stream", "bind", "consumer_kind", "bind", "unsubscribe"]
+        assert runner.mode is not None and runner.mode.mode is Mode.PULL
+        assert runner.mode.reason == "the durable consumer exists as a pull consumer"
+        await until(lambda: bool(origin.pulls), "a pull request")
+        assert origin.deliver() == 3
+        await until(lambda: target.seqs("edge1") == [1, 2, 3], "every message once, in order")
+
+
+async def test_a_refusal_the_durable_confirms_is_not_asked_twice() -> None:
+    """A flow-control create refused while the durable is of no other kind (here a push consumer with another ack
+    policy, which fits no mode): the refusal stands after one read of the durable, with no second create."""
+    origin, target = FakeOrigin(kind=ConsumerKind.OTHER), FakeTarget()
+    async with running(origin, target) as (runner, _):
+        await until(lambda: "consumer_kind" in origin.ops, "the durable read after the refusal")
+        await until(lambda: "ORDERS/BRIDGE" in runner.last_error, "the refusal recorded")
+        ops = origin.ops
+        retried = [i for i, op in enumerate(ops) if op == "stream"][1:]  # set-up retries after a backoff
+        assert ops[: retried[0] if retried else len(ops)] == ["connect", "stream", "bind", "consumer_kind"]
+        assert runner.mode is not None and runner.mode.mode is Mode.FLOW_CONTROL
 
 
 async def test_pull_mode_fills_a_gap_from_the_stream_without_publishing_twice() -> None:
