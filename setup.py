@@ -19,6 +19,7 @@ import sysconfig
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 PURE = "NATS_BRIDGE_PURE_PYTHON"
 
@@ -46,14 +47,29 @@ def compiled_core() -> list[object]:
         )
     from mypyc.build import mypycify
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bridge._build import DIGEST_FILE, core_digest
-
     sources = sorted(str(path) for path in Path("bridge/core").glob("*.py"))
-    modules = list(mypycify(sources, opt_level="3", debug_level="0"))
-    # what these modules are compiled from: bridge/_build.py runs the source instead when it differs
-    Path("bridge", DIGEST_FILE).write_text(core_digest() + "\n")
-    return modules
+    return list(mypycify(sources, opt_level="3", debug_level="0"))
 
 
-setup(ext_modules=compiled_core())
+class BuildCore(build_ext):
+    """Compiles the core, then records what it was compiled from (``bridge/_build.py`` runs the source instead when
+    that differs). The record is removed first and written only once every module is built: a build that fails
+    leaves none, so compiled modules of an earlier build beside the source are never taken for this source's."""
+
+    def run(self) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bridge._build import DIGEST_FILE, core_digest
+
+        records = [Path("bridge", DIGEST_FILE)]
+        if not self.inplace:  # a wheel: the package data was copied already
+            records.append(Path(self.build_lib, "bridge", DIGEST_FILE))
+        for record in records:
+            record.unlink(missing_ok=True)
+        super().run()
+        if self.extensions:
+            for record in records:
+                record.parent.mkdir(parents=True, exist_ok=True)
+                record.write_text(core_digest() + "\n")
+
+
+setup(ext_modules=compiled_core(), cmdclass={"build_ext": BuildCore})

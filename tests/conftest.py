@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from bridge.testing.servers import (
     ServerStartError,
@@ -25,6 +26,12 @@ from bridge.testing.servers import (
     server_version,
     start_topology,
 )
+
+# No per-example deadline in any property test: the suite must pass beside other work on the machine, where one
+# example may wait for a CPU far longer than hypothesis's 200 ms default (every test is still bounded: by its
+# example count, and the runs by pytest's timeout)
+settings.register_profile("busy-machine", deadline=None)
+settings.load_profile("busy-machine")
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 _LOG_TAIL_LINES = 40
