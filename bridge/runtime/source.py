@@ -374,8 +374,10 @@ class SourceRunner:
             async with self._api_slot():
                 bound = await self.origin.bind()
         except ConsumerUnfit:
-            presumed = self.mode.mode if self.mode is not None and self._mode_presumed else None
-            if presumed is None or await self._choose_mode(stream, read_durable=True) is presumed:
+            presumed = self.mode
+            if not self._mode_presumed or presumed is None:
+                raise
+            if await self._choose_mode(stream, read_durable=True) is presumed.mode:
                 raise  # the durable confirms the mode the create was refused in: that refusal stands
             async with self._api_slot():
                 bound = await self.origin.bind()
