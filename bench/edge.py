@@ -21,7 +21,8 @@ in order:
    message is published to every origin (subject ``o.<i>.probe``); a source **replicates again** when its probe's
    copy is stored in the aggregate, and the figure is the copy's store time (server clock, read back at the end)
    minus the links' return (the slowest source's, and the median). The bridge's ``lease.lost``,
-   ``source.fenced`` and ``lease.renew_failed`` log lines from the kill to the end of the run are counted;
+   ``source.fenced``, ``lease.renew_failed`` and ``lease.suspended`` log lines from the kill to the end of the run
+   are counted;
 5. the second half of the production, then the drain: every copy stored, every origin empty (WorkQueue: acked =
    deleted) or a deadline; ``/readyz``; SIGTERM (it must exit 0); every copy read back: per source the copies'
    ``Bridge-Seq`` (the origin sequence) in aggregate order must be exactly ``1 .. published``: nothing lost,
@@ -113,7 +114,7 @@ LOG_POLL = 0.2
 POLL = 0.2
 SAMPLE_EVERY = 0.5
 MB = 1_000_000
-STORM_EVENTS = ("lease.lost", "source.fenced", "lease.renew_failed")
+STORM_EVENTS = ("lease.lost", "source.fenced", "lease.renew_failed", "lease.suspended")
 COUNTERS = (
     "nats_bridge_deliveries",
     "nats_bridge_replicated_messages",
@@ -985,7 +986,7 @@ def figures_row(label: str, run: EdgeRun) -> str:
 FIGURES_HEADER = (
     "| run | sources / leaves | start-up s (target 15) | idle cores (0.05 per 1,000) | CPU us/msg (120) "
     "| peak RSS MB (150 at 2,000) | recovery s, slowest (median) (10) | lease.lost / source.fenced / "
-    "lease.renew_failed | aggregate | run |\n|---|---|---|---|---|---|---|---|---|---|"
+    "lease.renew_failed / lease.suspended | aggregate | run |\n|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

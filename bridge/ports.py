@@ -146,3 +146,16 @@ class TargetPort(Protocol):
 
     async def read_tail(self, source: str, subject_filter: str, floor: int, depth: int) -> tuple[list[Copy], bool]:
         """The source's copies above ``floor`` (``bridge.io.aggregate.read_source_tail``)."""
+
+
+class LeaseFence(Protocol):
+    """A source's lease, as the runner checks it right before every action (``bridge.runtime.fleet.Fence``)."""
+
+    def __call__(self) -> bool:
+        """This process may act on the source now."""
+        ...
+
+    def waiting(self) -> bool:
+        """The fence is closed but may open again in the same term (the lease is suspended, not lost): the runner
+        waits, keeping its state, until it is resumed or abandoned."""
+        ...

@@ -48,9 +48,18 @@ up meanwhile) changes nothing and returns no effects. What an input does besides
   the fence stays. ``renew_failed``: retried soon.
 * ``hand_over``: StopSource graceful for each of its sources. ``source_stopped`` of the last of them: Release (a
   delete on our revision) and the fence closes.
+* ``fence_passed`` (the ticker found the fence of a kept lease passed before a renew succeeded): the lease is
+  suspended and nothing is stopped; its sources find their fence closed at their next action and wait there
+  (``Fence.waiting`` in the runtime), keeping their state, while renews go on. ``renewed`` with its fence open:
+  ResumeSource for each (StartSource for one not running), since that renew, a compare-and-set on the revision we
+  last wrote, proves nobody else wrote the key meanwhile, so nobody else can have acted. ``renewed_late`` (the
+  reply came after the fence it set), a failed or an adopted renew: still suspended, the next renew goes out. A
+  refused renew, a view showing the key gone or someone else's, a shutdown or the lease's removal: ``lost``.
 * ``lost`` and ``renew_refused``: StopSource not graceful for each, nothing more is done.
 * ``source_fenced`` (a source found its fence closed at an action and stopped itself): while the lease still holds
-  in the same term (a late renew moved the fence meanwhile), StartSource for it again; else ``lost`` at once.
+  in the same term (a late renew moved the fence meanwhile), StartSource for it again; while it is kept but its
+  fence closed, it is suspended (if the ticker has not done so yet) and the source starts again on its resumption;
+  else nothing (the lease was lost or is being given up, and that stop reports itself).
 * A reload that adds a source to a lease of ours starts it; one that removes a source from it drains that source
   (the lease stays).
 """
@@ -192,7 +201,8 @@ class Renew:
 
     ``timeout`` runs to the fence (at least ``request_timeout``): a reply that comes late but before the fence still
     moves it (the fence counts from the send time), so a slow server, the common case under load, costs no lease;
-    giving up after ``request_timeout`` discarded those replies and sent more writes to the server that was slow."""
+    giving up after ``request_timeout`` discarded those replies and sent more writes to the server that was slow.
+    A suspended lease's renew waits a TTL: even a reply too late to reopen the fence names the revision stored."""
 
     lease: str
     revision: int
@@ -215,6 +225,14 @@ class StartSource:
 
 
 @dataclass(frozen=True, slots=True)
+class ResumeSource:
+    """The lease of ``source`` was suspended and a renew reopened its fence in the same term: the source goes on
+    from where it paused (nobody else can have acted on it meanwhile)."""
+
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class StopSource:
     """Stop replicating ``source``. ``graceful``: drain and answer what is stored, then report
     :meth:`Fleet.source_stopped`. Not graceful: the fence is closed, stop at once and do nothing more."""
@@ -223,7 +241,7 @@ class StopSource:
     graceful: bool
 
 
-FleetEffect = ReadView | WritePresence | Acquire | Renew | Release | StartSource | StopSource | Notice
+FleetEffect = ReadView | WritePresence | Acquire | Renew | Release | StartSource | ResumeSource | StopSource | Notice
 
 
 def rendezvous(source: str, instance: str) -> int:
@@ -295,6 +313,8 @@ class Lease:
     failing: int = 0  # renew failures since the last success (a notice on the first, then every fifth)
     changes: int = 0  # times it became ours or stopped being ours
     term: int = 0  # counts the times it became ours: a fence is bound to one term
+    suspended_at: float = 0.0  # when the fence last passed before a renew succeeded
+    suspensions: int = 0
     machine: LeaseMachine = field(default_factory=LeaseMachine)
 
     @property
@@ -411,11 +431,14 @@ class Fleet:
             if unit not in self.units:
                 if lease.machine.standby:
                     del self.leases[unit]
+                elif lease.machine.suspended:  # nothing can drain behind a closed fence: the key expires
+                    effects += self._lost(lease, LeaseEvent.LOST, "removed from the configuration while suspended")
                 else:  # an acquisition in flight is handed over when it lands (see acquired)
                     effects += self._hand_over(lease, "removed from the configuration")
                 continue
-            if not lease.machine.serving:
+            if not lease.machine.kept:
                 continue  # acquiring: starts what it covers once it lands; draining: what is added waits
+            # (suspended: a source added now starts on the resumption, see renewed)
             old = set(before.get(unit, ()))
             for name in lease.sources:
                 if name not in old and lease.holds(now):
@@ -474,6 +497,10 @@ class Fleet:
                     lease.free_since = sent_at
             else:
                 lease.free_since = None
+            if lease.machine.suspended and (holder is None or holder.incarnation != self.incarnation):
+                # gone (expired) or someone else's when this view was read: no renew on our revision can succeed
+                whose = "expired" if holder is None else f"held by {holder.instance}"
+                effects += self._lost(lease, LeaseEvent.LOST, f"suspended, and its key is {whose}")
             if lease.machine.standby:
                 lease.revision = free.get(name, 0) if holder is None else holder.revision
         effects += self._decide(now)
@@ -497,7 +524,7 @@ class Fleet:
         """Every configured lease is ours or held by another live process: nothing waits for an owner."""
         for name in self.units:
             lease = self.leases[name]
-            if lease.machine.serving:
+            if lease.machine.kept:
                 continue
             holder = self.holders.get(name)
             if holder is None or holder.incarnation == self.incarnation:
@@ -541,14 +568,32 @@ class Fleet:
         return lease if lease is not None and lease.machine.process(event) else None
 
     def renewed(self, name: str, revision: int, sent_at: float, now: float) -> list[FleetEffect]:
-        """A renew succeeded: the fence moves to ``sent_at + ttl - guard``."""
-        lease = self._answered(name, LeaseEvent.RENEWED)
+        """A renew succeeded: the fence moves to ``sent_at + ttl - guard``. A suspended lease resumes if that fence
+        is open now (``renewed_late`` otherwise: the next renew goes out at once)."""
+        lease = self.leases.get(name)
         if lease is None:
+            return []
+        resuming = lease.machine.suspended
+        event = LeaseEvent.RENEWED
+        if resuming and now >= max(lease.renewed_at, sent_at) + self.timing.ttl - self.timing.guard:
+            event = LeaseEvent.RENEWED_LATE
+        if not lease.machine.process(event):
             return []
         lease.renewals += 1
         lease.failing = 0
         self._written(lease, revision, sent_at)
-        return []
+        if not resuming or event is LeaseEvent.RENEWED_LATE:
+            return []
+        notice = Notice(
+            "lease.resumed",
+            fields={**self._label(lease), "paused_for": round(now - lease.suspended_at, 3), "revision": revision},
+        )
+        effects: list[FleetEffect] = [notice, *(ResumeSource(source) for source in sorted(lease.running))]
+        for source in lease.sources:  # fenced meanwhile, or added by a reload while suspended
+            if source not in lease.running:
+                lease.running.add(source)
+                effects.append(StartSource(source))
+        return effects
 
     def renew_failed(self, name: str, reason: str, definitive: bool, now: float) -> list[FleetEffect]:
         """A renew failed. ``definitive``: the key is no longer on our revision (someone else's, or expired)."""
@@ -619,10 +664,11 @@ class Fleet:
         changes nothing.
         """
         lease = self.lease_of(source)
-        if lease is None or lease.term != term or source not in lease.running or not lease.machine.serving:
+        if lease is None or lease.term != term or source not in lease.running or not lease.machine.kept:
             return []
         if not lease.holds(now):
-            return self._lost(lease, LeaseEvent.LOST, f"{source} found the fence closed before a renew succeeded")
+            lease.running.discard(source)  # started again on the resumption (see renewed)
+            return self._suspend(lease, now, f"{source} found the fence closed before a renew succeeded")
         notice = Notice(
             "source.restarted",
             "warning",
@@ -670,9 +716,16 @@ class Fleet:
             for lease in list(self.leases.values()):
                 machine = lease.machine
                 if machine.source_runs and now >= lease.valid_until:
-                    effects += self._lost(lease, LeaseEvent.LOST, "no renew succeeded in time")
-                elif machine.renews and now >= lease.next_renew and machine.process(LeaseEvent.RENEW_SENT):
-                    wait = max(self.timing.request_timeout, lease.valid_until - now)
+                    if machine.can(LeaseEvent.FENCE_PASSED):
+                        effects += self._suspend(lease, now, "no renew succeeded in time")
+                    else:
+                        effects += self._lost(lease, LeaseEvent.LOST, "no renew succeeded in time")
+                if machine.renews and now >= lease.next_renew and machine.process(LeaseEvent.RENEW_SENT):
+                    # until the fence: a later reply still moves it. Suspended, a TTL: a reply too late to reopen
+                    # the fence still names the revision stored, which the next renew must name (a renew that gave
+                    # up would be followed by one refused for naming the one before)
+                    wait = self.timing.ttl if machine.suspended else lease.valid_until - now
+                    wait = max(self.timing.request_timeout, wait)
                     effects.append(Renew(lease.name, lease.revision, wait))
                 if machine.source_runs:
                     due = min(due, lease.valid_until)
@@ -693,7 +746,10 @@ class Fleet:
         self.stopping = True
         effects: list[FleetEffect] = []
         for lease in list(self.leases.values()):
-            effects += self._hand_over(lease, "shutting down")  # only what is kept: the table says which
+            if lease.machine.suspended:  # nothing can drain behind a closed fence: the key expires by itself
+                effects += self._lost(lease, LeaseEvent.LOST, "shutting down while suspended")
+            else:
+                effects += self._hand_over(lease, "shutting down")  # only what is kept: the table says which
         return effects
 
     # -- decisions --------------------------------------------------------------------------------------------
@@ -751,7 +807,7 @@ class Fleet:
             # cannot see our leases, nor we its
             return []
         effects: list[FleetEffect] = []
-        excess = sum(1 for lease in self.leases.values() if lease.machine.serving) - self.fair_share()
+        excess = sum(1 for lease in self.leases.values() if lease.machine.kept) - self.fair_share()
         assigned = self._assignment()
         for name in self.units:
             lease = self.leases[name]
@@ -810,6 +866,22 @@ class Fleet:
         if not lease.draining:  # nothing to drain (a group whose sources were all removed meanwhile)
             effects += self._drained(lease, None)
         return effects
+
+    def _suspend(self, lease: Lease, now: float, why: str) -> list[FleetEffect]:
+        """The fence of a kept lease passed before a renew succeeded: nothing stops (the sources wait at their
+        closed fence, keeping their state), a renew goes out at once unless one is in flight."""
+        if not lease.machine.process(LeaseEvent.FENCE_PASSED):
+            return []
+        lease.suspended_at = now
+        lease.suspensions += 1
+        lease.next_renew = min(lease.next_renew, now)
+        self._due = min(self._due, lease.next_renew)
+        hint = (
+            "its sources pause (publish and answer nothing) until a renew succeeds: the coordination servers "
+            "answer late or not at all"
+        )
+        fields = {**self._label(lease), "reason": why, "since_renew": round(now - lease.renewed_at, 3), "hint": hint}
+        return [Notice("lease.suspended", "warning", fields)]
 
     def _lost(self, lease: Lease, event: LeaseEvent, why: str) -> list[FleetEffect]:
         """``event`` (LOST or RENEW_REFUSED) took the lease from us: its sources stop at once, without draining."""

@@ -404,7 +404,7 @@ def _fleet_families(fleet: FleetSnapshot) -> Iterator[Metric]:
     )
     yield _counter(
         "nats_bridge_lease_renew_failures",
-        "Failed renewals of the source's lease (it is lost once none succeeds for 4/5 of the TTL).",
+        "Failed renewals of the source's lease (it is suspended once none succeeds for 4/5 of the TTL).",
         rows(lambda lease: lease.renew_failures),
     )
     yield _counter(
@@ -420,6 +420,13 @@ def _fleet_families(fleet: FleetSnapshot) -> Iterator[Metric]:
     owned = GaugeMetricFamily("nats_bridge_sources_owned", "Sources whose lease this process owns.")
     owned.add_metric([], float(sum(1 for lease in leases if lease.owned)))
     yield owned
+    suspended = GaugeMetricFamily(
+        "nats_bridge_sources_suspended",
+        "Owned sources whose lease is suspended: no renew succeeded before the fence, so they publish and answer "
+        "nothing (keeping their state) until one does.",
+    )
+    suspended.add_metric([], float(sum(1 for lease in leases if lease.state == "suspended")))
+    yield suspended
     members = GaugeMetricFamily("nats_bridge_fleet_members", "Live processes in the fleet, as last read.")
     members.add_metric([], float(len(fleet.members)))
     yield members

@@ -346,7 +346,7 @@ class Bridge:
                 shutdown_grace=self.config.engine.shutdown_grace,
             )
 
-        control = SourceControl(self._start_named, self._stop_source, self._abandon_source)
+        control = SourceControl(self._start_named, self._stop_source, self._abandon_source, self._resume_source)
         self.fleet = FleetThread(connect, make, [s.name for s in self.config.sources], control)
         try:
             await self.fleet.run(self.stop)
@@ -371,6 +371,11 @@ class Bridge:
         task = self._tasks.pop(name, None)
         if task is not None:
             task.runner.abandon("lease lost")
+
+    def _resume_source(self, name: str) -> None:
+        task = self._tasks.get(name)
+        if task is not None:
+            task.runner.resume()
 
     async def _stop_sources_on_stop(self) -> None:
         await self.stop.wait()

@@ -3,7 +3,9 @@
 Tasks (all in :meth:`FleetRunner.run`'s task group): the ticker, which feeds the clock to the core every ``TICK``
 and performs the effects it returns; one short task per KV request (a slow write never delays a renew of another
 lease); one task per graceful source stop (it drains, then the core releases the key). A source that loses its
-lease is stopped at once, without draining: the fence is closed, so it may not answer or publish anything more.
+lease is stopped at once, without draining: the fence is closed, so it may not answer or publish anything more. A
+source whose lease is suspended (its fence passed before a renew succeeded) is not stopped: it waits at its closed
+fence and is resumed once a renew reopens it (``ResumeSource``).
 
 Shutdown (``stop`` set): every source this process owns drains and is released, each key deleted on the revision
 this process wrote, so a twin takes it over at its next view instead of after the TTL; then the presence key is
@@ -37,6 +39,7 @@ from bridge.core.fleet import (
     ReadView,
     Release,
     Renew,
+    ResumeSource,
     StartSource,
     StopSource,
     WritePresence,
@@ -81,22 +84,36 @@ class Fence:
             and lease.holds(self._clock())
         )
 
+    def waiting(self) -> bool:
+        """The same lease in the same term, kept (not lost, not being given up): a closed fence may open again
+        (the lease is suspended, or about to be: the ticker has not seen the fence pass yet)."""
+        lease = self._lease
+        return (
+            lease is not None
+            and self._fleet.lease_of(self.source) is lease
+            and lease.term == self.term
+            and lease.machine.kept
+        )
+
 
 _T = TypeVar("_T")
 
 
 class SourceControl:
-    """What the fleet asks of the bridge: start a source under a fence, stop it gracefully, or drop it at once."""
+    """What the fleet asks of the bridge: start a source under a fence, stop it gracefully, drop it at once, or
+    resume one that waited at its closed fence (its lease was suspended and is renewed)."""
 
     def __init__(
         self,
         start: Callable[[str, Fence], None],
         stop: Callable[[str], Awaitable[None]],
         abandon: Callable[[str], None],
+        resume: Callable[[str], None],
     ) -> None:
         self.start = start
         self.stop = stop
         self.abandon = abandon
+        self.resume = resume
 
 
 class FleetRunner:
@@ -284,6 +301,8 @@ class FleetRunner:
             elif isinstance(effect, StartSource):
                 self._wait(effect.source).end("lease")
                 self.control.start(effect.source, self.fence(effect.source))
+            elif isinstance(effect, ResumeSource):
+                self.control.resume(effect.source)
             elif isinstance(effect, StopSource):
                 if effect.graceful:
                     self._spawn(self._stop_gracefully, effect.source)

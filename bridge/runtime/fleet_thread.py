@@ -9,7 +9,8 @@ the other loop does, so a renewal is late by milliseconds, not by the backlog.
 
 What crosses between the two loops, and how (each direction posts, neither waits for the other):
 
-* fleet to bridge: start a source under its fence, abandon one (its fence is already closed), drain one. Posted to
+* fleet to bridge: start a source under its fence, abandon one (its fence is already closed), resume one that
+  waited at its fence (its lease was suspended), drain one. Posted to
   the bridge's loop through a :class:`Mailbox`; a drain's end is posted back to the fleet's loop the same way.
 * bridge to fleet: a reload's source list, and leave. Posted to the fleet's loop.
 * Fences, ``holds`` and ``ready`` read single values only the fleet's thread writes (atomic under the interpreter
@@ -204,6 +205,9 @@ class FleetThread:
     def _abandon_on_main(self, source: str) -> None:
         self._post_main(partial(self._control.abandon, source))
 
+    def _resume_on_main(self, source: str) -> None:
+        self._post_main(partial(self._control.resume, source))
+
     async def _drain_on_main(self, source: str) -> None:
         """Fleet loop: have the bridge drain ``source``; return once it has."""
         drained = anyio.Event()
@@ -241,7 +245,9 @@ class FleetThread:
             if nc is None:
                 return  # asked to leave before the coordination servers could be reached
             try:
-                control = SourceControl(self._start_on_main, self._drain_on_main, self._abandon_on_main)
+                control = SourceControl(
+                    self._start_on_main, self._drain_on_main, self._abandon_on_main, self._resume_on_main
+                )
                 with self._lock:
                     self.runner = self._make(nc, self._sources, control)
                 await self.runner.run(self._leave)

@@ -34,11 +34,14 @@ def readyz(snap: BridgeSnapshot, *, coordinated: bool, target_stream: str) -> Re
     """``/readyz`` for the daemon's state ``snap`` (see the module's rules)."""
     sources: dict[str, Any] = {}
     fleet_body: dict[str, Any] = {}
+    suspended: set[str] = set()
     if coordinated:
         fleet = snap.fleet
         ready = snap.target_connected and fleet is not None and fleet.ready
         fleet_body["fleet"] = fleet_json(fleet)
         for lease in fleet.leases if fleet is not None else ():
+            if lease.state == "suspended":
+                suspended.add(lease.source)
             if not lease.owned:
                 sources[lease.source] = {
                     "ready": True,
@@ -57,6 +60,8 @@ def readyz(snap: BridgeSnapshot, *, coordinated: bool, target_stream: str) -> Re
             reasons.append("consumer not bound yet")
         if src.stalled:
             reasons.append(f"stalled: no progress for {src.seconds_since_progress:.0f}s with messages waiting")
+        if src.source in suspended:
+            reasons.append("lease suspended: paused until a renew of its lease succeeds (the hub answers late)")
         ready = ready and not reasons
         sources[src.source] = {"ready": not reasons, "reasons": reasons, "role": "owner", **src.to_json()}
     body = {
@@ -79,6 +84,7 @@ def fleet_json(fleet: FleetSnapshot | None) -> dict[str, Any]:
         "lease_ttl": fleet.ttl,
         "members": list(fleet.members),
         "owned": [lease.source for lease in fleet.leases if lease.owned],
+        "suspended": [lease.source for lease in fleet.leases if lease.state == "suspended"],
     }
 
 

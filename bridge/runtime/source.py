@@ -26,9 +26,12 @@ Shutdown (``stop`` set): deliveries stop (unsubscribe), nothing new is published
 
 The fence (with leases, ``bridge.core.fleet``): every action on the source, a publish batch, a flow-control answer,
 a RESET and a consumer create or look-up, is preceded by ``fence()``, checked at the moment of the I/O from the
-monotonic clock. Once it says no, the runner abandons the source at once: it stops taking deliveries, drops every
-queued effect and ends without the drain's final answer. A process frozen past its lease wakes into that check
-before it can act on anything it had buffered.
+monotonic clock. Once it says no for good (the lease is lost or given up), the runner abandons the source at once:
+it stops taking deliveries, drops every queued effect and ends without the drain's final answer. A process frozen
+past its lease wakes into that check before it can act on anything it had buffered. When it says no but the lease
+is only suspended (its fence passed before a renew succeeded, ``Fence.waiting``), the action waits there (``_act``)
+and the source keeps its state: deliveries and acks still reach the engine, nothing is published or answered,
+until the fleet resumes it (``resume``: a renew proved nobody else can have acted) or abandons it.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ from bridge.io.origin import OriginClient
 from bridge.io.shared import OriginConnections
 from bridge.logs import Throttle, get_logger
 from bridge.observe.metrics import SourceObservers, SourceSnapshot
-from bridge.ports import OriginPort, PublisherPort, TargetPort
+from bridge.ports import LeaseFence, OriginPort, PublisherPort, TargetPort
 from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
 from bridge.runtime.ticker import Ticker
 from bridge.runtime.waits import WaitLog
@@ -124,7 +127,7 @@ class SourceRunner:
         *,
         stalled_after: float,
         observers: SourceObservers | None = None,
-        fence: Callable[[], bool] | None = None,
+        fence: LeaseFence | None = None,
         origin: OriginPort | None = None,
         on_config_error: Callable[[str], None] | None = None,
         ticker: Ticker | None = None,
@@ -144,6 +147,8 @@ class SourceRunner:
         self._fence = fence
         self._on_config_error = on_config_error
         self.fenced = False  # the fence closed: nothing more is done for this source
+        self._resumed: anyio.Event | None = None  # what waits at a closed fence looks again once it is set
+        self._paused_at: float | None = None  # the fence closed while the lease is kept: waiting since then
         self.log = get_logger(source=source.name)
         # the model is chosen once connected (`mode`); until then the configured one, or flow control for auto
         first = Mode.PULL if source.mode == "pull" else Mode.FLOW_CONTROL
@@ -209,13 +214,52 @@ class SourceRunner:
             self._shared_ticker.add(self._tick_callback)
 
     def may_act(self) -> bool:
-        """The fence, checked right before every action on the source; abandons the source once it is closed."""
+        """The fence, checked right before every action on the source. Closed while the lease is kept (suspended):
+        False, and the source is paused (``_act`` waits, nothing is lost); closed for good: the source is
+        abandoned."""
         if self.fenced:
             return False
-        if self._fence is None or self._fence():
+        fence = self._fence
+        if fence is None or fence():
             return True
+        if fence.waiting():
+            if self._paused_at is None:
+                self._paused_at = self.clock()
+                self.log.warning(
+                    "source.paused",
+                    reason="its lease is suspended (no renew succeeded in time): nothing is published or answered "
+                    "until a renew does",
+                    watermark=self.engine.watermark,
+                )
+            return False
         self.abandon("lease fence closed")
         return False
+
+    async def _act(self) -> bool:
+        """``may_act``, waiting while the source is paused until the fleet resumes or abandons it: True to act now,
+        False when abandoned or stopping (a stopping source does not wait for its fence: its stop is bounded)."""
+        while not self.may_act():
+            if self.fenced or self._stopping:
+                return False
+            if self._resumed is None or self._resumed.is_set():
+                self._resumed = anyio.Event()
+            await self._resumed.wait()
+        return True
+
+    def resume(self) -> None:
+        """The lease was suspended and a renew reopened the fence in the same term (the fleet's ResumeSource):
+        what waited acts now. Publishes queued meanwhile are dropped and the engine re-sends them in order after
+        verifying what was in flight, as after a new target connection (their ack deadlines ran while they
+        waited)."""
+        if self.fenced:
+            return
+        if self._paused_at is not None:
+            self.log.info("source.resumed", paused_for=round(self.clock() - self._paused_at, 3))
+            self._paused_at = None
+            if self._publisher is not None:
+                self._requeue_publishes()
+        if self._resumed is not None:
+            self._resumed.set()
 
     def abandon(self, reason: str) -> None:
         """Stop at once, doing nothing more for the source: no publish, no answer, no reset (the lease is gone)."""
@@ -316,8 +360,8 @@ class SourceRunner:
             stream = await origin.stream()
         if self.mode is None:
             await self._choose_mode(stream)
-        if not self.may_act():
-            return  # abandoned: the task group is cancelled, nothing more starts
+        if not await self._act():
+            return  # abandoned (the task group is cancelled, nothing more starts) or stopping
         bound = await self._bind(stream)
         self._just_bound = True  # the first reset that follows need not bind again
         self.engine.consumer_bound(bound.created)
@@ -429,6 +473,8 @@ class SourceRunner:
 
     async def _shutdown(self) -> None:
         self._stopping = True
+        if self._resumed is not None:  # what waits at a closed fence gives up: a stop does not wait for it
+            self._resumed.set()
         self._emit(self.engine.begin_shutdown(self.clock()))
         await self.origin.unsubscribe()
         grace = self.engine_cfg.shutdown_grace
@@ -591,11 +637,16 @@ class SourceRunner:
         if epoch == self._target_epoch:
             return True
         self._target_epoch = epoch
+        self._requeue_publishes()
+        return False
+
+    def _requeue_publishes(self) -> None:
+        """Drop the queued publishes and have the engine presume what was in flight lost (verified, then sent
+        again in origin order)."""
         kept = [effect for effect in self._effects if not isinstance(effect, Publish)]
         self._effects.clear()  # (in place: the executor holds this deque)
         self._effects.extend(kept)
         self._emit(self.engine.target_reconnected(self.clock()))
-        return False
 
     async def _on_disconnected(self) -> None:
         if not self._connected:
@@ -647,8 +698,10 @@ class SourceRunner:
             while effects:
                 self._performing = True
                 try:
-                    if not self.may_act():
+                    if not await self._act():
                         return
+                    if not effects:
+                        break  # requeued while it waited (a resumption): the engine's effects follow
                     if isinstance(effects[0], Publish) and not self._same_target_connection():
                         continue  # its publishes were dropped: the engine sends them again, in order
                     batch = self._take_publishes()
@@ -703,7 +756,7 @@ class SourceRunner:
                 assert_never(effect)
 
     async def _answer(self, effect: AnswerFlowControl) -> None:
-        if not self.may_act():
+        if not await self._act():
             return
         try:
             await self.origin.answer(effect)
@@ -753,7 +806,7 @@ class SourceRunner:
             await anyio.sleep(max(0.0, min(settle_until - self.clock(), 5.0)))
         effects: list[Effect]
         try:
-            if not self.may_act():
+            if not await self._act():
                 return
             # a RESET is answered by the consumer itself, so one sent to a deleted consumer waits out the whole
             # reset_timeout unanswered (and an Interest origin drops what is published meanwhile); the stream's
@@ -765,7 +818,7 @@ class SourceRunner:
                     self._just_bound = False
                 else:
                     await self.origin.bind()
-                if not self.may_act():
+                if not await self._act():
                     return
                 effects = await exchange()
         except ApiTimeout as exc:
@@ -784,7 +837,7 @@ class SourceRunner:
             self.ready.set()
 
     async def _pull(self, request: Pull) -> None:
-        if not self.may_act():
+        if not await self._act():
             return
         try:
             await self.origin.pull(request)
@@ -792,7 +845,7 @@ class SourceRunner:
             self.log.debug("pull.failed", error=str(exc))
 
     async def _ack(self, request: Ack) -> None:
-        if not self.may_act():
+        if not await self._act():
             return
         try:
             await self.origin.ack(request.replies)

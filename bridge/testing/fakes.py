@@ -424,3 +424,18 @@ class FakePublisher:
     @property
     def epoch(self) -> int:
         return self.target.epoch
+
+
+class FakeFence:
+    """A lease's fence for ``SourceRunner`` (``bridge.ports.LeaseFence``): ``open`` says the source may act; closed
+    with ``kept`` (the lease suspended), the runner waits for ``resume``; closed without, it abandons the source."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.kept = True
+
+    def __call__(self) -> bool:
+        return self.open
+
+    def waiting(self) -> bool:
+        return self.kept

@@ -354,6 +354,57 @@ async def test_a_source_that_stopped_at_its_fence_while_the_lease_was_kept_is_st
 
 
 @pytest.mark.anyio
+async def test_a_hub_frozen_past_the_fence_suspends_the_lease_and_the_source_resumes_without_setting_up_again(
+    topology: Topology, tmp_path: Path
+) -> None:
+    """The hub (the bucket's server and the aggregate's) frozen under traffic past the lease's fence but not its TTL,
+    as a hub starved by a reconnect storm is: the lease is suspended, not lost; the source pauses, and the first
+    renew answered in time resumes it where it paused, with no set-up and no recovery read, everything replicated
+    once and in order. Before, the lease was lost at the fence and the source set up again from the aggregate:
+    with 2,000 sources on a starved hub, minutes without replication (``bench edge``)."""
+    ttl = 10.0  # the freeze must pass the fence (0.8 TTL after the last renew) and leave the key alive
+    config = write_config(
+        tmp_path / "bridge.toml",
+        target_url=topology.hub.url,
+        sources=[SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")],
+        coordination={"lease_ttl": ttl},
+    )
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(hub_nc, duplicate_window=DUPLICATE_WINDOW)
+    log = tmp_path / "bridge.log"
+    async with connect(topology.leaf.url) as leaf_nc, running_bridge(config, log) as bridge:
+        before = only_lease(bridge)
+        assert before.owned, before
+        publisher = Publisher(leaf_nc, 6000, rate=RATE)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher.run)
+            await wait_until(lambda: len(publisher.seqs) >= 1000, timeout=20, what="a first part published")
+
+            def just_renewed() -> bool:
+                since = only_lease(bridge).seconds_since_renew
+                return since is not None and since < 0.5
+
+            await wait_until(just_renewed, timeout=ttl, what="a renew sent a moment ago")
+            topology.hub.pause()
+            try:
+                # the fault's length is the condition: past the fence (at most 0.8 TTL after that renew was sent),
+                # within the TTL of the write it stored (the key lives on)
+                await anyio.sleep(0.8 * ttl + 0.6)
+            finally:
+                topology.hub.resume()
+        async with connect(topology.hub.url) as hub_nc:
+            await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        after = only_lease(bridge)
+        assert after.owned and after.ownership_changes == before.ownership_changes, (before, after)
+    events = [json.loads(line).get("event") for line in log.read_text().splitlines()]
+    assert "lease.suspended" in events and "lease.resumed" in events, events
+    assert "source.paused" in events and "source.resumed" in events, events
+    assert "lease.lost" not in events and "source.fenced" not in events, events
+    assert events.count("consumer.bound") == 1 and events.count("recovery.done") == 1, events
+
+
+@pytest.mark.anyio
 async def test_a_rolling_update_from_leases_per_source_to_lease_groups_never_shares_a_source(
     topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:

@@ -10,7 +10,8 @@ rate everywhere would give.
 
 :meth:`FleetSim.check` states the safety property the fence exists for: whenever a process's fence says it may act
 on a source, the bucket holds that source's key at the revision that process last wrote, unexpired, so no other
-process can have acquired it since.
+process can have acquired it since. And the one a suspension relies on: a source resumed (``ResumeSource``, its
+runner kept from before the pause) was acted on by no other process since this one last did.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from bridge.core.fleet import (
     ReadView,
     Release,
     Renew,
+    ResumeSource,
     StartSource,
     StopSource,
     View,
@@ -113,6 +115,9 @@ class FleetSim:
         self.rng = rng
         self.now = 0.0
         self.lossy = 0.0  # probability a request or its reply is lost
+        self.min_delay = 0.0  # each way: a request reaches the server, and its reply the client, in [min, max]
+        self.stalled_until = 0.0  # the server takes no request before then (a starved hub), then serves them all
+        self.fenced_anyway = 0.1  # how often a source whose lease is kept stops at its closed fence all the same
         self.max_delay = 0.05
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
@@ -120,6 +125,8 @@ class FleetSim:
         self.procs: dict[str, Proc] = {}
         self.trace: list[str] = []
         self.takeovers = 0
+        self.resumptions = 0
+        self.last_actor: dict[str, str] = {}  # per source, the incarnation whose fence was last seen open
         for name in instances:
             self.start(name)
 
@@ -146,6 +153,10 @@ class FleetSim:
     def cut(self, instance: str, duration: float) -> None:
         self.procs[instance].cut_until = self.now + duration
         self.trace.append(f"{self.now:.2f} cut {instance} {duration:.2f}")
+
+    def stall(self, duration: float) -> None:
+        self.stalled_until = self.now + duration
+        self.trace.append(f"{self.now:.2f} stall {duration:.2f}")
 
     def shutdown(self, instance: str) -> None:
         proc = self.procs[instance]
@@ -180,13 +191,15 @@ class FleetSim:
 
     def _act(self, proc: Proc) -> None:
         """The running sources act, each checking its fence first (as ``SourceRunner.may_act``): one that finds it
-        closed stops itself and is reported (the runtime's ``source_fenced``). A draining source's stop is already
-        under way: the runtime reports its end as ``source_stopped`` only."""
+        closed for good stops itself and is reported (the runtime's ``source_fenced``); one whose lease is kept
+        (suspended, or about to be) waits, keeping its runner, except now and then (a runner that stopped all the
+        same: the core must start it again on the resumption). A draining source's stop is already under way: the
+        runtime reports its end as ``source_stopped`` only."""
         if not proc.alive or self.now < proc.frozen_until or self.procs.get(proc.instance) is not proc:
             return
         fleet = proc.fleet
         for lease in list(fleet.leases.values()):
-            if lease.holds(self.now):
+            if lease.holds(self.now) or (lease.machine.kept and self.rng.random() >= self.fenced_anyway):
                 continue
             for source in sorted((set(lease.sources) & proc.running) - proc.stopping):
                 proc.running.discard(source)
@@ -220,6 +233,16 @@ class FleetSim:
             assert lease is not None
             proc.terms[effect.source] = lease.term
             self.takeovers += 1
+        elif isinstance(effect, ResumeSource):
+            assert fleet.holds(effect.source, self.now), "resumed a source without holding its lease"
+            assert effect.source in proc.running, "resumed a source whose runner is gone"
+            lease = fleet.lease_of(effect.source)
+            assert lease is not None and proc.terms[effect.source] == lease.term, "resumed in another term"
+            assert self.last_actor.get(effect.source) == proc.incarnation, (
+                f"{self.now:.3f}: {proc.instance} resumed {effect.source} after "
+                f"{self.last_actor.get(effect.source)} acted on it\n" + "\n".join(self.trace[-30:])
+            )
+            self.resumptions += 1
         elif isinstance(effect, StopSource):
             if effect.graceful:
                 proc.stopping.add(effect.source)
@@ -241,8 +264,8 @@ class FleetSim:
         timeout = effect.timeout if isinstance(effect, Renew) else self.timing.request_timeout
         cut = self.now < proc.cut_until
         lost_out = cut or self.rng.random() < self.lossy
-        arrive = self.now + self.rng.uniform(0.0, self.max_delay)
-        back = arrive + self.rng.uniform(0.0, self.max_delay)
+        arrive = max(self.now + self.rng.uniform(self.min_delay, self.max_delay), self.stalled_until)
+        back = arrive + self.rng.uniform(self.min_delay, self.max_delay)
         lost_back = lost_out or self.rng.random() < self.lossy or back > sent_at + timeout
 
         def fail(reason: str) -> Callable[[], list[FleetEffect]]:
@@ -350,6 +373,7 @@ class FleetSim:
                     assert stored.revision >= lease.revision
                     assert source not in acting, f"{self.now:.3f}: {acting[source]} and {proc.instance} act on {source}"
                     acting[source] = proc.instance
+                    self.last_actor[source] = proc.incarnation
 
     def owners(self) -> dict[str, list[str]]:
         """Per source, the live processes whose runner for it is up."""

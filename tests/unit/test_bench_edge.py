@@ -189,7 +189,7 @@ def _finished() -> EdgeRun:
     run.cpu_us_per_msg, run.cores_replicating = 100.0, 0.1
     run.recovery = recovery_times({"s0000": 3_000_000_000, "s0001": 13_000_000_000}, 1_000_000_000, ["s0000", "s0001"])
     run.storm_links_s = 4.2
-    run.storm_events = {"lease.lost": 0, "source.fenced": 0, "lease.renew_failed": 3}
+    run.storm_events = {"lease.lost": 0, "source.fenced": 0, "lease.renew_failed": 3, "lease.suspended": 2}
     run.check = check_sequences([("s0000", 1)], {"s0000": 1})
     run.bridge_exit_code = 0
     return run
@@ -212,7 +212,7 @@ def test_targets_judge_each_figure() -> None:
 def test_the_figures_row_and_markdown() -> None:
     run = _finished()
     row = figures_row("after", run)
-    assert row.startswith("| after | 1000 / 20 | 9.0 | 0.040 | 100 | 160 | 12.00 (7.00) | 0 / 0 / 3 | ok | ok |")
+    assert row.startswith("| after | 1000 / 20 | 9.0 | 0.040 | 100 | 160 | 12.00 (7.00) | 0 / 0 / 3 / 2 | ok | ok |")
     assert row.count("|") == FIGURES_HEADER.splitlines()[0].count("|")
     md = markdown(targets(run), "### Edge")
     assert md.startswith("### Edge\n\n| figure |") and "| bridge RSS | <= 150 MB |" in md

@@ -30,6 +30,7 @@ from bridge.core.fleet import (
     ReadView,
     Release,
     Renew,
+    ResumeSource,
     StartSource,
     StopSource,
     View,
@@ -95,15 +96,24 @@ def test_a_renew_moves_the_fence_from_its_send_time() -> None:
     assert fleet.leases["s"].revision == 2
 
 
-def test_the_fence_closes_when_no_renew_succeeds_and_the_source_is_dropped_at_once() -> None:
+def test_the_fence_closing_before_a_renew_succeeds_suspends_the_lease_and_stops_nothing() -> None:
     fleet = joined()
     own(fleet)
     fleet.tick(TIMING.renew_every)
     fleet.renew_failed("s", "timeout", False, TIMING.renew_every + 0.2)
-    effects = fleet.tick(TTL - TIMING.guard)
+    fence = TTL - TIMING.guard
+    effects = fleet.tick(fence)
+    assert [e.event for e in effects if isinstance(e, Notice)] == ["lease.suspended"]
+    assert not any(isinstance(e, StopSource) for e in effects)
+    (renew,) = [e for e in effects if isinstance(e, Renew)]  # at once, waiting a TTL for its reply
+    assert renew.timeout == pytest.approx(TTL)
+    assert fleet.leases["s"].public_state == "suspended"
+    assert not fleet.holds("s", fence)
+    assert fleet.owned() == ["s"]
+    # the renew was refused: the key is someone else's (or expired) now, the source is dropped
+    effects = fleet.renew_failed("s", "wrong last sequence", True, fence + 1.0)
     assert StopSource("s", graceful=False) in effects
     assert fleet.leases["s"].state is LeaseState.STANDBY
-    assert not fleet.holds("s", TTL - TIMING.guard)
 
 
 def test_a_refused_renew_loses_the_lease_at_once() -> None:
@@ -344,6 +354,35 @@ def test_a_frozen_owner_wakes_fenced_while_its_successor_owns() -> None:
     assert sim.owners()["s"] == [other]  # sticky: the woken process rejoins as a standby
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_a_bucket_that_stalls_past_the_fences_suspends_the_leases_and_the_first_renew_in_time_resumes_them(
+    seed: int,
+) -> None:
+    """A starved hub: the bucket serves nothing for 1.8 s (a 3 s TTL: the fences of the leases renewed last more
+    than 0.6 s before close meanwhile), then everything queued. Nothing is lost or set up again: those leases are
+    suspended, the standby takes nothing (the keys never expired), and the renews served after the stall resume
+    every source where it paused (the simulator checks nobody else acted on a source in between)."""
+    sim = FleetSim([f"s{i}" for i in range(12)], ["p0", "p1"], TTL, random.Random(seed))
+    sim.run_for(3.0)
+    before = sim.owners()
+    assert all(len(owners) == 1 for owners in before.values())
+    started = sim.takeovers
+    sim.fenced_anyway = 0.0  # every source waits at its fence, as the runtime's do
+    sim.stall(1.8)
+    sim.run_for(1.8)
+    suspended = [
+        name
+        for name in sim.sources
+        if sim.state(before[name][0], name) in {LeaseState.SUSPENDED, LeaseState.SUSPENDED_RENEWING}
+    ]
+    assert suspended, sim.trace[-20:]
+    sim.run_for(TTL)
+    assert sim.owners() == before
+    assert sim.takeovers == started, sim.trace[-40:]  # no source was started again
+    assert sim.resumptions >= len(suspended)
+    assert all(sim.procs[before[name][0]].fleet.holds(name, sim.now) for name in sim.sources)
+
+
 def test_failing_renews_are_logged_on_the_first_and_every_fifth() -> None:
     timing = LeaseTiming(30.0)  # a long fence: seven failures fit before it closes
     fleet = Fleet("a", "a#1", ["s"], timing, 0.0)
@@ -403,18 +442,19 @@ def test_a_source_that_found_its_fence_closed_before_a_late_renew_moved_it_is_st
     assert fleet.source_fenced("s", term - 1, fence + 0.004) == []
 
 
-def test_a_source_fenced_before_the_late_renew_is_taken_loses_the_lease_and_the_reply_is_stale() -> None:
+def test_a_source_fenced_before_the_late_renew_is_taken_suspends_the_lease_and_starts_again_on_the_reply() -> None:
     """The other order: the report reaches the fleet before the renew's reply. The fence has passed, so the lease
-    is lost then (the ticker would find the same a moment later), and the reply that follows changes nothing; the
-    next view takes the key back."""
+    is suspended then (the ticker would do the same a moment later), and the reply, stored in time, resumes it:
+    the source that stopped itself starts again in the same term."""
     fleet = joined()
     term, retry, fence = renew_retried_near_the_fence(fleet)
     effects = fleet.source_fenced("s", term, fence + 0.001)
-    assert StopSource("s", graceful=False) in effects
-    assert fleet.leases["s"].state is LeaseState.STANDBY
-    assert fleet.renewed("s", 2, retry, fence + 0.002) == []
-    assert not fleet.holds("s", fence + 0.002)
-    assert fleet.source_fenced("s", term, fence + 0.003) == []  # a second report of that term: nothing
+    assert [e.event for e in effects if isinstance(e, Notice)] == ["lease.suspended"]
+    assert fleet.leases["s"].state is LeaseState.SUSPENDED_RENEWING
+    assert fleet.source_fenced("s", term, fence + 0.0015) == []  # a second report of that term: nothing
+    effects = fleet.renewed("s", 2, retry, fence + 0.002)
+    assert kinds(effects) == [StartSource]
+    assert fleet.holds("s", fence + 0.002) and fleet.leases["s"].term == term
 
 
 def test_a_source_fenced_while_its_lease_is_handed_over_is_not_started_again() -> None:
@@ -542,9 +582,26 @@ def test_a_lost_group_lease_drops_every_source_at_once() -> None:
     group = unit_of(s, 4)
     fleet.viewed(View(members=me(fleet)), 0.0, 0.0)
     fleet.acquired(group, 1, 0.0, 0.0, 0.0)
-    effects = fleet.tick(TTL - TIMING.guard)
+    fleet.tick(TIMING.renew_every)
+    effects = fleet.renew_failed(group, "wrong last sequence", True, TIMING.renew_every + 0.1)
     assert {e for e in effects if isinstance(e, StopSource)} == {StopSource(s, False), StopSource(t, False)}
     assert [e.fields["group"] for e in effects if isinstance(e, Notice) and e.event == "lease.lost"] == [group]
+
+
+def test_a_suspended_group_lease_pauses_every_source_and_resumes_them_together() -> None:
+    s, t, _ = two_in_one_group(4)
+    fleet = grouped((s, t), 4)
+    group = unit_of(s, 4)
+    fleet.viewed(View(members=me(fleet)), 0.0, 0.0)
+    fleet.acquired(group, 1, 0.0, 0.0, 0.0)
+    due = TIMING.renew_every
+    assert Renew(group, 1) in fleet.tick(due)  # unanswered when the fence passes
+    fence = TTL - TIMING.guard
+    assert not any(isinstance(e, StopSource) for e in fleet.tick(fence))  # suspended: nothing stops
+    assert not fleet.holds(s, fence) and not fleet.holds(t, fence)
+    effects = fleet.renewed(group, 2, due, fence + 0.5)  # stored, answered late but within its own fence
+    assert {e for e in effects if isinstance(e, ResumeSource)} == {ResumeSource(s), ResumeSource(t)}
+    assert fleet.holds(s, fence + 0.5) and fleet.holds(t, fence + 0.5)
 
 
 def test_a_reload_starts_a_source_added_to_a_group_of_ours_and_drains_one_removed_without_releasing() -> None:

@@ -20,6 +20,7 @@ from bridge.core.fleet import (
     ReadView,
     Release,
     Renew,
+    ResumeSource,
     StartSource,
     StopSource,
     View,
@@ -27,11 +28,13 @@ from bridge.core.fleet import (
     preferred_owner,
 )
 from bridge.core.leases import (
+    KEPT,
     OURS,
     PUBLIC_STATE,
     RENEWS,
     SERVING,
     SOURCE_RUNS,
+    SUSPENDED,
     TRANSITIONS,
     LeaseEvent,
     LeaseMachine,
@@ -71,6 +74,8 @@ def attributes(machine: LeaseMachine) -> tuple[object, ...]:
         machine.serving,
         machine.source_runs,
         machine.renews,
+        machine.kept,
+        machine.suspended,
     )
 
 
@@ -93,16 +98,32 @@ def test_the_state_sets_agree_with_the_table() -> None:
     def listing(event: LeaseEvent) -> set[LeaseState]:
         return {state for state, row in TRANSITIONS.items() if event in row}
 
-    assert listing(LeaseEvent.LOST) == SOURCE_RUNS  # the ticker watches the fence exactly where LOST can leave
+    # the ticker watches the fence where a source may act: a kept lease is suspended there, a draining one lost
+    assert listing(LeaseEvent.FENCE_PASSED) == SERVING
+    assert listing(LeaseEvent.LOST) == SOURCE_RUNS | SUSPENDED
+    assert {LeaseState.DRAINING, LeaseState.DRAINING_RENEWING} == SOURCE_RUNS - SERVING
     assert listing(LeaseEvent.RENEW_SENT) == RENEWS
     assert listing(LeaseEvent.HAND_OVER) == SERVING
     assert listing(LeaseEvent.SOURCE_STOPPED) == {LeaseState.DRAINING, LeaseState.DRAINING_RENEWING}
     # a renew reply is taken exactly where a renew is in flight, and every state that awaits one is ours
-    renew_awaited = {LeaseState.RENEWING, LeaseState.DRAINING_RENEWING, LeaseState.RELEASING_RENEWING}
+    renew_awaited = {
+        LeaseState.RENEWING,
+        LeaseState.DRAINING_RENEWING,
+        LeaseState.RELEASING_RENEWING,
+        LeaseState.SUSPENDED_RENEWING,
+    }
     for event in (LeaseEvent.RENEWED, LeaseEvent.RENEW_FAILED, LeaseEvent.RENEW_ADOPTED, LeaseEvent.RENEW_REFUSED):
         assert listing(event) == renew_awaited
-    assert SOURCE_RUNS | renew_awaited | {LeaseState.RELEASING} == OURS
+    assert listing(LeaseEvent.RENEWED_LATE) == {LeaseState.SUSPENDED_RENEWING}
+    # the only way out of suspension back to running is a renew stored in time
+    assert {TRANSITIONS[state][LeaseEvent.RENEWED] for state in SUSPENDED & renew_awaited} == {LeaseState.OWNED}
+    assert {target for state in SUSPENDED for target in TRANSITIONS[state].values()} <= SUSPENDED | {
+        LeaseState.OWNED,
+        LeaseState.STANDBY,
+    }
+    assert SOURCE_RUNS | renew_awaited | {LeaseState.RELEASING, LeaseState.SUSPENDED} == OURS
     assert set(LeaseState) - {LeaseState.STANDBY, LeaseState.ACQUIRING} == OURS
+    assert SERVING | SUSPENDED == KEPT
     for state in LeaseState:
         machine = LeaseMachine(state)
         assert machine.standby is (state is LeaseState.STANDBY)
@@ -112,12 +133,14 @@ def test_the_state_sets_agree_with_the_table() -> None:
             state in SOURCE_RUNS,
             state in RENEWS,
         )
+        assert (machine.kept, machine.suspended) == (state in KEPT, state in SUSPENDED)
 
 
-def test_users_see_the_four_names_they_always_saw() -> None:
+def test_users_see_five_names() -> None:
     assert set(PUBLIC_STATE) == set(LeaseState)
     assert {s for s in LeaseState if PUBLIC_STATE[s] == "owned"} == SERVING
-    assert {s for s in LeaseState if PUBLIC_STATE[s] == "releasing"} == OURS - SERVING
+    assert {s for s in LeaseState if PUBLIC_STATE[s] == "suspended"} == SUSPENDED
+    assert {s for s in LeaseState if PUBLIC_STATE[s] == "releasing"} == OURS - KEPT
     assert PUBLIC_STATE[LeaseState.STANDBY] == "standby" and PUBLIC_STATE[LeaseState.ACQUIRING] == "acquiring"
     assert LeaseMachine().state is LeaseState.STANDBY
 
@@ -134,18 +157,29 @@ def labels(effects: list[FleetEffect]) -> list[object]:
     return [e.event if isinstance(e, Notice) else e for e in effects if not isinstance(e, ReadView | WritePresence)]
 
 
+SUSPENDED_AT = NOW - 0.5  # a suspended lease's fence passed then (it was acquired at SUSPENDED_AT - FENCE - 0.1)
+
+
 def drive(state: LeaseState) -> Fleet:
     """A fleet core whose lease ``s`` was brought to ``state`` through public inputs only (acquired at 0, its first
-    renew sent at RENEW_AT, any handover after that)."""
-    fleet = Fleet("a", "a#1", ["s"], TIMING, 0.0)
-    fleet.tick(0.0)
-    fleet.presence_written(-TIMING.join_wait)  # joined a join wait ago: it may decide at 0
+    renew sent at RENEW_AT, any handover after that; suspended: acquired earlier, its first renew unanswered when its
+    fence passed at SUSPENDED_AT, failed a moment later for SUSPENDED)."""
+    start = SUSPENDED_AT - FENCE - 0.1 if state in SUSPENDED else 0.0
+    fleet = Fleet("a", "a#1", ["s"], TIMING, start)
+    fleet.tick(start)
+    fleet.presence_written(start - TIMING.join_wait)  # joined a join wait ago: it may decide at the start
     if state is LeaseState.STANDBY:
         return at(fleet, state)
-    assert labels(fleet.viewed(View(members=me(fleet)), 0.0, 0.0)) == [Acquire("s", 0)]
+    assert labels(fleet.viewed(View(members=me(fleet)), start, start)) == [Acquire("s", 0)]
     if state is LeaseState.ACQUIRING:
         return at(fleet, state)
-    assert labels(fleet.acquired("s", 1, 0.0, 0.0, 0.0)) == ["lease.acquired", StartSource("s")]
+    assert labels(fleet.acquired("s", 1, start, 0.0, start)) == ["lease.acquired", StartSource("s")]
+    if state in SUSPENDED:
+        assert labels(fleet.tick(start + TIMING.renew_every)) == [Renew("s", 1)]  # unanswered past the fence:
+        assert labels(fleet.tick(SUSPENDED_AT)) == ["lease.suspended"]  # nothing stops
+        if state is LeaseState.SUSPENDED:
+            assert labels(fleet.renew_failed("s", "timeout", False, SUSPENDED_AT + 0.1)) == ["lease.renew_failed"]
+        return at(fleet, state)
     if state in (LeaseState.RENEWING, LeaseState.DRAINING_RENEWING, LeaseState.RELEASING_RENEWING):
         assert labels(fleet.tick(RENEW_AT)) == [Renew("s", 1)]
     if state in (LeaseState.OWNED, LeaseState.RENEWING):
@@ -180,7 +214,7 @@ REPLIES: dict[LeaseEvent, tuple[Callable[[Fleet], list[FleetEffect]], list[objec
         ["lease.acquired", StartSource("s")],
     ),
     LeaseEvent.ACQUIRE_FAILED: (lambda f: f.acquire_failed("s", "refused", NOW), ["lease.acquire_failed"]),
-    LeaseEvent.RENEWED: (lambda f: f.renewed("s", 5, RENEW_AT, NOW), []),
+    LeaseEvent.RENEWED: (lambda f: f.renewed("s", 5, RENEW_AT, NOW), []),  # suspended: RESUMED below
     LeaseEvent.RENEW_FAILED: (lambda f: f.renew_failed("s", "timeout", False, NOW), ["lease.renew_failed"]),
     LeaseEvent.RENEW_ADOPTED: (lambda f: f.renew_adopted("s", 5, NOW), []),
     LeaseEvent.RENEW_REFUSED: (
@@ -206,14 +240,19 @@ def test_each_reply_in_each_state_moves_the_lease_along_the_table_or_changes_not
         assert effects == []
         assert snapshot(fleet) == before
     else:
-        assert labels(effects) == returns
+        assert labels(effects) == (RESUMED if event is LeaseEvent.RENEWED and state in SUSPENDED else returns)
         assert fleet.leases["s"].state is expected
+
+
+RESUMED = ["lease.resumed", ResumeSource("s")]  # a renew stored in time ends a suspension: the source goes on
 
 
 @pytest.mark.parametrize("state", list(LeaseState))
 def test_a_view_acquires_a_standby_lease_only(state: LeaseState) -> None:
     fleet = drive(state)
-    effects = labels(fleet.viewed(View(members=me(fleet)), NOW, NOW))
+    # (a suspended lease sees its own key: one seen gone or someone else's is lost, tested below)
+    holders = {"s": Holder("a", "a#1", revision=1)} if state in SUSPENDED else {}
+    effects = labels(fleet.viewed(View(members=me(fleet), holders=holders), NOW, NOW))
     if state is LeaseState.STANDBY:
         assert effects == [Acquire("s", 0)]
         assert fleet.leases["s"].state is TRANSITIONS[state][LeaseEvent.ACQUIRE_SENT]
@@ -237,18 +276,23 @@ def test_a_due_renew_goes_out_only_where_the_table_lists_renew_sent(state: Lease
         assert labels(fleet.tick(NOW + 0.1)) == []  # one renew in flight at a time
 
 
-@pytest.mark.parametrize("state", list(LeaseState))
-def test_the_fence_passing_loses_the_lease_only_where_the_table_lists_lost(state: LeaseState) -> None:
+@pytest.mark.parametrize("state", [state for state in LeaseState if state not in SUSPENDED])
+def test_the_fence_passing_suspends_a_kept_lease_and_loses_a_draining_one(state: LeaseState) -> None:
     fleet = drive(state)
     before = snapshot(fleet)
     effects = labels(fleet.tick(FENCE))
-    expected = TRANSITIONS[state].get(LeaseEvent.LOST)
-    if expected is None:
+    suspended = TRANSITIONS[state].get(LeaseEvent.FENCE_PASSED)
+    if state not in SOURCE_RUNS:
         assert effects == []
         assert snapshot(fleet) == before
+    elif suspended is not None:  # nothing stops; a renew goes out at once unless one is in flight
+        renew = [Renew("s", 1)] if TRANSITIONS[suspended].get(LeaseEvent.RENEW_SENT) else []
+        assert effects == ["lease.suspended", *renew]
+        assert fleet.leases["s"].state is LeaseState.SUSPENDED_RENEWING
+        assert not fleet.holds("s", FENCE)
     else:
         assert effects == ["lease.lost", StopSource("s", graceful=False)]
-        assert fleet.leases["s"].state is expected
+        assert fleet.leases["s"].state is TRANSITIONS[state][LeaseEvent.LOST]
         assert not fleet.holds("s", FENCE - 0.1)
 
 
@@ -257,7 +301,10 @@ def test_a_shutdown_hands_over_only_where_the_table_lists_hand_over(state: Lease
     fleet = drive(state)
     expected = TRANSITIONS[state].get(LeaseEvent.HAND_OVER)
     effects = labels(fleet.shutdown(NOW))
-    if expected is None:
+    if state in SUSPENDED:  # nothing can drain behind a closed fence: its sources are dropped, the key expires
+        assert effects == ["lease.lost", StopSource("s", graceful=False)]
+        assert fleet.leases["s"].state is LeaseState.STANDBY
+    elif expected is None:
         assert effects == []
         assert fleet.leases["s"].state is state
     else:
@@ -319,3 +366,45 @@ def test_what_status_shows_for_each_state(state: LeaseState) -> None:
     assert lease.owned is (state in OURS)
     assert fleet.owned() == (["s"] if state in OURS else [])
     assert lease.holds(NOW) is (state in SOURCE_RUNS)  # RELEASING: the delete is in flight, the fence closed
+
+
+# -- suspension ---------------------------------------------------------------------------------------------------
+
+
+def test_a_renew_stored_in_time_resumes_a_suspended_lease_where_it_paused() -> None:
+    fleet = drive(LeaseState.SUSPENDED_RENEWING)
+    lease = fleet.leases["s"]
+    term, changes = lease.term, lease.changes
+    assert not fleet.holds("s", NOW)
+    assert labels(fleet.renewed("s", 7, SUSPENDED_AT - 0.1, NOW)) == RESUMED
+    assert fleet.holds("s", NOW) and lease.revision == 7
+    assert (lease.term, lease.changes) == (term, changes)  # the same term: the sources' fences open again
+
+
+def test_a_renew_stored_but_answered_after_its_own_fence_leaves_the_lease_suspended_and_renews_again() -> None:
+    fleet = drive(LeaseState.SUSPENDED_RENEWING)
+    late = SUSPENDED_AT + FENCE + 0.1
+    assert fleet.renewed("s", 7, SUSPENDED_AT, late) == []
+    at(fleet, LeaseState.SUSPENDED)
+    assert fleet.leases["s"].revision == 7  # the write is ours: the next renew names it
+    assert labels(fleet.tick(late)) == [Renew("s", 7)]
+    assert labels(fleet.renewed("s", 8, late, late + 0.2)) == RESUMED
+
+
+@pytest.mark.parametrize("holder", [None, Holder("b", "b#1", revision=9)])
+@pytest.mark.parametrize("state", [state for state in LeaseState if state in SUSPENDED])
+def test_a_suspended_lease_whose_key_a_view_shows_gone_or_taken_is_lost(
+    state: LeaseState, holder: Holder | None
+) -> None:
+    fleet = drive(state)
+    view = View(members=me(fleet), holders={} if holder is None else {"s": holder})
+    effects = labels(fleet.viewed(view, NOW, NOW))
+    assert effects[:2] == ["lease.lost", StopSource("s", graceful=False)]
+    assert effects[2:] == ([Acquire("s", 0)] if holder is None else [])  # gone: taken again, a new term
+    assert fleet.renewed("s", 7, SUSPENDED_AT, NOW) == []  # a reply to the renew sent before: stale
+
+
+def test_a_source_fenced_while_its_lease_is_suspended_starts_again_on_the_resumption() -> None:
+    fleet = drive(LeaseState.SUSPENDED_RENEWING)
+    assert fleet.source_fenced("s", fleet.leases["s"].term, NOW) == []
+    assert labels(fleet.renewed("s", 7, SUSPENDED_AT, NOW)) == ["lease.resumed", StartSource("s")]

@@ -100,3 +100,13 @@ def test_status_line() -> None:
         status_line(1, running=1, configured=3, instance="a")
         == "replicating 1 of 3 source(s), standby for the others (instance a)"
     )
+
+
+def test_with_leases_a_source_whose_lease_is_suspended_is_not_ready_and_says_why() -> None:
+    suspended = replace(lease("edge1", True, "a"), state="suspended")
+    answer = readyz(snap(GOOD, fleet=fleet(suspended)), coordinated=True, target_stream="AGG")
+    assert not answer.ready
+    assert answer.body["sources"]["edge1"]["reasons"] == [
+        "lease suspended: paused until a renew of its lease succeeds (the hub answers late)"
+    ]
+    assert answer.body["fleet"]["owned"] == ["edge1"] and answer.body["fleet"]["suspended"] == ["edge1"]

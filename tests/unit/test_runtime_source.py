@@ -16,7 +16,7 @@ from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
 from bridge.runtime.source import QUIET_TICKS, SourceRunner
 from bridge.runtime.ticker import Ticker
-from bridge.testing.fakes import FakeOrigin, FakeTarget
+from bridge.testing.fakes import FakeFence, FakeOrigin, FakeTarget
 
 pytestmark = pytest.mark.anyio
 
@@ -49,7 +49,7 @@ async def running(
     origin: FakeOrigin,
     target: FakeTarget,
     *,
-    fence: Callable[[], bool] | None = None,
+    fence: FakeFence | None = None,
     clock: Clock | None = None,
     ticker: Ticker | None = None,
 ) -> AsyncIterator[tuple[SourceRunner, anyio.Event]]:
@@ -107,18 +107,45 @@ async def test_a_gap_is_repaired_by_the_reset_procedure_in_order() -> None:
 
 
 async def test_a_closed_fence_abandons_the_source_without_another_action() -> None:
-    origin, target = FakeOrigin(), FakeTarget(hold_acks=True)
+    origin, target, fence = FakeOrigin(), FakeTarget(hold_acks=True), FakeFence()
     origin.publish(3)
-    open_ = True
-    async with running(origin, target, fence=lambda: open_) as (runner, _):
+    async with running(origin, target, fence=fence) as (runner, _):
         await until(runner.ready.is_set, "the start reset is done")
         origin.deliver()
         origin.request_flow_control()
         await until(lambda: len(target.held) == 3, "three publishes sent")
-        open_ = False  # the lease is lost: the stored copies must not be acked by this process any more
+        fence.open = fence.kept = False  # the lease is lost: the stored copies must not be acked by this process
         target.release_acks()
         await until(lambda: runner.fenced, "the runner notices the fence")
     assert origin.answers == [] and "detach" in origin.ops
+
+
+async def test_a_suspended_lease_pauses_the_source_and_its_resumption_goes_on_without_a_new_setup() -> None:
+    """The fence closes while the lease is kept (suspended: no renew succeeded in time): nothing is answered or
+    published, but the source keeps its consumer, its state and what it was given; resumed, it answers what is
+    stored and publishes the rest in order, without setting up again."""
+    origin, target, fence = FakeOrigin(), FakeTarget(hold_acks=True), FakeFence()
+    origin.publish(6)
+    async with running(origin, target, fence=fence) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        setup_ops = origin.ops.count("bind"), origin.ops.count("stream")
+        origin.deliver(3)
+        await until(lambda: len(target.held) == 3, "three publishes sent")
+        fence.open = False  # suspended
+        subject = origin.request_flow_control()
+        target.release_acks()  # stored: their acks still count
+        origin.deliver(3)  # and deliveries still reach the engine
+        await until(lambda: runner.engine.pipeline.stored_messages == 3, "the acks taken while paused")
+        await until(lambda: runner.engine.stats.delivered == 6, "the deliveries taken while paused")
+        assert origin.answers == [] and len(target.held) == 0 and target.seqs("edge1") == [1, 2, 3]
+        assert not runner.fenced
+        fence.open = True
+        runner.resume()
+        await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6], "the rest published, in order, once")
+        target.release_acks()
+        await until(lambda: bool(origin.answers), "the held request answered")
+        assert origin.answers[0].subject == subject
+        assert (origin.ops.count("bind"), origin.ops.count("stream")) == setup_ops  # no set-up again
 
 
 async def test_an_origin_behind_the_aggregate_blocks_setup_with_the_reason() -> None:
