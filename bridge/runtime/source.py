@@ -37,6 +37,7 @@ until the fleet resumes it (``resume``: a renew proved nobody else can have acte
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -88,6 +89,7 @@ TICK = 0.1
 QUIET_TICKS = 10  # a quiet engine (``Replication.quiet``) is ticked on every 10th tick only: once a second
 PUBLISH_BATCH = 256  # publishes written to the target in one command at most
 SETUP_RETRY = RetryPolicy(Backoff(1.0, 30.0))  # a setup that keeps failing the same way: logged every 30 s at most
+PAUSE_POLL = 1.0  # a set-up paused at its fence looks at it again this often (no tick watches it yet)
 
 
 def engine_settings(
@@ -235,15 +237,22 @@ class SourceRunner:
         self.abandon("lease fence closed")
         return False
 
-    async def _act(self) -> bool:
-        """``may_act``, waiting while the source is paused until the fleet resumes or abandons it: True to act now,
-        False when abandoned or stopping (a stopping source does not wait for its fence: its stop is bounded)."""
+    @property
+    def paused(self) -> bool:
+        """Waiting at a closed fence of a kept lease (suspended), with its state."""
+        return self._paused_at is not None
+
+    async def _act(self, *, poll: bool = False) -> bool:
+        """``may_act``, waiting while the source is paused until it is resumed or abandoned: True to act now, False
+        when abandoned or stopping (a stopping source does not wait for its fence: its stop is bounded). ``poll``:
+        look at the fence every ``PAUSE_POLL`` seconds too (set-up, which no tick watches yet)."""
         while not self.may_act():
             if self.fenced or self._stopping:
                 return False
             if self._resumed is None or self._resumed.is_set():
                 self._resumed = anyio.Event()
-            await self._resumed.wait()
+            with anyio.move_on_after(PAUSE_POLL if poll else math.inf):
+                await self._resumed.wait()
         return True
 
     def resume(self) -> None:
@@ -257,7 +266,7 @@ class SourceRunner:
             self.log.info("source.resumed", paused_for=round(self.clock() - self._paused_at, 3))
             self._paused_at = None
             if self._publisher is not None:
-                self._requeue_publishes()
+                self._requeue_publishes("resumed after its lease was suspended")
         if self._resumed is not None:
             self._resumed.set()
 
@@ -360,7 +369,7 @@ class SourceRunner:
             stream = await origin.stream()
         if self.mode is None:
             await self._choose_mode(stream)
-        if not await self._act():
+        if not await self._act(poll=True):
             return  # abandoned (the task group is cancelled, nothing more starts) or stopping
         bound = await self._bind(stream)
         self._just_bound = True  # the first reset that follows need not bind again
@@ -637,16 +646,16 @@ class SourceRunner:
         if epoch == self._target_epoch:
             return True
         self._target_epoch = epoch
-        self._requeue_publishes()
+        self._requeue_publishes("target connection lost")
         return False
 
-    def _requeue_publishes(self) -> None:
+    def _requeue_publishes(self, reason: str) -> None:
         """Drop the queued publishes and have the engine presume what was in flight lost (verified, then sent
         again in origin order)."""
         kept = [effect for effect in self._effects if not isinstance(effect, Publish)]
         self._effects.clear()  # (in place: the executor holds this deque)
         self._effects.extend(kept)
-        self._emit(self.engine.target_reconnected(self.clock()))
+        self._emit(self.engine.target_reconnected(self.clock(), reason))
 
     async def _on_disconnected(self) -> None:
         if not self._connected:
@@ -686,6 +695,10 @@ class SourceRunner:
         """Feed the engine the time (every ``TICK`` seconds, from this runner's ticker or the process's; once a
         second while the engine is quiet). True when it is quiet after: the shared ticker then calls again in a
         second, unless ``_emit`` wakes it first."""
+        if self._paused_at is not None and self._fence is not None and self._fence():
+            # open again in the same term without a resumption: a renew's reply moved the fence a moment after this
+            # source found it closed, before the fleet saw it pass (so it never suspended the lease)
+            self.resume()
         self._emit(self.engine.tick(self.clock()))
         self._changed.set()
         return self.engine.quiet
