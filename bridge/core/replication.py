@@ -444,11 +444,10 @@ class Replication(ABC):
         self._verify_due = now + delay
         return [Notice("publish.verify_failed", "warning", {"reason": reason, "retry_in": round(delay, 3)})]
 
-    def target_reconnected(self, now: float, reason: str = "target connection lost") -> list[Effect]:
-        """The connection to the aggregate came back (or the source resumes after a pause, ``reason`` says which):
-        what was in flight is presumed lost, probe again now."""
+    def target_reconnected(self, now: float) -> list[Effect]:
+        """The connection to the aggregate came back: what was in flight is presumed lost, probe again now."""
         effects: list[Effect] = []
-        if self.pipeline.fail_in_flight(reason, now):
+        if self.pipeline.fail_in_flight("target connection lost", now):
             self._note_blocked(effects, now)
         self.pipeline.retry_now()
         self._verify_due = 0.0

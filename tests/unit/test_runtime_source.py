@@ -153,6 +153,26 @@ async def test_a_suspended_lease_pauses_the_source_and_its_resumption_goes_on_wi
         assert (origin.ops.count("bind"), origin.ops.count("stream")) == setup_ops  # no set-up again
 
 
+async def test_a_pause_longer_than_the_publish_ack_timeout_still_stores_everything_once_in_order() -> None:
+    """Publishes decided while paused wait in the queue while their ack deadlines run: once resumed they are written
+    late, the engine has timed them out meanwhile and verifies them like any late ack, and nothing is lost,
+    duplicated or reordered."""
+    origin, target, fence, clock = FakeOrigin(), FakeTarget(), FakeFence(), Clock()
+    origin.publish(6)
+    async with running(origin, target, fence=fence, clock=clock) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver(2)
+        await until(lambda: target.seqs("edge1") == [1, 2], "two stored")
+        fence.open = False
+        origin.deliver(4)
+        await until(lambda: runner.paused, "the runner found its fence closed")
+        clock.offset += 3 * target.ack_timeout  # the pause outlasts the queued publishes' deadlines
+        await until(lambda: runner.engine.pipeline.unverified > 0, "the queued publishes timed out")
+        fence.open = True
+        runner.resume()
+        await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6], "everything stored once, in order")
+
+
 async def test_a_source_paused_a_moment_before_a_renew_reopened_its_fence_goes_on_by_itself() -> None:
     """The fence is checked on the bridge's thread and moved on the fleet's: a source can find it closed just
     before a renew's reply moves it, and then the fleet never suspends the lease (so never resumes the source).
