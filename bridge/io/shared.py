@@ -27,12 +27,14 @@ import anyio
 from nats.aio.client import Client as NATS
 
 from bridge.errors import BridgeError, OriginUnavailable
+from bridge.io import wire
 from bridge.io.connect import ConnectionSettings, describe, error_fields, open_connection
 from bridge.io.permissions import error_subjects
 from bridge.logs import Throttle, get_logger
 from bridge.ports import Callback, ErrorCallback
 
 CONNECTION_NAME = "nats-bridge origin"
+QUIET_READ_WAIT = 0.02  # a read that brought only heartbeats lets the next wait this long (bridge.io.wire)
 
 
 def names_source(text: str, *, deliver_subject: str, inbox: str, api_prefix: str, stream: str, consumer: str) -> bool:
@@ -126,6 +128,8 @@ class SharedConnection:
                 on_reconnected=self._reconnected,
                 on_error=self._error,
             )
+            # quiet sources' heartbeats, read together (bridge.io.wire.coalesce_quiet_reads)
+            wire.coalesce_quiet_reads(attempt.nc, QUIET_READ_WAIT)
             return attempt.nc
         except BridgeError as exc:
             attempt.error = exc

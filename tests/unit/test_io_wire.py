@@ -22,6 +22,7 @@ from bridge.io.wire import (
     add_after_parse,
     add_handler,
     add_sink,
+    coalesce_quiet_reads,
     install,
     remove_after_parse,
     remove_handler,
@@ -368,3 +369,74 @@ def test_a_message_control_line_is_read_as_nats_py_reads_it_or_refused(
     line: bytes, fields: tuple[bytes, int, bytes, int, int] | None
 ) -> None:
     assert parse_msg_line(line) == fields
+
+
+class Transport:
+    """The asyncio transport under nats-py's stream writer: records pause_reading / resume_reading."""
+
+    def __init__(self, calls: list[tuple[Any, ...]]) -> None:
+        self.calls = calls
+        self.reading = True
+
+    def is_reading(self) -> bool:
+        return self.reading
+
+    def pause_reading(self) -> None:
+        self.reading = False
+        self.calls.append(("pause_reading",))
+
+    def resume_reading(self) -> None:
+        self.reading = True
+        self.calls.append(("resume_reading",))
+
+
+HEARTBEAT = b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 0\r\nNats-Last-Stream: 0\r\n\r\n"
+
+
+async def test_a_read_of_only_heartbeats_pauses_the_transport_before_the_next_read_and_nothing_else_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many quiet sources' heartbeats come in one read rather than one read each (``coalesce_quiet_reads``): after a
+    read that brought only frames without a reply subject, the socket is not read for ``quiet_wait``; a delivery or
+    a flow-control request (a reply subject) or a message for nats-py's own subscriptions never waits."""
+    client = Recorder()
+    parser = install(client)
+    assert isinstance(parser, WireParser)
+    writer = type("StreamWriter", (), {"transport": Transport(client.calls)})()
+    setattr(client, "_transport", type("NatsTransport", (), {"_io_writer": writer})())  # noqa: B010
+    sinks: dict[int, list[Frame]] = {sid: [] for sid in (1, 2)}
+    for sid, sink in sinks.items():
+
+        def owner(sid: int = sid, sink: list[Frame] = sink) -> None:
+            client.calls.append(("owner", sid, [frame[1] for frame in take(sink)]))
+
+        assert add_sink(client, type("Sub", (), {"_id": sid})(), sink, owner)
+    beats = hmsg("d.1", 1, "", HEARTBEAT, b"") + hmsg("d.2", 2, "", HEARTBEAT, b"")
+    await parser.parse(beats)
+    assert client.calls == [("owner", 1, [b""]), ("owner", 2, [b""])]  # off by default
+    client.calls.clear()
+    assert coalesce_quiet_reads(client, 0.001)
+    await parser.parse(beats + b"PING\r\n")
+    assert client.calls == [
+        *[("ping",), ("owner", 1, [b""]), ("owner", 2, [b""])],  # everything the read brought handed over first
+        *[("pause_reading",), ("resume_reading",)],
+    ]
+    for busy in (
+        hmsg("d.1", 1, "", HEARTBEAT, b"") + msg("d.2", 2, "$JS.ACK.S.C.1.1.1.1.0", b"x"),  # a delivery
+        hmsg("d.1", 1, "$JS.FC.S.C.1", b"NATS/1.0 100 FlowControl Request\r\n\r\n", b""),  # flow control
+        hmsg("d.1", 1, "", HEARTBEAT, b"") + msg("_INBOX.x", 9, "", b"{}"),  # an API reply (nats-py's dispatch)
+    ):
+        client.calls.clear()
+        await parser.parse(busy)
+        assert ("pause_reading",) not in client.calls, busy
+        # and for a second after it, quiet reads do not wait either: a busy source keeps the connection's pace
+        await parser.parse(beats)
+        assert ("pause_reading",) not in client.calls, busy
+        monkeypatch.setattr(wire, "QUIET_AFTER", 0.0)
+        await parser.parse(beats)
+        assert client.calls[-2:] == [("pause_reading",), ("resume_reading",)]
+        monkeypatch.setattr(wire, "QUIET_AFTER", 1.0)
+
+
+def test_coalescing_needs_the_wire_parser() -> None:
+    assert not coalesce_quiet_reads(object(), 0.02)
