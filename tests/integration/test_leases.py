@@ -62,11 +62,14 @@ async def owner_and_standby(bridge_procs: BridgeFactory, config: Path) -> tuple[
     return owner, standby
 
 
-async def one_source(topology: Topology, tmp_path: Path) -> tuple[Path, Callable[[], Awaitable[None]]]:
+async def one_source(
+    topology: Topology, tmp_path: Path, coordination: dict[str, object] | None = None
+) -> tuple[Path, Callable[[], Awaitable[None]]]:
     config = write_config(
         tmp_path / "bridge.toml",
         target_url=topology.hub.url,
         sources=[SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")],
+        coordination=coordination,
     )
 
     async def prepare() -> None:
@@ -269,15 +272,9 @@ async def test_without_coordination_the_bridge_replicates_alone_and_makes_no_buc
     topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:
     """``coordination.enabled = false``: the operator guarantees one process; nothing is read or written in KV."""
-    config = write_config(
-        tmp_path / "bridge.toml",
-        target_url=topology.hub.url,
-        sources=[SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")],
-        coordination={"enabled": False},
-    )
+    config, prepare = await one_source(topology, tmp_path, {"enabled": False})
+    await prepare()
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
-        await create_aggregate(hub_nc, duplicate_window=DUPLICATE_WINDOW)
         bridge = fleet_instance(bridge_procs, config, "solo")
         await bridge.wait_event("reset.done", timeout=20)
         publisher = Publisher(leaf_nc, 2000)
@@ -363,15 +360,8 @@ async def test_a_hub_frozen_past_the_fence_suspends_the_lease_and_the_source_res
     once and in order. Before, the lease was lost at the fence and the source set up again from the aggregate:
     with 2,000 sources on a starved hub, minutes without replication (``bench edge``)."""
     ttl = 10.0  # the freeze must pass the fence (0.8 TTL after the last renew) and leave the key alive
-    config = write_config(
-        tmp_path / "bridge.toml",
-        target_url=topology.hub.url,
-        sources=[SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")],
-        coordination={"lease_ttl": ttl},
-    )
-    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
-        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
-        await create_aggregate(hub_nc, duplicate_window=DUPLICATE_WINDOW)
+    config, prepare = await one_source(topology, tmp_path, {"lease_ttl": ttl})
+    await prepare()
     log = tmp_path / "bridge.log"
     async with connect(topology.leaf.url) as leaf_nc, running_bridge(config, log) as bridge:
         before = only_lease(bridge)

@@ -576,12 +576,18 @@ def test_a_group_lease_starts_hands_over_and_releases_its_sources_together() -> 
     assert not fleet.holds(s, 0.4)
 
 
-def test_a_lost_group_lease_drops_every_source_at_once() -> None:
+def owned_group() -> tuple[Fleet, str, str, str]:
+    """A fleet core that acquired, at 0, the one group of its two sources: (fleet, source, source, group)."""
     s, t, _ = two_in_one_group(4)
     fleet = grouped((s, t), 4)
     group = unit_of(s, 4)
     fleet.viewed(View(members=me(fleet)), 0.0, 0.0)
     fleet.acquired(group, 1, 0.0, 0.0, 0.0)
+    return fleet, s, t, group
+
+
+def test_a_lost_group_lease_drops_every_source_at_once() -> None:
+    fleet, s, t, group = owned_group()
     fleet.tick(TIMING.renew_every)
     effects = fleet.renew_failed(group, "wrong last sequence", True, TIMING.renew_every + 0.1)
     assert {e for e in effects if isinstance(e, StopSource)} == {StopSource(s, False), StopSource(t, False)}
@@ -589,11 +595,7 @@ def test_a_lost_group_lease_drops_every_source_at_once() -> None:
 
 
 def test_a_suspended_group_lease_pauses_every_source_and_resumes_them_together() -> None:
-    s, t, _ = two_in_one_group(4)
-    fleet = grouped((s, t), 4)
-    group = unit_of(s, 4)
-    fleet.viewed(View(members=me(fleet)), 0.0, 0.0)
-    fleet.acquired(group, 1, 0.0, 0.0, 0.0)
+    fleet, s, t, group = owned_group()
     due = TIMING.renew_every
     assert Renew(group, 1) in fleet.tick(due)  # unanswered when the fence passes
     fence = TTL - TIMING.guard
