@@ -314,7 +314,6 @@ class Lease:
     changes: int = 0  # times it became ours or stopped being ours
     term: int = 0  # counts the times it became ours: a fence is bound to one term
     suspended_at: float = 0.0  # when the fence last passed before a renew succeeded
-    suspensions: int = 0
     machine: LeaseMachine = field(default_factory=LeaseMachine)
 
     @property
@@ -658,10 +657,10 @@ class Fleet:
         find the fence closed a moment before a renew whose reply was late moves it (its write, a compare-and-set
         on our revision, kept the key ours all along), and this report can reach the fleet before or after that
         reply. Either way the fleet must not go on counting the source as running: while the lease still holds
-        (the reply came first) the source starts again under the moved fence; when it does not, the lease is lost
-        now, as the ticker would find it (a reply coming after this is stale), and the next view takes the key
-        back. A report from an earlier term, or while the lease is being given up (its stop reports the end),
-        changes nothing.
+        (the reply came first) the source starts again under the moved fence; when it does not, the lease is
+        suspended now, as the ticker would do (a runner waits at such a fence instead of stopping, so this is a
+        source that stopped all the same), and the source starts again on the resumption. A report from an earlier
+        term, or while the lease is being given up or lost (its stop reports the end), changes nothing.
         """
         lease = self.lease_of(source)
         if lease is None or lease.term != term or source not in lease.running or not lease.machine.kept:
@@ -873,7 +872,6 @@ class Fleet:
         if not lease.machine.process(LeaseEvent.FENCE_PASSED):
             return []
         lease.suspended_at = now
-        lease.suspensions += 1
         lease.next_renew = min(lease.next_renew, now)
         self._due = min(self._due, lease.next_renew)
         hint = (

@@ -91,6 +91,11 @@ class LeaseSnapshot:
     ownership_changes: int
     seconds_since_renew: float | None
 
+    @property
+    def suspended(self) -> bool:
+        """Owned, but paused until a renew succeeds (``bridge.core.leases``, the suspended states)."""
+        return self.state == "suspended"
+
 
 @dataclass(frozen=True, slots=True)
 class FleetSnapshot:
@@ -425,7 +430,7 @@ def _fleet_families(fleet: FleetSnapshot) -> Iterator[Metric]:
         "Owned sources whose lease is suspended: no renew succeeded before the fence, so they publish and answer "
         "nothing (keeping their state) until one does.",
     )
-    suspended.add_metric([], float(sum(1 for lease in leases if lease.state == "suspended")))
+    suspended.add_metric([], float(sum(1 for lease in leases if lease.suspended)))
     yield suspended
     members = GaugeMetricFamily("nats_bridge_fleet_members", "Live processes in the fleet, as last read.")
     members.add_metric([], float(len(fleet.members)))

@@ -75,25 +75,22 @@ class Fence:
         self.term = lease.term if lease is not None else -1
 
     def __call__(self) -> bool:
-        lease = self._lease
-        # the same lease (a source removed and added again has a new one), in the same term
-        return (
-            lease is not None
-            and self._fleet.lease_of(self.source) is lease
-            and lease.term == self.term
-            and lease.holds(self._clock())
-        )
+        lease = self._term()
+        return lease is not None and lease.holds(self._clock())
 
     def waiting(self) -> bool:
         """The same lease in the same term, kept (not lost, not being given up): a closed fence may open again
         (the lease is suspended, or about to be: the ticker has not seen the fence pass yet)."""
+        lease = self._term()
+        return lease is not None and lease.machine.kept
+
+    def _term(self) -> Lease | None:
+        """The lease this fence was bound to, while it is still the source's (a source removed and added again has
+        a new one) and in the same term; else None."""
         lease = self._lease
-        return (
-            lease is not None
-            and self._fleet.lease_of(self.source) is lease
-            and lease.term == self.term
-            and lease.machine.kept
-        )
+        if lease is None or self._fleet.lease_of(self.source) is not lease or lease.term != self.term:
+            return None
+        return lease
 
 
 _T = TypeVar("_T")

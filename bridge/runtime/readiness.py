@@ -34,13 +34,13 @@ def readyz(snap: BridgeSnapshot, *, coordinated: bool, target_stream: str) -> Re
     """``/readyz`` for the daemon's state ``snap`` (see the module's rules)."""
     sources: dict[str, Any] = {}
     fleet_body: dict[str, Any] = {}
-    suspended: set[str] = set()
+    suspended: set[str] = set()  # owned sources whose lease is suspended: not replicating, and saying why
     if coordinated:
         fleet = snap.fleet
         ready = snap.target_connected and fleet is not None and fleet.ready
         fleet_body["fleet"] = fleet_json(fleet)
         for lease in fleet.leases if fleet is not None else ():
-            if lease.state == "suspended":
+            if lease.suspended:
                 suspended.add(lease.source)
             if not lease.owned:
                 sources[lease.source] = {
@@ -84,7 +84,7 @@ def fleet_json(fleet: FleetSnapshot | None) -> dict[str, Any]:
         "lease_ttl": fleet.ttl,
         "members": list(fleet.members),
         "owned": [lease.source for lease in fleet.leases if lease.owned],
-        "suspended": [lease.source for lease in fleet.leases if lease.state == "suspended"],
+        "suspended": [lease.source for lease in fleet.leases if lease.suspended],
     }
 
 

@@ -709,7 +709,7 @@ class SourceRunner:
                     if not await self._act():
                         return
                     if not effects:
-                        break  # requeued while it waited (a resumption): the engine's effects follow
+                        break  # emptied while it waited (a new target connection drops the queued publishes)
                     if isinstance(effects[0], Publish) and not self._same_target_connection():
                         continue  # its publishes were dropped: the engine sends them again, in order
                     batch = self._take_publishes()

@@ -605,7 +605,7 @@ def test_secret_from_env_never_in_errors(write: Callable[[dict[str, Any]], Path]
     assert len(info.value.problems) >= 2
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 @given(secret=st.text(alphabet=st.characters(codec="utf-8"), min_size=1))
 def test_any_secret_value_is_not_echoed(secret: str) -> None:
     marker = f"<<{secret}>>"

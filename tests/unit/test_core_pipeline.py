@@ -388,7 +388,7 @@ def test_iteration_and_views() -> None:
     assert p.next_deadline() == 5.0
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     window=st.integers(1, 4),
     ops=st.lists(

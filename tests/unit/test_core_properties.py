@@ -197,7 +197,7 @@ def simulate(config: SimConfig, script: list[Event], sim: Sim | None = None) -> 
     return sim
 
 
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

@@ -147,7 +147,7 @@ async def test_nats_py_parser_sees_the_same_stream() -> None:
     assert client.calls == ours
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(cuts=st.lists(st.integers(0, len(STREAM)), max_size=40))
 async def test_any_cutting_of_the_stream_gives_the_same_calls(cuts: list[int]) -> None:
     client, parser = wired()
@@ -190,7 +190,7 @@ def split_expected() -> tuple[list[tuple[Any, ...]], dict[int, list[Frame]]]:
     return others, frames
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(cuts=st.lists(st.integers(0, len(STREAM)), max_size=40))
 async def test_sinks_take_the_same_frames_for_any_cutting_of_the_stream(cuts: list[int]) -> None:
     client, parser, sinks = sinked()

@@ -197,7 +197,7 @@ def simulate(config: PullSimConfig, script: list[Event]) -> PullSim:
 
 # small enough for the file to run in about 10 s; PULL_SIM_EXAMPLES=20000 searches for several minutes
 EXAMPLES: Final = int(os.environ.get("PULL_SIM_EXAMPLES", "600"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
