@@ -8,10 +8,19 @@ Most sources of a large process are quiet (nothing in flight: their timers count
 a callback that says it is quiet only every ``quiet_every`` ticks (once a second), from a wheel of that many slots,
 and walks only the busy ones and one slot per tick: a thousand quiet sources cost a thousand calls a second, not
 ten thousand. :meth:`Ticker.wake` brings a quiet callback back to every tick at once (its source got work).
+
+Under overload the ticker takes at most ``share`` of the event loop's time: after a pass that took ``spent``
+seconds, the next starts no sooner than ``spent * (1 / share - 1)`` later. A starved process (a busy machine, the
+servers beside it taking the CPUs) has its publish acks come late, so its sources stay busy, so every pass walks
+more of them and takes longer: unbounded, the passes would crowd out the reads that make the sources quiet again
+(heartbeats unread look like silence, the server drops a connection it cannot write to, every source resets: a
+collapse). Bounded, timers get coarser while the process is behind (a timeout noticed a few tenths of a second
+late) and the reads keep up.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import anyio
@@ -29,9 +38,19 @@ class Ticker:
     """Calls each registered callback every ``interval`` seconds, or every ``quiet_every`` intervals while it says
     it is quiet, from one task (:meth:`run`, owned by the app)."""
 
-    def __init__(self, interval: float, quiet_every: int = 10) -> None:
+    def __init__(
+        self,
+        interval: float,
+        quiet_every: int = 10,
+        *,
+        share: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.interval = interval
         self.quiet_every = max(1, quiet_every)
+        self.share = min(1.0, max(0.01, share))
+        self.pause = interval  # before the next pass: the interval, or longer after a long pass
+        self._clock = clock
         self._busy: dict[TickCallback, None] = {}  # called on the next tick (insertion-ordered set)
         self._wheel: list[dict[TickCallback, None]] = [{} for _ in range(self.quiet_every)]
         self._slot: dict[TickCallback, int] = {}  # every registered callback: -1 busy, its wheel slot, or _CALLING
@@ -71,8 +90,15 @@ class Ticker:
     async def run(self) -> None:
         """Tick until cancelled. A callback that raises is reported and dropped; the others keep their clock."""
         while True:
-            await anyio.sleep(self.interval)
+            await anyio.sleep(self.pause)
+            started = self._clock()
             self.tick()
+            self.pause = self.pause_after(self._clock() - started)
+
+    def pause_after(self, spent: float) -> float:
+        """The pause after a pass that took ``spent`` seconds: the interval, or long enough that passes take at
+        most ``share`` of the loop's time."""
+        return max(self.interval, spent * (1.0 / self.share - 1.0))
 
     def tick(self) -> None:
         """One tick: every busy callback and the quiet ones whose slot has come round (:meth:`run` calls it)."""

@@ -96,3 +96,34 @@ async def test_a_quiet_callback_is_called_once_per_quiet_every_ticks_until_woken
         assert calls["quiet"] - start >= 9, calls  # woken: every tick again
         tg.cancel_scope.cancel()
     assert len(ticker) == 2
+
+
+async def test_a_long_pass_spaces_the_next_so_the_ticker_takes_at_most_its_share() -> None:
+    """Overloaded, the passes must not crowd out the reads: after a pass of 30 ms (on the ticker's clock) the next
+    comes 90 ms later at a share of a quarter; a short pass brings the interval back."""
+    now = [100.0]
+    cost = [0.03]
+    ticker = Ticker(0.01, share=0.25, clock=lambda: now[0])
+    passes = 0
+
+    def slow() -> None:
+        nonlocal passes
+        passes += 1
+        now[0] += cost[0]
+
+    ticker.add(slow)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker.run)
+        with anyio.fail_after(DEADLINE):
+            while passes < 1 or ticker.pause == 0.01:
+                await anyio.sleep(0.005)
+        assert ticker.pause == pytest.approx(0.09)
+        cost[0] = 0.001
+        with anyio.fail_after(DEADLINE):
+            target = passes + 2
+            while passes < target:
+                await anyio.sleep(0.005)
+        tg.cancel_scope.cancel()
+    assert ticker.pause == 0.01
+    assert ticker.pause_after(0.0) == 0.01
+    assert Ticker(0.1, share=0.5).pause_after(0.3) == pytest.approx(0.3)
