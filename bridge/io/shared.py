@@ -34,7 +34,7 @@ from bridge.logs import Throttle, get_logger
 from bridge.ports import Callback, ErrorCallback
 
 CONNECTION_NAME = "nats-bridge origin"
-QUIET_READ_WAIT = 0.02  # a read that brought only heartbeats lets the next wait this long (bridge.io.wire)
+QUIET_READ_WAIT = 0.1  # a read that brought only heartbeats lets the next wait up to this long (bridge.io.wire)
 
 
 def names_source(text: str, *, deliver_subject: str, inbox: str, api_prefix: str, stream: str, consumer: str) -> bool:

@@ -46,6 +46,7 @@ __all__ = [
     "has_raw_writes",
     "install",
     "missing_hooks",
+    "quiet_read_wait",
     "remove_after_parse",
     "remove_handler",
     "subscribe_sink",
@@ -57,6 +58,7 @@ RawHandler = Callable[[bytes, bytes, bytes | None, bytes], None]
 
 _CRLF = b"\r\n"
 QUIET_AFTER = 1.0  # seconds of nothing but quiet reads before a read waits (a busy connection never does)
+QUIET_SHARE = 0.05  # a quiet read waits at most this share of the quiet spell so far (and at most quiet_wait)
 
 
 class WireParser(Parser):
@@ -195,21 +197,23 @@ class WireParser(Parser):
             now = time.monotonic()
             if not quiet:
                 self._busy_at = now
-            elif now - self._busy_at >= QUIET_AFTER:
-                await self._wait_quietly()
+            else:
+                wait = quiet_read_wait(now - self._busy_at, self.quiet_wait)
+                if wait > 0.0:
+                    await self._wait_quietly(wait)
 
-    async def _wait_quietly(self) -> None:
+    async def _wait_quietly(self, wait: float) -> None:
         # the event loop reads a readable socket whatever the read loop does: pause the transport, so that what
         # arrives meanwhile waits in the kernel and comes in one recv
         transport: Any = getattr(getattr(getattr(self.nc, "_transport", None), "_io_writer", None), "transport", None)
         if not (hasattr(transport, "pause_reading") and transport.is_reading()):
             # another kind of transport (the wait alone still batches the parses), or one its stream reader paused
             # (a full buffer: that one resumes it)
-            await asyncio.sleep(self.quiet_wait)
+            await asyncio.sleep(wait)
             return
         transport.pause_reading()
         try:
-            await asyncio.sleep(self.quiet_wait)
+            await asyncio.sleep(wait)
         finally:
             transport.resume_reading()
 
@@ -258,10 +262,21 @@ def install(nc: Any) -> WireParser | None:
     return parser
 
 
+def quiet_read_wait(quiet_for: float, most: float) -> float:
+    """How long the socket is not read after a quiet read, on a connection that carried nothing but quiet reads for
+    ``quiet_for`` seconds: nothing for the first ``QUIET_AFTER``, then a twentieth of the spell (``QUIET_SHARE``),
+    at most ``most``. What waits is the first delivery after the spell: it comes at most 5% later than the spell
+    lasted, and a long spell's reads are ten a second, not fifty."""
+    if quiet_for < QUIET_AFTER:
+        return 0.0
+    return min(most, quiet_for * QUIET_SHARE)
+
+
 def coalesce_quiet_reads(nc: Any, wait: float) -> bool:
     """After a read that brought nothing but idle heartbeats (frames of the hot subscriptions without a reply
-    subject) and protocol lines, let the next read wait ``wait`` seconds, so that many quiet consumers' heartbeats
-    arrive in one read instead of one read each. False when ``nc`` has no :class:`WireParser`.
+    subject) and protocol lines, let the next read wait up to ``wait`` seconds (:func:`quiet_read_wait`), so that
+    many quiet consumers' heartbeats arrive in one read instead of one read each. False when ``nc`` has no
+    :class:`WireParser`.
 
     Why: a flow-control consumer's heartbeat is fixed at 1 s by the server, so a thousand quiet sources on one origin
     connection are a thousand messages a second, and each read of the socket costs an event-loop turn, a ``recv``,
@@ -269,7 +284,7 @@ def coalesce_quiet_reads(nc: Any, wait: float) -> bool:
     1,000 quiet sources). A read that brought a delivery, a flow-control request (both carry a reply subject) or
     anything for nats-py's own subscriptions (API replies) never waits, and neither does any read for
     ``QUIET_AFTER`` seconds after one of those (a busy source among quiet ones keeps the connection's latency):
-    what waits is at most ``wait`` of the first delivery after a quiet second."""
+    what waits is the first delivery after a quiet spell, by at most a twentieth of the spell and at most ``wait``."""
     parser = getattr(nc, "_ps", None)
     if not isinstance(parser, WireParser):
         return False

@@ -24,6 +24,7 @@ from bridge.io.wire import (
     add_sink,
     coalesce_quiet_reads,
     install,
+    quiet_read_wait,
     remove_after_parse,
     remove_handler,
     take,
@@ -436,6 +437,17 @@ async def test_a_read_of_only_heartbeats_pauses_the_transport_before_the_next_re
         await parser.parse(beats)
         assert client.calls[-2:] == [("pause_reading",), ("resume_reading",)]
         monkeypatch.setattr(wire, "QUIET_AFTER", 1.0)
+
+
+def test_a_quiet_read_waits_a_twentieth_of_the_quiet_spell_and_at_most_the_configured_wait() -> None:
+    """The first delivery after a quiet spell comes at most 5% later than the spell lasted: nothing waits in the
+    first second, then a twentieth of the spell, capped (a long spell's reads are ten a second at a 0.1 s cap)."""
+    assert quiet_read_wait(0.0, 0.1) == 0.0
+    assert quiet_read_wait(0.99, 0.1) == 0.0
+    assert quiet_read_wait(1.0, 0.1) == pytest.approx(0.05)
+    assert quiet_read_wait(1.6, 0.1) == pytest.approx(0.08)
+    assert quiet_read_wait(3600.0, 0.1) == 0.1
+    assert quiet_read_wait(3600.0, 0.02) == 0.02
 
 
 def test_coalescing_needs_the_wire_parser() -> None:
