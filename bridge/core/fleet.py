@@ -707,6 +707,16 @@ class Fleet:
 
     # -- inputs: time and shutdown ----------------------------------------------------------------------------
 
+    def next_tick(self) -> float:
+        """The clock reading before which :meth:`tick` has nothing to do (a renew due, a fence to watch, the presence
+        or the view due): the runtime may sleep until then, unless an input brings it sooner."""
+        due = self._due
+        if not self.stopping:
+            due = min(due, self._next_presence)
+        if not self._viewing:
+            due = min(due, self._next_view)
+        return due
+
     def tick(self, now: float) -> list[FleetEffect]:
         """Renewals due, fences passed, the bucket read and presence written when due."""
         effects: list[FleetEffect] = []
