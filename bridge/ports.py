@@ -48,6 +48,10 @@ class OriginPort(Protocol):
     @property
     def connected(self) -> bool: ...
 
+    def reading_behind(self) -> bool:
+        """Whether the connection holds a backlog not read yet (the process is behind its socket): the engine's
+        silence is no evidence then (``Replication.reading_behind``). Cheap: called on every tick of the source."""
+
     async def connect(
         self,
         *,

@@ -481,6 +481,13 @@ class Replication(ABC):
 
     # -- time -----------------------------------------------------------------------------------------------
 
+    def reading_behind(self, now: float) -> None:
+        """The origin connection holds a backlog the process has not read yet (busy or starved of CPU): this
+        consumer's heartbeats may be in it, so its silence is no evidence of trouble. Silence counts from now, so a
+        process that falls behind its socket does not reset every source it has not read yet (each reset more work
+        for a process already behind). Any phase; nothing else changes."""
+        self._last_activity = max(self._last_activity, now)
+
     @abstractmethod
     def tick(self, now: float) -> list[Effect]:
         """Advance timers (each consumer model its own way, around ``_tick``)."""

@@ -78,6 +78,10 @@ class OriginClient:
     def connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
 
+    def reading_behind(self) -> bool:
+        """Whether this source's connection holds a backlog not read yet (``bridge.io.wire.reading_behind``)."""
+        return self._nc is not None and wire.reading_behind(self._nc)
+
     @property
     def inbox(self) -> str:
         """Pull mode: the inbox of the current subscription, which every pull request names ("" when none)."""

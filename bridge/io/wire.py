@@ -23,8 +23,11 @@ fall back to ordinary subscription callbacks.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import math
+import sys
+import termios
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -47,10 +50,12 @@ __all__ = [
     "install",
     "missing_hooks",
     "quiet_read_wait",
+    "reading_behind",
     "remove_after_parse",
     "remove_handler",
     "subscribe_sink",
     "take",
+    "unread_bytes",
 ]
 
 RawHandler = Callable[[bytes, bytes, bytes | None, bytes], None]
@@ -59,6 +64,11 @@ RawHandler = Callable[[bytes, bytes, bytes | None, bytes], None]
 _CRLF = b"\r\n"
 QUIET_AFTER = 1.0  # seconds of nothing but quiet reads before a read waits (a busy connection never does)
 QUIET_SHARE = 0.05  # a quiet read waits at most this share of the quiet spell so far (and at most quiet_wait)
+# A connection is behind when this much it received is not parsed yet: more than a quiet read's wait gathers (2,000
+# quiet sources' heartbeats in 100 ms are about 40 KiB), less than a stalled process leaves (a second of those is
+# 400 KiB). Looked at most every BEHIND_CHECK_EVERY seconds, whoever asks.
+BEHIND_BYTES = 64 * 1024
+BEHIND_CHECK_EVERY = 0.05
 
 
 class WireParser(Parser):
@@ -74,6 +84,8 @@ class WireParser(Parser):
         self.after_parse: list[Callable[[], None]] = []
         # seconds the next read waits after a *quiet* one (see :func:`coalesce_quiet_reads`); 0: never
         self.quiet_wait = 0.0
+        self._behind = False
+        self._behind_checked = -math.inf  # (monotonic)
         self._busy_at = -math.inf  # (monotonic) the last read that was not quiet
         super().__init__(nc)
 
@@ -217,6 +229,14 @@ class WireParser(Parser):
         finally:
             transport.resume_reading()
 
+    def behind(self) -> bool:
+        """Whether at least ``BEHIND_BYTES`` this connection received wait to be parsed (``unread_bytes``)."""
+        now = time.monotonic()
+        if now - self._behind_checked >= BEHIND_CHECK_EVERY:
+            self._behind_checked = now
+            self._behind = unread_bytes(self.nc) >= BEHIND_BYTES
+        return self._behind
+
     def _keep(self, rest: bytes) -> None:
         if self._need:
             self._chunks, self._have = [rest], len(rest)
@@ -260,6 +280,28 @@ def install(nc: Any) -> WireParser | None:
     parser = WireParser(nc)
     nc._ps = parser
     return parser
+
+
+def unread_bytes(nc: Any) -> int:
+    """Bytes ``nc`` received that nothing has parsed yet: in nats-py's stream reader and in the kernel's receive
+    buffer of its socket (FIONREAD); 0 for what cannot be seen (another transport, a closed socket)."""
+    transport = getattr(nc, "_transport", None)
+    buffered = len(getattr(getattr(transport, "_io_reader", None), "_buffer", b""))
+    sock_transport: Any = getattr(getattr(transport, "_io_writer", None), "transport", None)
+    kernel = 0
+    try:
+        sock = sock_transport.get_extra_info("socket")
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        kernel = int.from_bytes(raw, sys.byteorder, signed=True)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return buffered + max(0, kernel)
+
+
+def reading_behind(nc: Any) -> bool:
+    """Whether ``nc`` holds a backlog not parsed yet (:meth:`WireParser.behind`; False without the wire parser)."""
+    parser = getattr(nc, "_ps", None)
+    return isinstance(parser, WireParser) and parser.behind()
 
 
 def quiet_read_wait(quiet_for: float, most: float) -> float:

@@ -694,7 +694,10 @@ class SourceRunner:
             # open again in the same term without a resumption: a renew's reply moved the fence a moment after this
             # source found it closed, before the fleet saw it pass (so it never suspended the lease)
             self.resume()
-        self._emit(self.engine.tick(self.clock()))
+        now = self.clock()
+        if self.origin.reading_behind():  # heartbeats not read yet are not silence (Replication.reading_behind)
+            self.engine.reading_behind(now)
+        self._emit(self.engine.tick(now))
         self._changed.set()
         return self.engine.quiet
 

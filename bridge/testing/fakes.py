@@ -102,6 +102,7 @@ class FakeOrigin:
     inbox: str = ""  # pull mode: the inbox of the current subscription
     api: ApiServer | None = None  # when set, every JetStream API request goes through it (and takes its latency)
     lost: list[int] = field(default_factory=list)  # pull mode: stream sequences delivered to a stale inbox
+    behind: bool = False  # what reading_behind says: the process has a backlog on this connection
     _on_messages: Callable[[Sequence[Inbound]], None] | None = None
     _connected: bool = False
     _fc: int = 0
@@ -119,6 +120,9 @@ class FakeOrigin:
         return seq * 1_000_000
 
     # -- what the test drives -------------------------------------------------------------------------------
+
+    def reading_behind(self) -> bool:
+        return self.behind
 
     @property
     def subscribed(self) -> bool:

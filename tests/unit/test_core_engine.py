@@ -360,6 +360,21 @@ def test_silence_resets() -> None:
     assert of(effects, RequestReset) == [RequestReset(ResetCause.SILENCE, 2)]
 
 
+def test_silence_counts_only_while_the_process_is_not_behind_its_socket() -> None:
+    """A process that fell behind its origin connection (a backlog not read yet) has not heard heartbeats that
+    arrived: silence counts from the last tick that found it behind, not from the last heartbeat read."""
+    engine = start(now=10.0)
+    engine.reading_behind(14.0)
+    engine.reading_behind(18.0)  # still behind
+    assert engine.tick(22.0) == []  # 12 s since the last heartbeat, 4 s since the backlog was seen
+    assert engine.tick(23.0) == []
+    effects = engine.tick(23.01)  # nothing read in the 5 s since, backlog or not: silence
+    assert of(effects, RequestReset) == [RequestReset(ResetCause.SILENCE, 2)]
+    later = start(now=10.0)
+    later.reading_behind(5.0)  # a backlog seen before the last activity moves nothing back
+    assert of(later.tick(15.01), RequestReset) == [RequestReset(ResetCause.SILENCE, 2)]
+
+
 def test_no_silence_reset_while_resetting() -> None:
     engine = start(now=0.0)
     engine.tick(6.0)

@@ -7,6 +7,7 @@ hooks nats-py's read loop provides (no server is involved: this is the parser al
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -25,9 +26,11 @@ from bridge.io.wire import (
     coalesce_quiet_reads,
     install,
     quiet_read_wait,
+    reading_behind,
     remove_after_parse,
     remove_handler,
     take,
+    unread_bytes,
 )
 
 pytestmark = pytest.mark.anyio
@@ -448,6 +451,30 @@ def test_a_quiet_read_waits_a_twentieth_of_the_quiet_spell_and_at_most_the_confi
     assert quiet_read_wait(1.6, 0.1) == pytest.approx(0.08)
     assert quiet_read_wait(3600.0, 0.1) == 0.1
     assert quiet_read_wait(3600.0, 0.02) == 0.02
+
+
+def test_a_connection_is_behind_when_a_backlog_waits_in_its_reader_or_its_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``reading_behind``: what the stream reader buffered plus what the kernel holds (FIONREAD) on a real socket,
+    against ``BEHIND_BYTES``; looked at again only after ``BEHIND_CHECK_EVERY``."""
+    monkeypatch.setattr(wire, "BEHIND_CHECK_EVERY", 0.0)
+    ours, server = socket.socketpair()
+    with ours, server:
+        client = Recorder()
+        assert isinstance(install(client), WireParser)
+        reader = type("StreamReader", (), {"_buffer": bytearray()})()
+        sock_transport = type("Transport", (), {"get_extra_info": lambda self, name: ours})()
+        writer = type("StreamWriter", (), {"transport": sock_transport})()
+        setattr(client, "_transport", type("NatsTransport", (), {"_io_reader": reader, "_io_writer": writer})())  # noqa: B010
+        assert unread_bytes(client) == 0 and not reading_behind(client)
+        server.sendall(b"x" * 1000)  # a local stream socket: in ours's receive queue once sendall returns
+        assert unread_bytes(client) == 1000 and not reading_behind(client)  # a few heartbeats: not a backlog
+        reader._buffer = bytearray(wire.BEHIND_BYTES - 1000)
+        assert reading_behind(client)
+        assert ours.recv(1000) == b"x" * 1000
+        assert not reading_behind(client)
+    assert not reading_behind(object())  # no wire parser: never behind
 
 
 def test_coalescing_needs_the_wire_parser() -> None:

@@ -52,10 +52,11 @@ async def running(
     fence: FakeFence | None = None,
     clock: Clock | None = None,
     ticker: Ticker | None = None,
+    engine: EngineConfig = ENGINE,
 ) -> AsyncIterator[tuple[SourceRunner, anyio.Event]]:
     runner = SourceRunner(
         SOURCE,
-        ENGINE,
+        engine,
         target,
         clock or Clock(),
         stalled_after=HttpConfig().stalled_after,
@@ -400,6 +401,33 @@ async def test_a_quiet_engine_is_ticked_once_a_second_and_a_busy_one_every_tick(
         await until(lambda: len(target.held) == 1, "a publish in flight")
         assert not runner.engine.quiet
         assert ticked(runner, QUIET_TICKS) == QUIET_TICKS
+
+
+async def test_a_backlog_on_the_origin_connection_is_not_silence() -> None:
+    """A process behind its socket has not read the heartbeats in it: no silence reset while the connection says
+    it holds a backlog; once it does not, silence counts from the last tick that saw it."""
+    origin, target, clock = FakeOrigin(), FakeTarget(), Clock()
+    ticker = Ticker(3600.0, QUIET_TICKS)  # never on its own: the test ticks
+
+    def tick_all() -> None:
+        for _ in range(QUIET_TICKS):  # a quiet source is on one slot of the wheel
+            ticker.tick()
+
+    engine = EngineConfig(silence_timeout=5.0, shutdown_grace=2.0)
+    async with running(origin, target, clock=clock, ticker=ticker, engine=engine) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.behind = True
+        for _ in range(3):
+            clock.offset += 30.0
+            tick_all()
+        assert runner.engine.resets["silence"] == 0
+        origin.behind = False
+        clock.offset += 4.0
+        tick_all()
+        assert runner.engine.resets["silence"] == 0  # 4 s since the backlog was last seen
+        clock.offset += 2.0
+        tick_all()
+        await until(lambda: runner.engine.resets["silence"] == 1, "silence once nothing is left unread")
 
 
 async def test_nothing_is_written_on_a_new_target_connection_before_what_the_old_one_lost_is_retried() -> None:
