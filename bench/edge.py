@@ -298,6 +298,7 @@ class EdgeRun:
     rate: float
     seconds: float
     size: int
+    leaf_nice: int = 0  # the leaves' niceness (they stand for other machines)
     ok: bool = False
     error: str | None = None
     startup_s: float | None = None  # spawn -> the last source's first reset.done (log timestamps)
@@ -309,6 +310,7 @@ class EdgeRun:
     idle_seconds: float = 0.0
     idle_cores: float | None = None  # the bridge's CPU over the idle window / its length
     idle_servers_cores: float | None = None  # hub + leaves over the same window
+    idle_hub_cores: float | None = None  # the hub alone, same window
     rss_idle_bytes: int | None = None
     rss_max_bytes: int | None = None  # the largest VmRSS sample (production, storm and drain)
     rss_peak_bytes: int | None = None  # VmHWM before SIGTERM
@@ -493,8 +495,9 @@ class EdgeServers:
     """The hub (JetStream domain ``hub``) and ``leaves`` leaf servers, each in a domain of its own with a leafnode
     remote to the hub, under ``directory``; every one stopped by its PID in :meth:`stop`."""
 
-    def __init__(self, directory: Path, binary: str, leaves: int) -> None:
+    def __init__(self, directory: Path, binary: str, leaves: int, *, leaf_nice: int = 0) -> None:
         self.directory = directory
+        self.leaf_nice = leaf_nice
         self.binary = binary
         self.count = leaves
         self.hub: NatsServer | None = None
@@ -520,6 +523,7 @@ class EdgeServers:
                 domain=leaf_domain(i),
                 leaf_remotes=[self.hub.leafnode_url],
                 max_file_store=MAX_FILE_STORE,
+                nice=self.leaf_nice,
             )
             self.leaves.append(leaf)
             self.links.append(Topology(self.hub, leaf))
@@ -556,6 +560,15 @@ class EdgeServers:
                 total += cpu_seconds(pid)
         return total
 
+    def hub_cpu(self) -> float:
+        """CPU seconds of the hub so far."""
+        pid = self.hub.pid if self.hub is not None else None
+        if pid is None:
+            return 0.0
+        with contextlib.suppress(OSError):
+            return cpu_seconds(pid)
+        return 0.0
+
     async def leaf_clients(self) -> list[Client]:
         return [await ops.connect(leaf.url, f"bench {leaf.name}") for leaf in self.leaves]
 
@@ -572,7 +585,7 @@ class _Run:
         self.idle = idle
         self.down = down
         self.sources = layout(run.sources, run.leaves)
-        self.servers = EdgeServers(directory / "servers", binary, run.leaves)
+        self.servers = EdgeServers(directory / "servers", binary, run.leaves, leaf_nice=run.leaf_nice)
         self.bridge: BridgeProcess | None = None
         self.log = EdgeLog(directory / "bridge.log")
         self.published: dict[str, int] = {s.names.source: 0 for s in self.sources}
@@ -690,13 +703,14 @@ class _Run:
 
     async def _idle(self) -> None:
         run, pid = self.run, self.pid
-        started, cpu0, servers0 = time.monotonic(), cpu_seconds(pid), self.servers.cpu()
+        started, cpu0, servers0, hub0 = time.monotonic(), cpu_seconds(pid), self.servers.cpu(), self.servers.hub_cpu()
         # an observation window: every source bound, nothing to replicate
         await asyncio.sleep(self.idle)
         elapsed = time.monotonic() - started
         run.idle_seconds = elapsed
         run.idle_cores = (cpu_seconds(pid) - cpu0) / elapsed
         run.idle_servers_cores = (self.servers.cpu() - servers0) / elapsed
+        run.idle_hub_cores = (self.servers.hub_cpu() - hub0) / elapsed
         run.rss_idle_bytes = rss_bytes(pid)
         self._alive()
 
@@ -849,9 +863,10 @@ def measure(
     binary: str,
     idle: float = DEFAULT_IDLE,
     down: float = DEFAULT_DOWN,
+    leaf_nice: int = 0,
 ) -> EdgeRun:
     """One run on fresh servers in a directory below ``workdir``; a failed one carries its reason."""
-    run = EdgeRun(leaves=leaves, sources=sources, rate=rate, seconds=seconds, size=size)
+    run = EdgeRun(leaves=leaves, sources=sources, rate=rate, seconds=seconds, size=size, leaf_nice=leaf_nice)
     directory = workdir / f"edge-{leaves}x{sources}-{time.strftime('%H%M%S')}"
     directory.mkdir(parents=True, exist_ok=True)
     _Run(run, directory, binary, idle, down).execute()
@@ -896,7 +911,8 @@ def targets(run: EdgeRun) -> list[Target]:
                 "idle: bridge CPU (fraction of a core)",
                 f"<= {TARGET_IDLE_CORES_PER_1000:g} per 1,000 sources ({allowed:.3f})",
                 f"{run.idle_cores:.3f} ({run.idle_cores * 1000 / n:.3f} per 1,000 sources; servers "
-                f"{run.idle_servers_cores or 0:.2f}) over {run.idle_seconds:.1f} s",
+                f"{run.idle_servers_cores or 0:.2f}, the hub {run.idle_hub_cores or 0:.2f} of them) over "
+                f"{run.idle_seconds:.1f} s",
                 _verdict(run.idle_cores <= allowed),
             )
         )
@@ -1040,6 +1056,15 @@ def parser(sub: Any) -> None:
     p.add_argument("--label", default="", help="the run's name in the markdown row (e.g. before, after)")
     p.add_argument("--out", type=Path, help="the JSON file (default bench/results/edge-<UTC time>.json)")
     p.add_argument("--keep", action="store_true", help="keep the run's directory (servers' and bridge's files)")
+    p.add_argument(
+        "--leaf-nice",
+        type=int,
+        choices=range(20),
+        default=0,
+        metavar="N",
+        help="run the leaves at niceness N (0-19; default 0): they stand for other machines, and on a small machine "
+        "twenty of them take the CPU from the bridge and the hub beside it",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -1083,6 +1108,7 @@ def run(args: argparse.Namespace) -> int:
             binary=session.binary,
             idle=opts.idle,
             down=opts.down,
+            leaf_nice=args.leaf_nice,
         )
 
     def report(session: Session, result: EdgeRun) -> Report:
@@ -1106,7 +1132,8 @@ def run(args: argparse.Namespace) -> int:
             f"{info['nproc']} CPUs ({info['cpu_model']}), nats-server {version}, {revision_text(revision)}, load "
             f"average {info['loadavg_start']} at start, {info['loadavg_end']} at the end; {opts.leaves} leaves, "
             f"{opts.sources} sources x {opts.rate:g} msg/s x {opts.seconds:g} s ({args.size} B), every leaf SIGKILLed "
-            f"halfway and restarted {opts.down:g} s later; the bridge beside the hub, defaults (leases on)."
+            f"halfway and restarted {opts.down:g} s later; the bridge beside the hub, defaults (leases on)"
+            + (f"; the leaves at niceness {args.leaf_nice}." if args.leaf_nice else ".")
         )
         md = markdown(items, header)
         md += "\n" + FIGURES_HEADER + "\n" + figures_row(args.label or revision.get("commit", "?"), result) + "\n"
