@@ -962,6 +962,16 @@ def targets(run: EdgeRun) -> list[Target]:
         events = ", ".join(f"{name} {run.storm_events.get(name, 0)}" for name in STORM_EVENTS)
         resets = ", ".join(f"{c} x{k}" for c, k in run.storm_resets.items()) or "none"
         out.append(Target("storm: log lines from the kill to the end", "-", f"{events}; resets: {resets}", "reported"))
+    whole = {name: run.warnings.get(name, 0) for name in STORM_EVENTS}
+    if any(whole.values()):  # a starved start of production costs leases before any kill: counted here
+        out.append(
+            Target(
+                "the same log lines over the whole run",
+                "-",
+                ", ".join(f"{name} {count}" for name, count in whole.items()),
+                "reported",
+            )
+        )
     if run.check is not None:
         left = "" if run.origins_left is None else f"; {run.origins_left} left in the origins"
         out.append(

@@ -204,6 +204,12 @@ def test_targets_judge_each_figure() -> None:
     assert verdicts["after the storm"] == "NOT met"  # the slowest took 12 s
     assert verdicts["storm"] == "reported"
     assert verdicts["nothing lost, duplicated or reordered"] == "met"
+    assert "the same log lines over the whole run" not in verdicts  # no lease event anywhere
+    early = _finished()
+    early.warnings = {"lease.lost": 21, "source.fenced": 300, "lease.suspended": 146}  # before the kill, mostly
+    whole = [t for t in targets(early) if t.figure == "the same log lines over the whole run"]
+    measured = "lease.lost 21, source.fenced 300, lease.renew_failed 0, lease.suspended 146"
+    assert [t.measured for t in whole] == [measured]
     failed = _finished()
     failed.ok, failed.error = False, "BenchError: boom"
     assert targets(failed)[-1].measured == "FAILED: BenchError: boom"
