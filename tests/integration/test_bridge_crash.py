@@ -180,7 +180,10 @@ async def test_crash_with_a_hole_recovers_from_the_provenance_chain(
             return ack_floor(await consumer_info(leaf_nc, ORIGIN, spec.consumer_name))
 
         await wait_for_value(floor, hole - 1, timeout=10, what="ack floor up to the hole")
-        assert await stream_messages(leaf_nc, ORIGIN) == n - hole + 1, "the origin keeps the hole and after"
+        # the server may report the ack floor before it has removed every acked WorkQueue message (CI saw 47 of
+        # them still there on 2.14.0): the count once it settles, which acking past the hole would take below this
+        kept = await settled(lambda: stream_messages(leaf_nc, ORIGIN), quiet=1.0, timeout=30)
+        assert kept == n - hole + 1, "the origin keeps the hole and after"
 
         await js_request(
             hub_nc,
