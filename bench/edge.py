@@ -549,25 +549,17 @@ class EdgeServers:
         if self.hub is not None:
             self.hub.stop()
 
-    def pids(self) -> list[int]:
-        return [s.pid for s in [self.hub, *self.leaves] if s is not None and s.pid is not None]
+    def pids(self, *, hub_only: bool = False) -> list[int]:
+        servers = [self.hub] if hub_only else [self.hub, *self.leaves]
+        return [s.pid for s in servers if s is not None and s.pid is not None]
 
-    def cpu(self) -> float:
-        """CPU seconds of every server so far."""
+    def cpu(self, *, hub_only: bool = False) -> float:
+        """CPU seconds of every server (or of the hub alone) so far."""
         total = 0.0
-        for pid in self.pids():
+        for pid in self.pids(hub_only=hub_only):
             with contextlib.suppress(OSError):
                 total += cpu_seconds(pid)
         return total
-
-    def hub_cpu(self) -> float:
-        """CPU seconds of the hub so far."""
-        pid = self.hub.pid if self.hub is not None else None
-        if pid is None:
-            return 0.0
-        with contextlib.suppress(OSError):
-            return cpu_seconds(pid)
-        return 0.0
 
     async def leaf_clients(self) -> list[Client]:
         return [await ops.connect(leaf.url, f"bench {leaf.name}") for leaf in self.leaves]
@@ -703,14 +695,15 @@ class _Run:
 
     async def _idle(self) -> None:
         run, pid = self.run, self.pid
-        started, cpu0, servers0, hub0 = time.monotonic(), cpu_seconds(pid), self.servers.cpu(), self.servers.hub_cpu()
+        servers, hub0 = self.servers, self.servers.cpu(hub_only=True)
+        started, cpu0, servers0 = time.monotonic(), cpu_seconds(pid), servers.cpu()
         # an observation window: every source bound, nothing to replicate
         await asyncio.sleep(self.idle)
         elapsed = time.monotonic() - started
         run.idle_seconds = elapsed
         run.idle_cores = (cpu_seconds(pid) - cpu0) / elapsed
-        run.idle_servers_cores = (self.servers.cpu() - servers0) / elapsed
-        run.idle_hub_cores = (self.servers.hub_cpu() - hub0) / elapsed
+        run.idle_servers_cores = (servers.cpu() - servers0) / elapsed
+        run.idle_hub_cores = (servers.cpu(hub_only=True) - hub0) / elapsed
         run.rss_idle_bytes = rss_bytes(pid)
         self._alive()
 

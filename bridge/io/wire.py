@@ -217,7 +217,7 @@ class WireParser(Parser):
     async def _wait_quietly(self, wait: float) -> None:
         # the event loop reads a readable socket whatever the read loop does: pause the transport, so that what
         # arrives meanwhile waits in the kernel and comes in one recv
-        transport: Any = getattr(getattr(getattr(self.nc, "_transport", None), "_io_writer", None), "transport", None)
+        transport = _socket_transport(self.nc)
         if not (hasattr(transport, "pause_reading") and transport.is_reading()):
             # another kind of transport (the wait alone still batches the parses), or one its stream reader paused
             # (a full buffer: that one resumes it)
@@ -282,15 +282,18 @@ def install(nc: Any) -> WireParser | None:
     return parser
 
 
+def _socket_transport(nc: Any) -> Any:
+    """The asyncio transport under nats-py's TCP transport (None for another kind)."""
+    return getattr(getattr(getattr(nc, "_transport", None), "_io_writer", None), "transport", None)
+
+
 def unread_bytes(nc: Any) -> int:
     """Bytes ``nc`` received that nothing has parsed yet: in nats-py's stream reader and in the kernel's receive
     buffer of its socket (FIONREAD); 0 for what cannot be seen (another transport, a closed socket)."""
-    transport = getattr(nc, "_transport", None)
-    buffered = len(getattr(getattr(transport, "_io_reader", None), "_buffer", b""))
-    sock_transport: Any = getattr(getattr(transport, "_io_writer", None), "transport", None)
+    buffered = len(getattr(getattr(getattr(nc, "_transport", None), "_io_reader", None), "_buffer", b""))
     kernel = 0
     try:
-        sock = sock_transport.get_extra_info("socket")
+        sock = _socket_transport(nc).get_extra_info("socket")
         raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
         kernel = int.from_bytes(raw, sys.byteorder, signed=True)
     except (AttributeError, OSError, ValueError):

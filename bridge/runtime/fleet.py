@@ -4,10 +4,10 @@ Tasks (all in :meth:`FleetRunner.run`'s task group): the ticker, which feeds the
 something is due (``Fleet.next_tick``: a renew, a fence, the view, the presence; at most every ``TICK``, at least
 every ``TICK_MAX``; an input that brings something sooner wakes it) and performs the effects it returns; one short
 task per KV request (a slow write never delays a renew of another lease); one task per graceful source stop (it
-drains, then the core releases the key). A source that loses its
-lease is stopped at once, without draining: the fence is closed, so it may not answer or publish anything more. A
-source whose lease is suspended (its fence passed before a renew succeeded) is not stopped: it waits at its closed
-fence and is resumed once a renew reopens it (``ResumeSource``).
+drains, then the core releases the key). A source that loses its lease is stopped at once, without draining: the
+fence is closed, so it may not answer or publish anything more. A source whose lease is suspended (its fence passed
+before a renew succeeded) is not stopped: it waits at its closed fence and is resumed once a renew reopens it
+(``ResumeSource``).
 
 Shutdown (``stop`` set): every source this process owns drains and is released, each key deleted on the revision
 this process wrote, so a twin takes it over at its next view instead of after the TTL; then the presence key is

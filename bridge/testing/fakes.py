@@ -119,10 +119,10 @@ class FakeOrigin:
         """The store time of message ``seq`` (what its deliveries and fetches say)."""
         return seq * 1_000_000
 
-    # -- what the test drives -------------------------------------------------------------------------------
-
     def reading_behind(self) -> bool:
         return self.behind
+
+    # -- what the test drives -------------------------------------------------------------------------------
 
     @property
     def subscribed(self) -> bool:
