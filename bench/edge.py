@@ -9,8 +9,8 @@ position: connected to the hub only, every source reaching its leaf's JetStream 
 ``domain``; ``subject_prefix`` ``edge.s0007``; leases on, everything else the bridge's defaults). One run measures,
 in order:
 
-1. **start-up**: spawn to every source's first ``reset.done`` (``resync.done`` in pull mode), from the log's own
-   timestamps; then ``/readyz`` must list every source as owned and bound;
+1. **start-up**: spawn to every source's first ``reset.done`` or ``consumer.resumed`` (``resync.done`` in pull
+   mode), from the log's own timestamps; then ``/readyz`` must list every source as owned and bound;
 2. **idle**: over a few seconds with nothing to replicate, the bridge's CPU (a fraction of a core) and VmRSS;
 3. **replication**: a paced producer (one connection per leaf) sends ``--rate`` msg/s to every origin for half of
    ``--seconds``: the bridge's CPU per message published over that window (idle costs included, as a user pays
@@ -301,7 +301,7 @@ class EdgeRun:
     leaf_nice: int = 0  # the leaves' niceness (they stand for other machines)
     ok: bool = False
     error: str | None = None
-    startup_s: float | None = None  # spawn -> the last source's first reset.done (log timestamps)
+    startup_s: float | None = None  # spawn -> the last source's first reset.done / consumer.resumed (log timestamps)
     startup_first_s: float | None = None
     startup_median_s: float | None = None
     startup_readyz_s: float | None = None  # spawn -> /readyz listing every source owned and bound

@@ -7,7 +7,8 @@ sidecar position: connected to the hub only, every source reaching its origin th
 its own durable (``nats-bridge-s000`` ...) and ``subject_prefix`` (``edge.s000`` ...); everything else is the
 bridge's defaults (leases included). A trial measures, in order:
 
-1. **start-up**: from spawning the bridge to the last source's first ``reset.done`` (``resync.done`` in pull mode),
+1. **start-up**: from spawning the bridge to the last source's first ``reset.done`` or ``consumer.resumed`` (a
+   consumer at rest needs no RESET; ``resync.done`` in pull mode),
    read from the log's own timestamps; then ``/readyz`` must list every source as owned and bound;
 2. **idle cost**: over a few seconds with nothing to replicate, the bridge's VmRSS and CPU, its connections on the
    hub (``/connz``, by client name) and its sockets (``/proc/<pid>/fd``), and the servers' RSS and CPU;
@@ -53,6 +54,7 @@ from bench.stats import ack_info, median, parse_rfc3339_ns, percentile
 from bridge.testing.http import get
 from bridge.testing.processes import BridgeProcess
 from bridge.testing.servers import (
+    READY_EVENTS,
     NatsServer,
     Topology,
     start_topology,
@@ -85,6 +87,7 @@ MAX_FILE_STORE = "64GB"  # a limit, not an allocation
 IDLE_SECONDS = 3.0  # the observation window for the idle figures (an observation, not a wait)
 DEFAULT_STARTUP_DEADLINE = 180.0  # past it the trial fails; the target (30 s) is judged on the figure
 WARM_UP_DEADLINE = 60.0
+READY = (*READY_EVENTS, "resync.done")  # a source's consumer positioned: a RESET, none needed, a pull resync
 READYZ_DEADLINE = 60.0  # after the log says every source is bound, /readyz must agree within this
 STALL_SECONDS = 30.0  # no new copy for this long fails a trial (the bridge resets a silent consumer in 5 s)
 BRIDGE_STOP_TIMEOUT = 60.0  # every source drains at once on SIGTERM (engine.shutdown_grace is 10 s)
@@ -389,7 +392,7 @@ class FaninRun:
     label: str = ""
     ok: bool = False
     error: str | None = None
-    startup_s: float | None = None  # spawn -> the last source's first reset.done (log timestamps)
+    startup_s: float | None = None  # spawn -> the last source's first READY event (log timestamps)
     startup_first_s: float | None = None  # spawn -> the first source's
     startup_median_s: float | None = None  # spawn -> half of them
     startup_readyz_s: float | None = None  # spawn -> /readyz listing every source owned and bound (polled)
@@ -502,7 +505,7 @@ class BridgeLog:
         self.path = path
         self._offset = 0
         self._partial = b""
-        self.ready_ns: dict[str, int] = {}  # source -> log timestamp of its first reset.done / resync.done
+        self.ready_ns: dict[str, int] = {}  # source -> log timestamp of its first READY event
         self.modes: dict[str, str] = {}
         self.warnings: dict[str, int] = {}
         self.resets: dict[str, int] = {}  # by cause, every reset.requested / resync.requested
@@ -529,7 +532,7 @@ class BridgeLog:
         """Take one log event into account."""
         name = str(event.get("event", ""))
         source = event.get("source")
-        if name in ("reset.done", "resync.done") and isinstance(source, str) and source not in self.ready_ns:
+        if name in READY and isinstance(source, str) and source not in self.ready_ns:
             try:
                 self.ready_ns[source] = parse_rfc3339_ns(str(event.get("timestamp", "")))
             except ValueError:

@@ -105,7 +105,8 @@ MILESTONES = (
     "origin.connected",
     "consumer.bound",
     "recovery.done",
-    "reset.done",
+    "reset.done",  # or, a consumer at rest needing no RESET:
+    "consumer.resumed",
 )
 RUN_MARKER = "starting bridge ==="  # BridgeProcess writes it before each spawn: what follows is that run's log
 

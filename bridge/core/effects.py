@@ -183,8 +183,26 @@ class BoundConsumer:
     """The origin consumer as created or looked up (``OriginPort.bind``)."""
 
     created: str | None
-    ack_floor: int
+    ack_floor: int  # the ack floor's stream sequence
     num_pending: int | None
+    # where the consumer stands (None: not known): its last delivery (delivery and stream sequence, the server's
+    # ``delivered``), its ack floor's delivery sequence, and how many deliveries await an ack
+    delivered: tuple[int, int] | None = None
+    ack_floor_dseq: int | None = None
+    ack_pending: int | None = None
+
+    @property
+    def at_rest(self) -> bool:
+        """Nothing is outstanding: every delivery was acked by an answer naming the last of them, and nothing was
+        delivered above the ack floor. The consumer's next delivery is then where a RESET to its ack floor would
+        start it (or a message already acked, below the floor): taking it as it stands changes nothing a RESET
+        would, except that delivery sequences go on from ``delivered[0]`` instead of starting again at 1."""
+        return (
+            self.delivered is not None
+            and self.ack_pending == 0
+            and self.ack_floor_dseq == self.delivered[0]
+            and self.delivered[1] <= self.ack_floor
+        )
 
 
 @dataclass(frozen=True, slots=True)

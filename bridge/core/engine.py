@@ -32,7 +32,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from bridge.core.effects import AnswerFlowControl, Effect, Notice, ProbeStranded, ResetCause, ResetReply
+from bridge.core.effects import (
+    AnswerFlowControl,
+    BoundConsumer,
+    Effect,
+    Notice,
+    ProbeStranded,
+    ResetCause,
+    ResetReply,
+)
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, Unrecognised
 from bridge.core.ledger import FlowControlLedger
 from bridge.core.modes import Mode
@@ -186,37 +194,65 @@ class SourceEngine(Replication):
         if reply.ack_policy not in (None, FLOW_CONTROL):
             stream, consumer = self.settings.stream, self.settings.consumer
             return self.reset_failed(f"consumer {stream}/{consumer} no longer has ack_policy flow_control", now)
-        effects: list[Effect] = []
-        if reply.created is not None and reply.created != self._consumer_created:
-            if self._consumer_created is not None:
-                effects.append(
-                    Notice(
-                        "consumer.recreated", "warning", {"consumer": self.settings.consumer, "created": reply.created}
-                    )
-                )
-            self._consumer_created = reply.created
-        return effects + self.reset_succeeded(reply.reset_seq, now)
+        return self._created(reply.created) + self.reset_succeeded(reply.reset_seq, now)
+
+    def consumer_at_rest(self, consumer: BoundConsumer, now: float) -> list[Effect] | None:
+        """The consumer as the pending reset's look-up (or start-up) found it, before the RESET is sent.
+
+        When the reset goes to the ack floor and the consumer is ``at_rest``, the RESET would change nothing but
+        the delivery sequences' numbering: the new epoch starts where the consumer stands (its next delivery is
+        ``delivered[0] + 1``), its ack floor is adopted as after a RESET, and no RESET is sent (a thousand quiet
+        sources starting, or reconnecting after an outage, need one JetStream request each instead of two).
+        Anything that is not where it should be shows as after any reset: a delivery sequence other than the next
+        (deliveries to someone else meanwhile, a RESET by someone else) is a discontinuity, and a heartbeat naming
+        another last delivery too.
+
+        Returns None, changing nothing, when the RESET is needed: anything outstanding, a reset to a chosen
+        sequence, or no reset in flight (the one rule).
+        """
+        if not self._phases.can(Event.RESET_DONE) or self._resets.seq is not None or not consumer.at_rest:
+            return None
+        assert consumer.delivered is not None  # at_rest says so
+        self._resets.unneeded()
+        effects = self._created(consumer.created)
+        effects += self._new_epoch(consumer.ack_floor, consumer.delivered, now, "consumer.resumed")
+        return effects
 
     def reset_succeeded(self, reset_seq: int, now: float) -> list[Effect]:
         """The consumer was reset; its next delivery is ``reset_seq`` or later, with delivery sequence 1."""
-        if not self._phases.process(Event.RESET_DONE):
+        if not self._phases.can(Event.RESET_DONE):
             return []
-        floor = reset_seq - 1
         self._resets.succeeded()
+        return self._new_epoch(reset_seq - 1, (0, 0), now, "reset.done")
+
+    def _created(self, created: str | None) -> list[Effect]:
+        """The consumer's creation time as a reset's reply or look-up gives it: a new one means it was re-created."""
+        if created is None or created == self._consumer_created:
+            return []
+        effects: list[Effect] = []
+        if self._consumer_created is not None:
+            fields = {"consumer": self.settings.consumer, "created": created}
+            effects.append(Notice("consumer.recreated", "warning", fields))
+        self._consumer_created = created
+        return effects
+
+    def _new_epoch(self, floor: int, last: tuple[int, int], now: float, event: str) -> list[Effect]:
+        """A new epoch begins after ``last`` (delivery and stream sequence: (0, 0) after a RESET), ``floor`` the
+        consumer's ack floor (adopted as an intentional skip above ``accepted``)."""
+        self._phases.process(Event.RESET_DONE)
         self.epoch += 1
-        self.last_dseq = 0
-        self._epoch_last_sseq = 0
+        self.last_dseq, self._epoch_last_sseq = last
         self.ledger.new_epoch()
         self._last_activity = now
         effects: list[Effect] = []
-        fields: dict[str, object] = {
-            "cause": self._resets.cause.value,
-            "epoch": self.epoch,
-            "reset_seq": reset_seq,
-            "watermark": self.watermark,
-        }
+        fields: dict[str, object] = {"cause": self._resets.cause.value, "epoch": self.epoch}
+        if event == "reset.done":
+            fields["reset_seq"] = floor + 1
+        else:
+            fields.update(last_dseq=last[0], ack_floor=floor)
+        fields["watermark"] = self.watermark
         self._skip_to(floor, fields)
-        effects.append(Notice("reset.done", fields=fields))
+        effects.append(Notice(event, fields=fields))
         # RESET does not clear an outstanding FC request: answer it now, with new-epoch positions only
         answer = self.ledger.answer_held()
         if answer is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from bridge.core import headers as hdr
 from bridge.core.backoff import Backoff
 from bridge.core.effects import (
+    BoundConsumer,
     Effect,
     Notice,
     OriginMessage,
@@ -360,6 +361,11 @@ class Replication(ABC):
     def reset_replied(self, reply: ResetReply, now: float) -> list[Effect]:
         """The consumer answered a ``RequestReset`` (flow-control mode)."""
         return []
+
+    def consumer_at_rest(self, consumer: BoundConsumer, now: float) -> list[Effect] | None:
+        """A ``RequestReset``'s look-up found the consumer (flow-control mode); None: send the RESET (here, always:
+        nothing changes)."""
+        return None
 
     def stranded_probed(self, first_seq: int, now: float) -> list[Effect]:
         """A ``ProbeStranded`` found the origin's first message at or after its start (flow-control mode)."""

@@ -55,6 +55,14 @@ class ResetScheduler:
         self.seq = None
         self.failures = 0
 
+    def unneeded(self) -> None:
+        """The reset just sent was not needed after all (the consumer was at rest): it is not counted as sent."""
+        key = self.cause.value
+        self.counts[key] -= 1
+        if self.counts[key] <= 0:
+            del self.counts[key]
+        self.succeeded()
+
     def consumer_alive(self) -> bool:
         """Something arrived from the consumer: bring a backed-off retry forward. True if it was backing off."""
         if not self.failures:

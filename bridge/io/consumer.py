@@ -16,9 +16,11 @@ delivered again, and on a WorkQueue it would stay for good.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from bridge.config import SourceConfig
+from bridge.core.effects import BoundConsumer
 from bridge.core.modes import Choice, ConsumerKind, Mode, choose_mode
 from bridge.errors import ConsumerUnfit
 from bridge.io.jsapi import ApiError, JsApi, seconds_ns, server_level
@@ -220,3 +222,21 @@ async def ensure_consumer(
             f"consumer {source.stream}/{source.consumer} is unfit for {mode} mode: " + "; ".join(reasons)
         )
     return info
+
+
+def bound_consumer(info: Mapping[str, Any]) -> BoundConsumer:
+    """What a consumer create or info reply says of where the consumer stands (fields it lacks: not known)."""
+
+    def number(value: object) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    floor, delivered = info.get("ack_floor") or {}, info.get("delivered") or {}
+    dseq, sseq = number(delivered.get("consumer_seq")), number(delivered.get("stream_seq"))
+    return BoundConsumer(
+        created=info.get("created"),
+        ack_floor=number(floor.get("stream_seq")) or 0,
+        num_pending=number(info.get("num_pending")),
+        delivered=(dseq, sseq) if dseq is not None and sseq is not None else None,
+        ack_floor_dseq=number(floor.get("consumer_seq")),
+        ack_pending=number(info.get("num_ack_pending")),
+    )

@@ -35,7 +35,7 @@ from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
 from bridge.io.connect import describe
-from bridge.io.consumer import consumer_filters, consumer_kind, ensure_consumer
+from bridge.io.consumer import bound_consumer, consumer_filters, consumer_kind, ensure_consumer
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
 from bridge.io.shared import Member, OriginConnections, names_source
 from bridge.ports import Callback, ErrorCallback
@@ -148,12 +148,7 @@ class OriginClient:
             self._jsapi(), src, manage=src.manage_consumer, timeout=self.timeout, mode=self.mode
         )
         self._filters = consumer_filters(info)
-        pending = info.get("num_pending")
-        return BoundConsumer(
-            created=info.get("created"),
-            ack_floor=int(info.get("ack_floor", {}).get("stream_seq", 0)),
-            num_pending=int(pending) if pending is not None else None,
-        )
+        return bound_consumer(info)
 
     async def reset(self, seq: int | None) -> ResetReply:
         src = self.source

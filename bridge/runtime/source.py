@@ -176,7 +176,7 @@ class SourceRunner:
         self._fc_arrivals: dict[str, float] = {}
         self._tick_callback = self._tick  # one bound method: the shared ticker's key for this runner
         self._target_epoch = 0  # the target connection the engine's publishes in flight went out on
-        self._just_bound = False  # set-up bound the consumer and no reset has used that since
+        self._bound: BoundConsumer | None = None  # what set-up's bind found, when no reset has used that since
         self._mode_presumed = False  # ``mode`` awaits its confirmation by the consumer's create (``_bind``)
 
     # -- life cycle -----------------------------------------------------------------------------------------
@@ -372,7 +372,7 @@ class SourceRunner:
         if not await self._act(poll=True):
             return  # abandoned (the task group is cancelled, nothing more starts) or stopping
         bound = await self._bind(stream)
-        self._just_bound = True  # the first reset that follows need not bind again
+        self._bound = bound  # the first reset that follows need not bind again
         self.engine.consumer_bound(bound.created)
         self.log.info(
             "consumer.bound",
@@ -815,23 +815,26 @@ class SourceRunner:
         await self.origin.unsubscribe()
         if settle_until is not None:  # pull mode: the old inbox's requests die first (the engine's wait)
             await anyio.sleep(max(0.0, min(settle_until - self.clock(), 5.0)))
-        effects: list[Effect]
+        effects: list[Effect] | None
         try:
             if not await self._act():
                 return
-            # a RESET is answered by the consumer itself, so one sent to a deleted consumer waits out the whole
-            # reset_timeout unanswered (and an Interest origin drops what is published meanwhile); the stream's
-            # API answers a create or look-up at once, and a managed consumer comes back within a round trip
-            async with self._api_slot():
-                if self._just_bound:
-                    # start-up bound the consumer a moment ago: a second create or look-up would only double the
-                    # JetStream requests of a thousand sources starting at once
-                    self._just_bound = False
-                else:
-                    await self.origin.bind()
-                if not await self._act():
-                    return
-                effects = await exchange()
+            # start-up bound the consumer a moment ago: a second create or look-up would only double the
+            # JetStream requests of a thousand sources starting at once
+            bound, self._bound = self._bound, None
+            effects = None if bound is None else self.engine.consumer_at_rest(bound, self.clock())
+            if effects is None:
+                # a RESET is answered by the consumer itself, so one sent to a deleted consumer waits out the whole
+                # reset_timeout unanswered (and an Interest origin drops what is published meanwhile); the stream's
+                # API answers a create or look-up at once, and a managed consumer comes back within a round trip
+                async with self._api_slot():
+                    looked_up = await self.origin.bind() if bound is None else None
+                    if not await self._act():
+                        return
+                    if looked_up is not None:
+                        effects = self.engine.consumer_at_rest(looked_up, self.clock())
+                    if effects is None:
+                        effects = await exchange()
         except ApiTimeout as exc:
             reason = f"{exc} (consumer leaderless, or origin unreachable)"
             self.last_error = f"reset: {reason}"

@@ -87,6 +87,7 @@ class FakeOrigin:
     ack_floor: int = 0
     next_seq: int = 1
     dseq: int = 0
+    ack_floor_dseq: int = 0  # the delivery sequence of the ack floor (the last answer's Nats-Last-Consumer)
     # the server as stream() reports it: a current one (flow control) unless a test says otherwise
     api_level: int | None = 5
     version: str | None = "2.15.1"
@@ -236,7 +237,15 @@ class FakeOrigin:
             raise ConsumerUnfit(f"consumer {self.stream_name}/{self.consumer} is a {self.kind} consumer, not {wanted}")
         self.kind = wanted
         pending = sum(1 for s in self.messages if s > self.ack_floor)
-        return BoundConsumer(self.created, self.ack_floor, pending)
+        unacked = sum(1 for s in self.messages if self.ack_floor < s < self.next_seq)
+        return BoundConsumer(
+            self.created,
+            self.ack_floor,
+            pending,
+            delivered=(self.dseq, self.next_seq - 1),
+            ack_floor_dseq=self.ack_floor_dseq,
+            ack_pending=unacked if self.mode is not Mode.PULL else None,
+        )
 
     async def reset(self, seq: int | None) -> ResetReply:
         self.ops.append(f"reset {seq}")
@@ -244,7 +253,7 @@ class FakeOrigin:
         if seq is not None:
             self.ack_floor = seq - 1  # the server moves its ack floor to just below the reset sequence
         self.next_seq = self.ack_floor + 1
-        self.dseq = 0
+        self.dseq = self.ack_floor_dseq = 0
         return ResetReply(self.next_seq, self.ack_policy, self.created)
 
     async def first_seq_from(self, start: int) -> int:
@@ -323,8 +332,8 @@ class FakeOrigin:
     async def answer(self, effect: AnswerFlowControl) -> None:
         self.ops.append(f"answer {effect.last_consumer} {effect.last_stream}")
         self.answers.append(effect)
-        if effect.acks and effect.last_stream > self.ack_floor:
-            self.ack_floor = effect.last_stream
+        if effect.acks and effect.last_stream > self.ack_floor and effect.last_consumer > self.ack_floor_dseq:
+            self.ack_floor, self.ack_floor_dseq = effect.last_stream, effect.last_consumer
             if self.workqueue:
                 for seq in [s for s in self.messages if s <= effect.last_stream]:
                     del self.messages[seq]

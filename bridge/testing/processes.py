@@ -284,10 +284,11 @@ class BridgeProcess:
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
-    def events(self, event: str | None = None, **fields: Any) -> list[dict[str, Any]]:
-        """The JSON log events written so far (non-JSON lines skipped), in order; with ``event``, only the lines of
-        that event with every one of ``fields`` equal. ``source=name`` also matches an event that lists ``name`` in
-        its ``sources`` (what a lease group's events carry)."""
+    def events(self, event: str | tuple[str, ...] | None = None, **fields: Any) -> list[dict[str, Any]]:
+        """The JSON log events written so far (non-JSON lines skipped), in order; with ``event`` (a name, or a tuple
+        of names any of which will do), only the lines of that event with every one of ``fields`` equal.
+        ``source=name`` also matches an event that lists ``name`` in its ``sources`` (what a lease group's events
+        carry)."""
         out = []
         for line in self.log_text().splitlines():
             if line.startswith("{"):
@@ -295,13 +296,14 @@ class BridgeProcess:
                     out.append(json.loads(line))
         if event is None:
             return out
-        return [e for e in out if e.get("event") == event and all(_field_is(e, k, v) for k, v in fields.items())]
+        names = (event,) if isinstance(event, str) else event
+        return [e for e in out if e.get("event") in names and all(_field_is(e, k, v) for k, v in fields.items())]
 
-    def count(self, event: str, **fields: Any) -> int:
+    def count(self, event: str | tuple[str, ...], **fields: Any) -> int:
         """How many ``event`` lines (with every one of ``fields`` equal) the log holds."""
         return len(self.events(event, **fields))
 
-    async def wait_event(self, event: str, *, timeout: float, after: int = 0, **fields: Any) -> None:
+    async def wait_event(self, event: str | tuple[str, ...], *, timeout: float, after: int = 0, **fields: Any) -> None:
         """Wait until the log holds more than ``after`` ``event`` lines (matching ``fields``); fail if it died."""
 
         def probe() -> bool:

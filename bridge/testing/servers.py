@@ -213,12 +213,16 @@ def origin_mode_expected(binary: str | None = None) -> str:
     return str(Mode.PULL if release < FIRST_FLOW_CONTROL_VERSION else Mode.FLOW_CONTROL)
 
 
-def ready_event(mode: str | None = None) -> str:
-    """The bridge's log event a scenario waits for before publishing: the source's consumer is positioned and
-    deliveries flow. ``reset.done`` in flow-control mode, ``resync.done`` (its pull-mode counterpart) in pull mode;
-    ``mode`` defaults to :func:`origin_mode_expected`."""
+READY_EVENTS = ("reset.done", "consumer.resumed")  # flow-control mode: a RESET, or none needed (at rest)
+
+
+def ready_event(mode: str | None = None) -> tuple[str, ...]:
+    """The bridge's log events a scenario waits for (any of them) before publishing: the source's consumer is
+    positioned and deliveries flow. ``READY_EVENTS`` in flow-control mode (``reset.done``, or ``consumer.resumed``
+    when the consumer was at rest and no RESET was needed), ``resync.done`` (their pull-mode counterpart) in pull
+    mode; ``mode`` defaults to :func:`origin_mode_expected`."""
     mode = mode if mode is not None else origin_mode_expected()
-    return "resync.done" if mode == Mode.PULL else "reset.done"
+    return ("resync.done",) if mode == Mode.PULL else READY_EVENTS
 
 
 def mode_source_extra(mode: str | None = None) -> dict[str, Any]:

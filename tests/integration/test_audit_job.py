@@ -46,7 +46,7 @@ from bridge.testing.jetstream import (
 )
 from bridge.testing.polling import wait_for_value
 from bridge.testing.processes import BridgeFactory
-from bridge.testing.servers import Topology
+from bridge.testing.servers import READY_EVENTS, Topology
 
 T = TypeVar("T")
 SPARK_TIMEOUT = 240.0
@@ -231,7 +231,7 @@ async def test_a_replicated_origin_is_clean_and_a_deleted_copy_is_found(
         await create_stream(leaf_nc, ORIGIN, ["orders.>"], allow_direct=True)  # Limits: the origin keeps all
         await create_aggregate(hub_nc)
         bridge = bridge_procs(config)
-        await bridge.wait_event("reset.done", timeout=20)
+        await bridge.wait_event(READY_EVENTS, timeout=20)
         await Publisher(leaf_nc, n).run()
         await wait_for_value(lambda: aggregate_count(hub_nc, "edge.>"), n, timeout=60, what="copies")
         assert await bridge.astop(15) == 0

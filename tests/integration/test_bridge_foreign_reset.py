@@ -40,7 +40,7 @@ from bridge.testing.jetstream import (
 )
 from bridge.testing.polling import wait_for_value, wait_until
 from bridge.testing.processes import BridgeFactory, BridgeProcess
-from bridge.testing.servers import Topology, mode_source_extra, ready_event
+from bridge.testing.servers import READY_EVENTS, Topology, mode_source_extra, ready_event
 
 MAX_ACK_PENDING = 50
 PREFIX = "edge.one"
@@ -134,8 +134,9 @@ class Scenario:
         for lo, hi in record.certain:
             replicated = [s for s in range(lo, hi + 1) if s in present]
             assert replicated == [], f"skipped by the forward reset to {hi + 1} but replicated: {replicated[:20]}"
-        # the bridge noticed each foreign reset and adopted it with its own reset
-        resets = [e for e in bridge.events() if e.get("event") == "reset.done"]
+        # the bridge noticed each foreign reset and adopted it with its own reset (or, finding the consumer at rest
+        # right after it, without one)
+        resets = bridge.events(READY_EVENTS)
         assert len(resets) >= 1 + len(record.windows) + len(record.backward), resets
         skipped = [(e["skipped_from"], e["skipped_to"]) for e in resets if "skipped_from" in e]
         for lo, hi in skipped:

@@ -31,7 +31,7 @@ from bridge.testing.jetstream import (
 )
 from bridge.testing.polling import wait_until
 from bridge.testing.processes import INSTANCE_ID_ENV, BridgeFactory, BridgeProcess, fleet_instance, run_cli
-from bridge.testing.servers import Topology
+from bridge.testing.servers import READY_EVENTS, Topology
 
 TTL = float(TEST_COORDINATION["lease_ttl"])
 RATE = 2000
@@ -56,7 +56,7 @@ async def owns(proc: BridgeProcess, source: str) -> bool:
 async def owner_and_standby(bridge_procs: BridgeFactory, config: Path) -> tuple[BridgeProcess, BridgeProcess]:
     """p0 replicating the one source, then p1 started and ready as its standby."""
     owner = fleet_instance(bridge_procs, config, "p0")
-    await owner.wait_event("reset.done", timeout=20)
+    await owner.wait_event(READY_EVENTS, timeout=20)
     standby = fleet_instance(bridge_procs, config, "p1")
     await wait_until(lambda: standby_ready(standby, "edge1"), timeout=20, what="p1 ready as standby")
     return owner, standby
@@ -90,7 +90,7 @@ async def test_rolling_update_twice_under_traffic(
     await prepare()
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         old = fleet_instance(bridge_procs, config, "p0")
-        await old.wait_event("reset.done", timeout=20)
+        await old.wait_event(READY_EVENTS, timeout=20)
         publisher = Publisher(leaf_nc, 16_000, rate=RATE)
         handovers = []
 
@@ -104,10 +104,10 @@ async def test_rolling_update_twice_under_traffic(
                 new = fleet_instance(bridge_procs, config, f"p{n}")
                 ready = functools.partial(standby_ready, new, "edge1")
                 await wait_until(ready, timeout=20, what=f"p{n} ready as standby")
-                assert new.events("reset.done") == [], "a standby bound the consumer"
+                assert new.events(READY_EVENTS) == [], "a standby bound the consumer"
                 stopped_at = time.monotonic()
                 assert await old.astop(20) == 0
-                await new.wait_event("reset.done", timeout=20)
+                await new.wait_event(READY_EVENTS, timeout=20)
                 handovers.append(time.monotonic() - stopped_at)
                 assert old.events("lease.released", source="edge1"), "the old owner did not release its lease"
                 old = new
@@ -130,7 +130,7 @@ async def test_owner_killed_the_standby_takes_over_within_the_ttl(
             await wait_until(lambda: publisher.published > 4000, timeout=30, what="traffic")
             killed_at = time.monotonic()
             assert await first.akill() == -9
-            await second.wait_event("reset.done", timeout=TTL + 10)
+            await second.wait_event(READY_EVENTS, timeout=TTL + 10)
             took = time.monotonic() - killed_at
         await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
         # the operator's view, read from the bucket: who owns it now, on which host, since when
@@ -159,7 +159,7 @@ async def test_owner_paused_past_its_lease_acts_on_nothing_when_it_wakes(
             tg.start_soon(publisher.run)
             await wait_until(lambda: publisher.published > 3000, timeout=30, what="traffic")
             first.pause()
-            await second.wait_event("reset.done", timeout=TTL + 10)
+            await second.wait_event(READY_EVENTS, timeout=TTL + 10)
             await anyio.sleep(2 * TTL)  # time is the condition: frozen for twice the lease
             first.resume()
             await first.wait_event("lease.lost", timeout=10, source="edge1")
@@ -276,7 +276,7 @@ async def test_without_coordination_the_bridge_replicates_alone_and_makes_no_buc
     await prepare()
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         bridge = fleet_instance(bridge_procs, config, "solo")
-        await bridge.wait_event("reset.done", timeout=20)
+        await bridge.wait_event(READY_EVENTS, timeout=20)
         publisher = Publisher(leaf_nc, 2000)
         await publisher.run()
         await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
@@ -406,7 +406,7 @@ async def test_a_rolling_update_from_leases_per_source_to_lease_groups_never_sha
     await prepare()
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         old = bridge_procs(config, {INSTANCE_ID_ENV: "old", "NATS_BRIDGE_COORDINATION__LEASE_GROUPS": "0"})
-        await old.wait_event("reset.done", timeout=20)
+        await old.wait_event(READY_EVENTS, timeout=20)
         publisher = Publisher(leaf_nc, 8000, rate=RATE)
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)
@@ -416,9 +416,9 @@ async def test_a_rolling_update_from_leases_per_source_to_lease_groups_never_sha
             (mixed,) = new.events("fleet.mixed_lease_groups")
             assert mixed["members"] == ["old"] and mixed["their_lease_groups"] == [0], mixed
             await wait_until(lambda: publisher.published > 4000, timeout=30, what="traffic beside the new process")
-            assert new.events("reset.done") == [] and await owns(old, "edge1")
+            assert new.events(READY_EVENTS) == [] and await owns(old, "edge1")
             assert await old.astop(20) == 0
-            await new.wait_event("reset.done", timeout=TTL + 10)
+            await new.wait_event(READY_EVENTS, timeout=TTL + 10)
         await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
         assert new.events("lease.acquired", source="edge1")[0]["group"], "the new process leases a group"
         assert await new.astop(20) == 0

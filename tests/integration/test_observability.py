@@ -29,7 +29,7 @@ from bridge.testing.jetstream import (
 )
 from bridge.testing.polling import assert_holds, wait_for_value, wait_until
 from bridge.testing.processes import BridgeFactory
-from bridge.testing.servers import Topology
+from bridge.testing.servers import READY_EVENTS, Topology
 
 
 @pytest.mark.anyio
@@ -144,7 +144,7 @@ async def test_sighup_adds_removes_and_rejects_without_touching_unchanged_source
             bridge.signal(signal.SIGHUP)
             await bridge.wait_event("reload.applied", timeout=30)
             # the added source runs once this process has taken its lease (the only process: within a view)
-            await bridge.wait_event("reset.done", timeout=30, source="b")
+            await bridge.wait_event(READY_EVENTS, timeout=30, source="b")
             await pub_b.run()
             path.write_text(path.read_text() + "\n[[sources]]\nname = 'bad name!'\n")
             bridge.signal(signal.SIGHUP)

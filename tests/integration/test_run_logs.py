@@ -27,7 +27,7 @@ from bridge.testing.configs import ORIGIN, SourceSpec, write_config
 from bridge.testing.jetstream import Publisher, aggregate_count, connect, create_aggregate, create_stream
 from bridge.testing.polling import assert_holds, wait_until
 from bridge.testing.processes import BridgeFactory, BridgeProcess
-from bridge.testing.servers import Topology, free_ports
+from bridge.testing.servers import READY_EVENTS, Topology, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -111,7 +111,7 @@ async def test_target_down_at_start_waits_without_disconnects_and_stops_with_a_s
         await anyio.to_thread.run_sync(topology.wait_linked, 10.0)
         await bridge.wait_event("target.connected", timeout=30)
         await bridge.wait_event("source.waiting_over", timeout=5, source="edge1", **FOR_TARGET)
-        await bridge.wait_event("reset.done", timeout=30)
+        await bridge.wait_event(READY_EVENTS, timeout=30)
 
         publisher = Publisher(leaf_nc, n)
         await publisher.run()

@@ -30,6 +30,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from bridge.config import load_config
+from bridge.io.consumer import desired_config
 from bridge.io.shared import CONNECTION_NAME
 from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
 from bridge.testing.jetstream import (
@@ -49,7 +51,7 @@ from bridge.testing.jetstream import (
 from bridge.testing.polling import assert_holds, wait_for_value, wait_until
 from bridge.testing.processes import BridgeFactory, BridgeProcess, run_cli
 from bridge.testing.security import Operator, TlsFiles, make_tls, new_nkey, permissions_block, write_secret
-from bridge.testing.servers import NatsServer, ServerFactory, Topology, conf_str
+from bridge.testing.servers import READY_EVENTS, NatsServer, ServerFactory, Topology, conf_str
 
 N = 300
 STOP_GRACE = 15.0
@@ -180,7 +182,7 @@ async def replicate_and_check(
 ) -> BridgeProcess:
     """Start the bridge, publish ``n`` messages into the WorkQueue origin, wait until all are copied and acked."""
     bridge = bridge_procs(config, env=dict(env or {}))
-    await bridge.wait_event("reset.done", timeout=20)
+    await bridge.wait_event(READY_EVENTS, timeout=20)
     before = await aggregate_count(target_nc, "edge.one.>")
     await Publisher(origin_nc, n).run()
     await wait_for_value(
@@ -533,7 +535,7 @@ async def test_least_privilege_edge_position(
         assert check.returncode == 0, check.stdout + check.stderr
         for run in (1, 2):  # the second run starts on a non-empty aggregate: recovery reads it back
             bridge = bridge_procs(config)
-            await bridge.wait_event("reset.done", timeout=20, after=1)  # both sources bound
+            await bridge.wait_event(READY_EVENTS, timeout=20, after=1)  # both sources bound
             async with anyio.create_task_group() as tg:
                 tg.start_soon(Publisher(origin_nc, n, subject=lambda i: f"a.orders.{i % 5}").run)
                 tg.start_soon(Publisher(origin_nc, n, subject=lambda i: f"b.orders.{i % 3}").run)
@@ -580,6 +582,19 @@ MISSING = {
 }
 
 
+async def outstanding_deliveries(nc: Client, config: Path) -> None:
+    """The source's consumer, as the bridge makes it, with deliveries nobody acked (what a crash leaves): only then
+    does the bridge need a RESET at start (a new consumer, or one at rest, is taken as it stands)."""
+    source = load_config(config).sources[0]
+    body = {"stream_name": ORIGIN, "config": desired_config(source), "action": "create"}
+    await js_request(nc, f"CONSUMER.CREATE.{ORIGIN}.{source.consumer}", body)
+    sub = await nc.subscribe(source.deliver_subject)
+    await sub.next_msg(timeout=5)  # delivered, never acked
+    await sub.unsubscribe()
+    info = await consumer_info(nc, ORIGIN, source.consumer)
+    assert info["num_ack_pending"] > 0, info
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", list(MISSING))
 async def test_least_privilege_missing_permission_is_named(
@@ -611,6 +626,8 @@ async def test_least_privilege_missing_permission_is_named(
         await create_stream(origin_nc, ORIGIN, ["orders.>"], retention="workqueue")
         await create_aggregate(target_nc)
         await Publisher(origin_nc, n).run()
+        if case == "reset-publish":
+            await outstanding_deliveries(origin_nc, config)
         bridge = bridge_procs(config)
         await bridge.wait_event(missing.event, timeout=20)
         errors = [e.get("error", "") for e in bridge.events() if e.get("event") == missing.event]

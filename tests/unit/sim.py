@@ -30,6 +30,7 @@ from bridge.core import headers as hdr
 from bridge.core.effects import (
     Ack,
     AnswerFlowControl,
+    BoundConsumer,
     Effect,
     FetchOrigin,
     Notice,
@@ -246,6 +247,17 @@ class OriginServer:
         self.adflr, self.asflr = 0, start - 1
         return start
 
+    def state(self) -> BoundConsumer:
+        """What a consumer create or info reply says of it now."""
+        return BoundConsumer(
+            created=None,
+            ack_floor=self.asflr,
+            num_pending=None,
+            delivered=(self.dseq, self.next_sseq - 1),
+            ack_floor_dseq=self.adflr,
+            ack_pending=len(self.pending),
+        )
+
     def foreign_reset(self, seq: int) -> int:
         """Someone else resets the consumer; a forward move gives up on what it jumps over (recorded)."""
         old_floor = self.asflr
@@ -337,7 +349,8 @@ class Sim:
         # the source connection: FC answers and RESET requests reach the server in the order they were sent
         self.to_origin: deque[AnswerFlowControl | RequestReset] = deque()
         self.reset_op: RequestReset | None = None  # this life's RESET awaiting its reply
-        self.reset_applied: int | None = None  # its reset_seq once the server has applied it
+        self.reset_applied: int | None = None  # its reset_seq once the server has applied it (0: not needed)
+        self.reset_lookup: BoundConsumer | None = None  # the look-up that found the consumer at rest
         self.verify_op: VerifyStored | None = None  # a read of the aggregate the engine asked for
         self.probe_op: ProbeStranded | None = None  # a look for stranded messages the engine asked for
         self.life = 0
@@ -393,10 +406,12 @@ class Sim:
         self.log(f"CRASH (a RESET still on the wire reaches the server: {reset_applied})")
         # a RESET still on the wire either reaches the server (and is applied, no one hears the reply) or is lost
         op = self.reset_op
-        if op is not None and self.reset_applied is None and self._take_from_wire(op) and reset_applied:
+        taken = op is not None and self.reset_applied is None and self._take_from_wire(op)
+        if taken and reset_applied and not self.origin.state().at_rest:  # at rest: the look-up sent no RESET
             self.origin.reset(0)
         self.reset_op = None
         self.reset_applied = None
+        self.reset_lookup = None
         self.origin.interest = False
         self.origin.channel.clear()
         self.target.acks.clear()  # the old ack inbox is gone; publishes on the wire may still be stored
@@ -525,6 +540,7 @@ class Sim:
         self.origin.channel.clear()
         self.reset_op = effect
         self.reset_applied = None
+        self.reset_lookup = None
         self.to_origin.append(effect)
 
     def _take_from_wire(self, item: AnswerFlowControl | RequestReset) -> bool:
@@ -684,6 +700,15 @@ class Sim:
             return
         item = self.to_origin.popleft()
         if isinstance(item, RequestReset):
+            # the runtime looks the consumer up first; found at rest (and the reset is to the ack floor), the
+            # engine takes it as it stands and no RESET is sent
+            lookup = self.origin.state()
+            if item.seq is None and lookup.at_rest:
+                self.log(f"look-up for RESET {item.cause.value}#{item.attempt}: at rest {lookup}, no RESET sent")
+                if item is self.reset_op:
+                    self.reset_lookup = lookup
+                    self.reset_applied = 0
+                return
             reset_seq = self.origin.reset(0)
             self.log(f"server applies RESET {item.cause.value}#{item.attempt}: reset_seq={reset_seq}")
             if item is self.reset_op:
@@ -716,8 +741,16 @@ class Sim:
             assert self.reset_applied is not None
             self.now += 0.01
             self.renumbered = False
-            self.log(f"RESET ok reset_seq={self.reset_applied}")
-            effects = self.engine.reset_replied(ResetReply(self.reset_applied, "flow_control"), self.now)
+            lookup, self.reset_lookup = self.reset_lookup, None
+            resumed = None if lookup is None else self.engine.consumer_at_rest(lookup, self.now)
+            if lookup is not None and resumed is None:
+                self.fail(f"the engine sent no RESET for a consumer at rest but did not take it either: {lookup}")
+            if resumed is not None:
+                self.log(f"RESET not needed: the epoch goes on after dseq {self.origin.dseq}")
+                effects = resumed
+            else:
+                self.log(f"RESET ok reset_seq={self.reset_applied}")
+                effects = self.engine.reset_replied(ResetReply(self.reset_applied, "flow_control"), self.now)
         else:
             if self.reset_applied is None:
                 self._take_from_wire(op)  # refused, or lost before reaching the server
@@ -725,6 +758,7 @@ class Sim:
             self.log(f"RESET failed: {outcome} (applied at the server: {self.reset_applied is not None})")
             effects = self.engine.reset_failed(outcome, self.now)
         self.reset_applied = None
+        self.reset_lookup = None
         self.origin.interest = True  # the runtime subscribes again whatever the outcome
         self.apply(effects)
 

@@ -12,6 +12,7 @@ from bridge.core import headers as hdr
 from bridge.core.ackreply import AckInfo
 from bridge.core.effects import (
     AnswerFlowControl,
+    BoundConsumer,
     Effect,
     Notice,
     ProbeStranded,
@@ -125,6 +126,75 @@ def test_start_resets_first_and_ignores_deliveries_until_the_reset_is_done() -> 
     # the one rule for inputs in the wrong phase: a second `recovered` is stale, changes nothing, does nothing
     assert engine.recovered(7, (9,), 0.3) == []
     assert (phase(engine), engine.watermark, engine.accepted) == (Phase.RUNNING, 0, 0)
+
+
+def at(
+    delivered: tuple[int, int], floor: tuple[int, int], pending: int = 0, created: str | None = None
+) -> BoundConsumer:
+    """The consumer as a look-up finds it: its last delivery, its ack floor (delivery, stream sequence)."""
+    return BoundConsumer(created, floor[1], None, delivered=delivered, ack_floor_dseq=floor[0], ack_pending=pending)
+
+
+@pytest.mark.parametrize(
+    ("consumer", "rests"),
+    [
+        (at((0, 0), (0, 0)), True),  # just created
+        (at((0, 999), (0, 999)), True),  # just created on a stream whose first message is 1000
+        (at((7, 12), (7, 12)), True),  # everything delivered acked by an answer naming the last delivery
+        (at((7, 12), (7, 15)), True),  # an answer named copies stored in an earlier epoch: the walk repeats them
+        (at((7, 12), (7, 12), pending=1), False),  # a delivery awaits its ack
+        (at((7, 12), (6, 12)), False),  # the ack floor names an earlier delivery
+        (at((7, 12), (7, 11)), False),  # delivered above the ack floor (lost pending entries: stranded)
+        (BoundConsumer(None, 0, None), False),  # an older server's reply, or a field missing: not known
+    ],
+)
+def test_a_consumer_is_at_rest_only_when_nothing_is_outstanding(consumer: BoundConsumer, rests: bool) -> None:
+    assert consumer.at_rest is rests
+
+
+def test_a_consumer_at_rest_needs_no_reset_and_its_epoch_goes_on_after_its_last_delivery() -> None:
+    engine = SourceEngine(SETTINGS, 0.0)
+    engine.recovered(5, (), 0.0)  # a restart: the aggregate holds 1..5
+    effects = engine.consumer_at_rest(at((5, 5), (5, 5), created="c1"), 0.1)
+    assert effects is not None and notices(effects) == ["consumer.resumed"]
+    fields = {"cause": "start", "epoch": 1, "last_dseq": 5, "ack_floor": 5, "watermark": 5}
+    assert of(effects, Notice)[0].fields == fields
+    assert (phase(engine), engine.epoch, engine.last_dseq) == (Phase.RUNNING, 1, 5)
+    assert dict(engine.resets) == {}  # no RESET was sent: none is counted
+    assert published(feed(engine, [(6, 6), (7, 7)], 0.2)) == [6, 7]
+    # the server's heartbeat names delivery 7: in agreement
+    assert of(engine.heartbeat(beat(7), 0.3), RequestReset) == []
+
+
+def test_after_a_resumption_anything_out_of_place_is_a_discontinuity() -> None:
+    """Deliveries to someone else between the look-up and the subscription show as a jump; a RESET by someone
+    else as a restart at delivery sequence 1."""
+    for first, cause in (((8, 8), ResetCause.GAP), ((1, 6), ResetCause.EXTERNAL)):
+        engine = SourceEngine(SETTINGS, 0.0)
+        engine.recovered(5, (), 0.0)
+        assert engine.consumer_at_rest(at((5, 5), (5, 5)), 0.1) is not None
+        effects = engine.data(data(*first), 2.5)
+        assert of(effects, RequestReset) == [RequestReset(cause, 2)], first
+
+
+def test_a_consumer_at_rest_adopts_its_ack_floor_above_what_is_held_as_a_reset_does() -> None:
+    engine = SourceEngine(SETTINGS, 0.0)
+    engine.recovered(3, (), 0.0)
+    effects = engine.consumer_at_rest(at((9, 10), (9, 10)), 0.1)
+    assert effects is not None
+    assert of(effects, Notice)[0].fields["skipped_from"] == 4 and of(effects, Notice)[0].fields["skipped_to"] == 10
+    assert engine.accepted == 10 and engine.skipped_through == 10
+
+
+def test_a_consumer_not_at_rest_or_a_reset_to_a_sequence_or_no_reset_in_flight_sends_the_reset() -> None:
+    engine = SourceEngine(SETTINGS, 0.0)
+    assert engine.consumer_at_rest(at((0, 0), (0, 0)), 0.0) is None  # RECOVERING: no reset in flight
+    engine.recovered(0, (), 0.0)
+    assert engine.consumer_at_rest(at((3, 3), (2, 2), pending=1), 0.1) is None
+    assert (phase(engine), dict(engine.resets)) == (Phase.RESETTING, {"start": 1})  # nothing changed
+    assert notices(engine.reset_succeeded(3, 0.2)) == ["reset.done"]
+    assert engine.consumer_at_rest(at((0, 0), (0, 0)), 0.3) is None  # RUNNING: stale
+    # (a reset to a chosen sequence: test_stranded_stored_messages_are_redelivered_dropped_and_acked_again)
 
 
 def test_deliveries_are_published_in_order_with_provenance() -> None:
@@ -754,6 +824,8 @@ def test_stranded_stored_messages_are_redelivered_dropped_and_acked_again() -> N
     assert notices(effects) == ["origin.stranded"]
     (request,) = of(effects, RequestReset)
     assert (request.cause, request.seq) == (ResetCause.STRANDED, 2)
+    # a reset to a chosen sequence is sent whatever the consumer's state: at rest at 4, it must walk from 2
+    assert engine.consumer_at_rest(at((4, 4), (4, 4)), 3.0) is None
     assert probed_twice(engine, 2, 5.0) == []  # already resetting
     engine.reset_succeeded(2, 5.1)
     assert (engine.watermark, engine.resets["stranded"]) == (4, 1)

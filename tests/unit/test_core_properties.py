@@ -48,6 +48,7 @@ FLOW: Final = (
     + ["ack_many"] * 3
     + ["verify"] * 2
     + ["probe"]
+    + ["settle"]
 )
 FAULTS: Final = [
     "drop",
@@ -127,6 +128,8 @@ def run_event(sim: Sim, event: Event) -> None:
             sim.step_publish_more(1 + p % 5)
         case "pump":
             pump(sim, 1 + p % 4)
+        case "settle":  # a heartbeat's FC request answered: the consumer at rest when all is stored
+            settle(sim)
         case "burst":  # several deliveries received at once: publishes pile up in flight
             for _ in range(1 + p % 6):
                 sim.step_deliver()
@@ -155,6 +158,14 @@ def pump(sim: Sim, rounds: int) -> None:
         sim.step_verify(True)
         sim.step_answer_arrives()
         sim.check_watermark()
+
+
+def settle(sim: Sim) -> None:
+    """A quiet moment: a heartbeat and its FC request are received and the answer reaches the server; when
+    everything delivered is stored, the consumer is then at rest (a later reset or restart finds it so)."""
+    sim.step_heartbeat()
+    sim.step_receive_many(4)
+    sim.step_answer_arrives()
 
 
 @st.composite
@@ -257,6 +268,20 @@ def test_a_quiet_run_replicates_everything_and_empties_the_workqueue() -> None:
     assert sim.origin.asflr == 20
     assert sim.answers_with_ack > 0
     assert sim.resets_requested == 1  # only the start
+
+
+@pytest.mark.parametrize("restart", ["silence", "crash", "sigterm"])
+def test_a_consumer_at_rest_goes_on_without_a_reset(restart: str) -> None:
+    """Everything delivered is stored and acked; the reset a silence asks for, or a restart's, finds the consumer
+    at rest: no RESET is sent, the epoch goes on after its last delivery (5), and what comes next is replicated."""
+    sim = Sim(SimConfig(n=10, published=5, max_ack_pending=100, publish_window=8))
+    quiet: list[Event] = [("reset_ok", 0), ("pump", 3), ("pump", 1), ("pump", 0), ("settle", 0)]
+    after = {"silence": [("tick", 3)] * 4, "crash": [("crash", 0)], "sigterm": [("sigterm", 0)]}[restart]
+    more: list[Event] = [("reset_ok", 0), ("publish_more", 5), ("pump", 3), ("pump", 3)]
+    simulate(sim.config, [*quiet, *after, *more], sim)
+    assert sim.origin.asflr == 10 and sim.target.store_order == list(range(1, 11))
+    assert not any("server applies RESET" in line for line in sim.trace)  # not at start either: a new consumer
+    assert any(line.endswith("RESET not needed: the epoch goes on after dseq 5") for line in sim.trace)
 
 
 @pytest.mark.parametrize("seed", range(12))

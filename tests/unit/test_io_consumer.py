@@ -12,11 +12,12 @@ from typing import Any, cast
 import pytest
 
 from bridge.config import SourceConfig
-from bridge.core.effects import OriginMessage
+from bridge.core.effects import BoundConsumer, OriginMessage
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.subjects import subject_matches
 from bridge.errors import ApiError, ApiUnavailable, ConsumerUnfit
 from bridge.io.consumer import (
+    bound_consumer,
     consumer_kind,
     desired_config,
     desired_pull_config,
@@ -330,3 +331,20 @@ def test_a_pull_request() -> None:
     )
     assert subject == "$JS.leaf.API.CONSUMER.MSG.NEXT.ORDERS.nats-bridge-edge1"
     assert json.loads(body) == {"batch": 20, "expires": 5 * NS, "idle_heartbeat": NS // 2}
+
+
+def test_a_consumer_reply_says_where_the_consumer_stands() -> None:
+    """A create or info reply as the server sends it (docs/protocol.md 5); a field missing is not known."""
+    info = {
+        "created": "2026-11-28T12:00:00Z",
+        "delivered": {"consumer_seq": 7, "stream_seq": 12},
+        "ack_floor": {"consumer_seq": 7, "stream_seq": 12},
+        "num_ack_pending": 0,
+        "num_pending": 3,
+    }
+    bound = bound_consumer(info)
+    assert bound == BoundConsumer("2026-11-28T12:00:00Z", 12, 3, delivered=(7, 12), ack_floor_dseq=7, ack_pending=0)
+    assert bound.at_rest
+    assert bound_consumer({**info, "num_ack_pending": 2}).at_rest is False
+    partial = bound_consumer({"ack_floor": {"stream_seq": 4}, "delivered": {"consumer_seq": 1}})
+    assert partial == BoundConsumer(None, 4, None) and not partial.at_rest

@@ -77,9 +77,10 @@ async def test_replicates_in_order_and_answers_flow_control_only_with_what_is_st
     origin.publish(5)
     async with running(origin, target) as (runner, _):
         await until(runner.ready.is_set, "the start reset is done")
-        # one bind: the start reset uses set-up's (a later reset binds again first, see the gap test); no
-        # CONSUMER.INFO: on a 2.14+ server ``auto`` presumes flow control and the create confirms it
-        assert origin.ops[:5] == ["connect", "stream", "bind", "unsubscribe", "reset None"]
+        # one bind: the start reset uses set-up's (a later reset binds again first, see the gap test), which
+        # finds a new consumer at rest: no RESET; no CONSUMER.INFO: on a 2.14+ server ``auto`` presumes flow
+        # control and the create confirms it
+        assert origin.ops[:5] == ["connect", "stream", "bind", "unsubscribe", "subscribe"]
         assert origin.deliver() == 5
         subject = origin.request_flow_control()
         await until(lambda: len(target.held) == 5, "five publishes sent")
@@ -89,6 +90,32 @@ async def test_replicates_in_order_and_answers_flow_control_only_with_what_is_st
         await until(lambda: bool(origin.answers), "the held request answered")
         assert [(a.subject, a.last_consumer, a.last_stream) for a in origin.answers] == [(subject, 5, 5)]
     assert origin.ops[-2:] == ["flush", "close"] and runner.engine.phase is Phase.STOPPING
+
+
+async def test_a_consumer_at_rest_is_taken_as_it_stands_and_one_with_deliveries_outstanding_is_reset() -> None:
+    """Silence after everything was stored and acked: the reset's look-up finds the consumer at rest, sends no
+    RESET, and delivery sequences go on (6, 7); silence again with a delivery not acked: the RESET is sent."""
+    origin, target, clock = FakeOrigin(), FakeTarget(), Clock()
+    origin.publish(5)
+    engine = EngineConfig(silence_timeout=5.0, shutdown_grace=2.0)
+    async with running(origin, target, clock=clock, engine=engine) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver()
+        subject = origin.request_flow_control()
+        await until(lambda: [a.subject for a in origin.answers] == [subject], "everything stored and acked")
+        assert (origin.ack_floor, origin.ack_floor_dseq) == (5, 5)
+        mark = len(origin.ops)
+        clock.offset += 6.0
+        await until(lambda: "subscribe" in origin.ops[mark:], "silence: the reset procedure")
+        assert origin.ops[mark:] == ["unsubscribe", "bind", "subscribe"] and runner.engine.last_dseq == 5
+        origin.publish(2)
+        assert origin.deliver() == 2 and origin.dseq == 7
+        await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6, 7], "6 and 7 stored")
+        mark = len(origin.ops)  # 6 and 7 are stored, not acked: the next silence resets
+        clock.offset += 6.0
+        await until(lambda: "subscribe" in origin.ops[mark:], "silence again: the reset procedure")
+        assert origin.ops[mark:] == ["unsubscribe", "bind", "reset None", "subscribe"]
+        assert dict(runner.engine.resets) == {"silence": 1}
 
 
 async def test_a_gap_is_repaired_by_the_reset_procedure_in_order() -> None:

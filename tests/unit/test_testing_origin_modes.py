@@ -81,7 +81,7 @@ def test_mode_expected_from_the_origins_version(tmp_path: Path, output: str, mod
 def test_mode_expected_defaults_to_the_origin_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_ORIGIN_BINARY, str(fake_server(tmp_path, "nats-server: v2.12.8")))
     assert origin_mode_expected() == "pull"
-    assert ready_event() == "resync.done"
+    assert ready_event() == ("resync.done",)
     assert mode_source_extra() == {"ack_wait": PULL_TEST_ACK_WAIT}
 
 
@@ -91,7 +91,7 @@ def test_a_version_the_harness_cannot_read_is_an_error(tmp_path: Path) -> None:
 
 
 def test_ready_event_and_source_extra_per_mode() -> None:
-    assert ready_event("flow_control") == "reset.done"
-    assert ready_event("pull") == "resync.done"
+    assert ready_event("flow_control") == ("reset.done", "consumer.resumed")
+    assert ready_event("pull") == ("resync.done",)
     assert mode_source_extra("flow_control") == {}, "flow-control configs stay as they were"
     assert mode_source_extra("pull") == {"ack_wait": 5}
