@@ -66,7 +66,8 @@ class Event(Enum):
     RECOVERED = "recovered"  # the aggregate's watermark is known: the first reset is due
     DISCONTINUITY = "discontinuity"  # a gap, rewind, foreign reset, silence, reconnect or stranded message
     RESET_SENT = "reset_sent"  # the due reset was handed to the runtime
-    RESET_DONE = "reset_done"  # the consumer was reset: a new epoch starts at delivery sequence 1
+    RESET_DONE = "reset_done"  # the consumer was reset (a new epoch starts at delivery sequence 1), or found at
+    # rest, needing no RESET (the new epoch goes on after its last delivery)
     RESET_FAILED = "reset_failed"  # the reset was refused or unanswered: it is due again after a backoff
     FILL = "fill"  # pull mode: messages the consumer delivered to nobody (a resync), or that a delivery skipped
     # over (sequences missing before it), are read from the origin stream

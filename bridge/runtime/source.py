@@ -810,8 +810,9 @@ class SourceRunner:
 
     async def _repair(self, exchange: Callable[[], Awaitable[list[Effect]]], settle_until: float | None = None) -> None:
         """What a reset and a resync share: stop taking deliveries, wait until ``settle_until`` (the engine's clock)
-        when set, bind the consumer, ``exchange`` with it, take deliveries again whatever the outcome, and report the
-        outcome (a failure as ``reset_failed``)."""
+        when set, bind the consumer (set-up's bind serves the first), hand what the bind found to the engine, which
+        takes a consumer at rest as it stands (``consumer_at_rest``), else ``exchange`` with it, take deliveries
+        again whatever the outcome, and report the outcome (a failure as ``reset_failed``)."""
         await self.origin.unsubscribe()
         if settle_until is not None:  # pull mode: the old inbox's requests die first (the engine's wait)
             await anyio.sleep(max(0.0, min(settle_until - self.clock(), 5.0)))
