@@ -100,6 +100,12 @@ class WireParser(Parser):
 
     async def parse(self, data: bytes = b"") -> None:
         """Parse ``data`` (appended to what an earlier call left over) and dispatch what is complete."""
+        if data:
+            # Anything read shows the connection alive. nats-py counts its PINGs unanswered until it parses their
+            # PONGs, and closes the connection as stale after two: a process behind its socket (a thousand sources
+            # reconnecting at once) parses a PONG long after it came, and would drop a live connection, and with
+            # it every source on it, for being busy. Only silence is stale.
+            self.nc._pings_outstanding = 0
         if self._need:
             # a message larger than one read: gather the pieces and join them once, not once per read
             self._chunks.append(data)

@@ -165,6 +165,21 @@ async def test_byte_by_byte() -> None:
     assert client.calls == expected()
 
 
+async def test_anything_read_answers_nats_py_s_outstanding_pings() -> None:
+    """A connection that delivers is alive: a read, even of a piece of a message, clears nats-py's count of PINGs
+    unanswered (a late-parsed PONG must not make a live connection stale); no read, no change."""
+    client, parser = wired()
+    client._pings_outstanding = 2  # type: ignore[attr-defined]
+    await parser.parse(b"")
+    assert client._pings_outstanding == 2  # type: ignore[attr-defined]
+    await parser.parse(b"MSG deliver.a 1 $JS.ACK.S.C.1.3.3.1.0 4\r\nab")
+    assert client._pings_outstanding == 0  # type: ignore[attr-defined]
+    client._pings_outstanding = 1  # type: ignore[attr-defined]
+    await parser.parse(b"cd\r\n")
+    assert client._pings_outstanding == 0  # type: ignore[attr-defined]
+    assert client.calls[-1] == ("raw1", b"deliver.a", b"$JS.ACK.S.C.1.3.3.1.0", None, b"abcd")
+
+
 async def test_a_message_larger_than_many_reads_is_joined_once() -> None:
     client, parser = wired()
     big = bytes(range(256)) * 4096  # 1 MiB
