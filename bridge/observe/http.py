@@ -45,11 +45,11 @@ def json_response(status: int, payload: Any) -> Response:
     return Response(status, json.dumps(payload, sort_keys=True).encode() + b"\n", "application/json")
 
 
-def metrics_handler(registry: prometheus_client.CollectorRegistry) -> Handler:
-    """A handler serving ``registry`` in the Prometheus text exposition format."""
+def metrics_handler(exposition: Callable[[], bytes]) -> Handler:
+    """A handler serving what ``exposition`` writes, in the Prometheus text exposition format."""
 
     def handler() -> Response:
-        return Response(200, prometheus_client.generate_latest(registry), prometheus_client.CONTENT_TYPE_LATEST)
+        return Response(200, exposition(), prometheus_client.CONTENT_TYPE_LATEST)
 
     return handler
 
@@ -106,7 +106,9 @@ class _HeadTooLarge(Exception):
     pass
 
 
-def _encode(response: Response, *, with_body: bool = True, extra: str = "") -> bytes:
+def _encode(response: Response, *, with_body: bool = True, extra: str = "") -> tuple[bytes, bytes]:
+    """The head and the body, sent one after the other (a scrape of thousands of sources is megabytes: not copied
+    once more to put its head in front)."""
     try:
         reason = HTTPStatus(response.status).phrase
     except ValueError:
@@ -115,7 +117,7 @@ def _encode(response: Response, *, with_body: bool = True, extra: str = "") -> b
         f"HTTP/1.1 {response.status} {reason}\r\nContent-Type: {response.content_type}\r\n"
         f"Content-Length: {len(response.body)}\r\nConnection: close\r\n{extra}\r\n"
     )
-    return head.encode("latin-1") + (response.body if with_body else b"")
+    return head.encode("latin-1"), (response.body if with_body else b"")
 
 
 def _plain(status: int) -> Response:
@@ -222,7 +224,9 @@ class HttpServer:
                 return
             reply = await self._dispatch(head)
         with anyio.move_on_after(self._read_timeout):
-            await stream.send(reply)
+            for part in reply:
+                if part:
+                    await stream.send(part)
         # Closing with unread input makes the kernel send RST, which can destroy the response before the client
         # has read it: half-close, then drain until the client closes (it was told to) or a short deadline.
         with anyio.move_on_after(_LINGER_SECONDS), suppress(anyio.EndOfStream):
@@ -230,7 +234,7 @@ class HttpServer:
             while True:
                 await stream.receive()
 
-    async def _dispatch(self, head: bytes) -> bytes:
+    async def _dispatch(self, head: bytes) -> tuple[bytes, bytes]:
         match = _REQUEST_LINE.fullmatch(head.split(b"\n", 1)[0].rstrip(b"\r"))
         if match is None:
             return _encode(_plain(400))

@@ -1,7 +1,8 @@
 """Prometheus metrics, labelled by source.
 
-Most values are read from each source's :class:`SourceSnapshot` when Prometheus scrapes (a custom collector), so
-the replication hot path pays nothing for them. Only what must be seen per event is observed as it happens: the
+Most values are read from each source's :class:`SourceSnapshot` when Prometheus scrapes, and written straight as
+text (:mod:`bridge.observe.exposition`), so the replication hot path pays nothing for them and a scrape of
+thousands of sources costs little. Only what must be seen per event is observed as it happens: the
 replication latency of every stored message, the flow-control answer latency, publish errors by reason.
 """
 
@@ -12,18 +13,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from bridge import CORE_BUILD, __version__
 from bridge.core.modes import Mode
+from bridge.observe.exposition import Exposition, label
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 FC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
@@ -142,7 +136,7 @@ _REASONS = (
 
 
 class LoopHistogram:
-    """A histogram observed from the event loop only, exported by :class:`_HistogramCollector` at scrape time.
+    """A histogram observed from the event loop only, exported by :class:`Metrics` at scrape time.
 
     prometheus-client's ``Histogram.observe`` takes a lock and walks the buckets: about 1.5 us, paid for every
     replicated message. Every observation and every scrape here runs on the one event loop thread, so plain
@@ -168,22 +162,18 @@ class LoopHistogram:
             total += value
         self._sum += total
 
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative ``(le, count)`` pairs, +Inf last, as Prometheus expects them."""
-        out: list[tuple[str, float]] = []
-        total = 0
-        for bound, count in zip((*map(str, self._bounds), "+Inf"), self._counts, strict=True):
-            total += count
-            out.append((bound, float(total)))
-        return out
+    @property
+    def counts(self) -> list[int]:
+        """Observations per bucket (not cumulative), the last above every bound (+Inf)."""
+        return self._counts
 
     @property
     def sum(self) -> float:
         return self._sum
 
 
-class _HistogramCollector(Collector):
-    """Exports one :class:`LoopHistogram` per source under one metric name."""
+class _Histograms:
+    """One :class:`LoopHistogram` per source under one metric name."""
 
     def __init__(self, name: str, doc: str, bounds: tuple[float, ...]) -> None:
         self.name, self.doc, self.bounds = name, doc, bounds
@@ -192,14 +182,9 @@ class _HistogramCollector(Collector):
     def labels(self, source: str) -> LoopHistogram:
         return self.by_source.setdefault(source, LoopHistogram(self.bounds))
 
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self.name, self.doc, labels=["source"])
-        for source, histogram in sorted(self.by_source.items()):
-            family.add_metric([source], histogram.buckets(), histogram.sum)
-        yield family
+    def write(self, out: Exposition) -> None:
+        rows = [(label("source", source), h.counts, h.sum) for source, h in sorted(self.by_source.items())]
+        out.histogram(self.name, self.doc, self.bounds, rows)
 
 
 class SourceObservers:
@@ -216,22 +201,21 @@ class SourceObservers:
 
 
 class Metrics:
-    """The registry the HTTP listener serves, with the collector that reads snapshots at scrape time."""
+    """What the HTTP listener serves (:meth:`exposition`): the snapshot's values, read at scrape time, the
+    histograms, and the registry of prometheus-client's own metrics (the publish errors)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.latency = _HistogramCollector(
+        self.latency = _Histograms(
             "nats_bridge_replication_latency_seconds",
             "Origin store time to the aggregate's publish ack, per replicated message.",
             LATENCY_BUCKETS,
         )
-        self.fc_latency = _HistogramCollector(
+        self.fc_latency = _Histograms(
             "nats_bridge_flow_control_answer_latency_seconds",
             "Flow-control request received to answered (it waits until everything before it is stored).",
             FC_BUCKETS,
         )
-        self.registry.register(self.latency)
-        self.registry.register(self.fc_latency)
         self.publish_errors = Counter(
             "nats_bridge_publish_errors",
             "Failed publishes to the aggregate, by reason.",
@@ -239,7 +223,6 @@ class Metrics:
             registry=self.registry,
         )
         self._snapshot: Callable[[], BridgeSnapshot] | None = None
-        self.registry.register(_SnapshotCollector(self))
 
     def observers(self, source: str) -> SourceObservers:
         return SourceObservers(self, source)
@@ -251,192 +234,194 @@ class Metrics:
     def snapshot(self) -> BridgeSnapshot | None:
         return self._snapshot() if self._snapshot is not None else None
 
-
-class _SnapshotCollector(Collector):
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    def describe(self) -> list[Metric]:
-        return []  # families depend on the running sources: collected fresh each scrape
-
-    def collect(self) -> Iterator[Metric]:
-        info = InfoMetricFamily("nats_bridge_build", "nats-bridge version, and whether its core runs compiled.")
-        info.add_metric([], {"version": __version__, "core": CORE_BUILD})
-        yield info
-        snap = self._metrics.snapshot()
-        if snap is None:
-            return
-        target = GaugeMetricFamily("nats_bridge_target_connected", "1 while connected to the aggregate's server.")
-        target.add_metric([], 1.0 if snap.target_connected else 0.0)
-        yield target
-        in_flight = GaugeMetricFamily(
-            "nats_bridge_api_requests_in_flight", "The sources' JetStream API requests in flight (bounded per process)."
+    def exposition(self) -> bytes:
+        """A scrape's body, in the Prometheus text format."""
+        out = Exposition()
+        self.latency.write(out)
+        self.fc_latency.write(out)
+        out.info(
+            "nats_bridge_build",
+            "nats-bridge version, and whether its core runs compiled.",
+            f"{label('core', CORE_BUILD)},{label('version', __version__)}",
         )
-        in_flight.add_metric([], float(snap.api_in_flight))
-        yield in_flight
-        waiting = GaugeMetricFamily(
-            "nats_bridge_api_requests_waiting",
-            "The sources' JetStream API requests waiting for one of the process's slots (a reconnect storm).",
-        )
-        waiting.add_metric([], float(snap.api_waiting))
-        yield waiting
-        yield from _source_families(snap)
-        if snap.fleet is not None:
-            yield from _fleet_families(snap.fleet)
+        snap = self.snapshot()
+        if snap is not None:
+            _snapshot_families(out, snap)
+        out.append(generate_latest(self.registry))
+        return out.text()
 
 
-def _gauge(name: str, doc: str, rows: list[tuple[str, float]]) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, doc, labels=["source"])
-    for source, value in rows:
-        family.add_metric([source], value)
-    return family
+def _snapshot_families(out: Exposition, snap: BridgeSnapshot) -> None:
+    out.family(
+        "nats_bridge_target_connected",
+        "gauge",
+        "1 while connected to the aggregate's server.",
+        [("", 1.0 if snap.target_connected else 0.0)],
+    )
+    out.family(
+        "nats_bridge_api_requests_in_flight",
+        "gauge",
+        "The sources' JetStream API requests in flight (bounded per process).",
+        [("", float(snap.api_in_flight))],
+    )
+    out.family(
+        "nats_bridge_api_requests_waiting",
+        "gauge",
+        "The sources' JetStream API requests waiting for one of the process's slots (a reconnect storm).",
+        [("", float(snap.api_waiting))],
+    )
+    _source_families(out, snap)
+    if snap.fleet is not None:
+        _fleet_families(out, snap.fleet)
 
 
-def _counter(name: str, doc: str, rows: list[tuple[str, float]]) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, doc, labels=["source"])
-    for source, value in rows:
-        family.add_metric([source], value)
-    return family
-
-
-def _source_families(snap: BridgeSnapshot) -> Iterator[Metric]:
+def _source_families(out: Exposition, snap: BridgeSnapshot) -> None:
     src = snap.sources
+    labels = [label("source", s.source) for s in src]  # made once: every family below writes them
 
-    def rows(get: Callable[[SourceSnapshot], float]) -> list[tuple[str, float]]:
-        return [(s.source, float(get(s))) for s in src]
+    def rows(get: Callable[[SourceSnapshot], float]) -> Iterator[tuple[str, float]]:
+        return ((text, float(get(s))) for text, s in zip(labels, src, strict=True))
 
-    yield _counter(
-        "nats_bridge_replicated_messages", "Messages stored in the aggregate.", rows(lambda s: s.replicated_messages)
-    )
-    yield _counter(
-        "nats_bridge_replicated_bytes", "Payload bytes stored in the aggregate.", rows(lambda s: s.replicated_bytes)
-    )
-    yield _counter("nats_bridge_deliveries", "Messages delivered by the origin consumer.", rows(lambda s: s.deliveries))
-    yield _counter(
+    def counter(name: str, doc: str, get: Callable[[SourceSnapshot], float]) -> None:
+        out.family(name, "counter", doc, rows(get))
+
+    def gauge(name: str, doc: str, get: Callable[[SourceSnapshot], float]) -> None:
+        out.family(name, "gauge", doc, rows(get))
+
+    counter("nats_bridge_replicated_messages", "Messages stored in the aggregate.", lambda s: s.replicated_messages)
+    counter("nats_bridge_replicated_bytes", "Payload bytes stored in the aggregate.", lambda s: s.replicated_bytes)
+    counter("nats_bridge_deliveries", "Messages delivered by the origin consumer.", lambda s: s.deliveries)
+    counter(
         "nats_bridge_duplicate_deliveries",
         "Deliveries at or below what was already replicated, dropped.",
-        rows(lambda s: s.duplicates),
+        lambda s: s.duplicates,
     )
-    yield _counter(
-        "nats_bridge_flow_control_requests", "Flow-control requests received.", rows(lambda s: s.fc_requests)
+    counter("nats_bridge_flow_control_requests", "Flow-control requests received.", lambda s: s.fc_requests)
+    counter("nats_bridge_flow_control_answers", "Flow-control answers sent.", lambda s: s.fc_answers)
+    out.family(
+        "nats_bridge_resets",
+        "counter",
+        "Consumer RESETs sent, by cause (external: someone else reset it; a consumer found at rest needs none).",
+        (
+            (f"{label('cause', cause)},{text}", float(count))
+            for text, s in zip(labels, src, strict=True)
+            for cause, count in sorted(s.resets.items())
+        ),
     )
-    yield _counter("nats_bridge_flow_control_answers", "Flow-control answers sent.", rows(lambda s: s.fc_answers))
-    resets = CounterMetricFamily(
-        "nats_bridge_resets", "Consumer resets by cause (external: someone else reset it).", labels=["source", "cause"]
-    )
-    for s in src:
-        for cause, count in sorted(s.resets.items()):
-            resets.add_metric([s.source, cause], float(count))
-    yield resets
-    yield _gauge(
-        "nats_bridge_publish_acks_outstanding", "Publishes awaiting the aggregate's ack.", rows(lambda s: s.in_flight)
-    )
-    yield _gauge(
-        "nats_bridge_backlog_messages", "Delivered messages not yet stored in the aggregate.", rows(lambda s: s.backlog)
-    )
-    yield _gauge(
+    gauge("nats_bridge_publish_acks_outstanding", "Publishes awaiting the aggregate's ack.", lambda s: s.in_flight)
+    gauge("nats_bridge_backlog_messages", "Delivered messages not yet stored in the aggregate.", lambda s: s.backlog)
+    gauge(
         "nats_bridge_stored_watermark",
         "Highest origin sequence with everything at or below it stored.",
-        rows(lambda s: s.watermark),
+        lambda s: s.watermark,
     )
-    yield _gauge(
-        "nats_bridge_last_delivered_sequence", "Origin sequence of the last delivery.", rows(lambda s: s.last_delivered)
-    )
-    yield _gauge(
+    gauge("nats_bridge_last_delivered_sequence", "Origin sequence of the last delivery.", lambda s: s.last_delivered)
+    gauge(
         "nats_bridge_origin_pending_messages",
         "Messages in the origin not yet delivered, as of the last delivery.",
-        rows(lambda s: s.origin_pending),
+        lambda s: s.origin_pending,
     )
-    ages = [
-        (s.source, max(0.0, snap.now - s.last_replicated_origin_time))
-        for s in src
-        if s.last_replicated_origin_time is not None
-    ]
-    yield _gauge(
+    out.family(
         "nats_bridge_last_replicated_age_seconds",
+        "gauge",
         "Age (now minus origin store time) of the newest message stored in the aggregate.",
-        ages,
+        (
+            (text, max(0.0, snap.now - s.last_replicated_origin_time))
+            for text, s in zip(labels, src, strict=True)
+            if s.last_replicated_origin_time is not None
+        ),
     )
-    yield _gauge(
+    gauge(
         "nats_bridge_seconds_since_progress",
         "Seconds since the watermark last moved while there was something to replicate (0 when idle).",
-        rows(lambda s: s.seconds_since_progress),
+        lambda s: s.seconds_since_progress,
     )
-    yield _gauge(
-        "nats_bridge_source_blocked",
-        "1 while a publish is failing and retried.",
-        rows(lambda s: bool(s.blocked_reason)),
-    )
-    yield _gauge(
+    gauge("nats_bridge_source_blocked", "1 while a publish is failing and retried.", lambda s: bool(s.blocked_reason))
+    gauge(
         "nats_bridge_source_stalled",
         "1 while the source has made no progress for http.stalled_after.",
-        rows(lambda s: s.stalled),
+        lambda s: s.stalled,
     )
-    yield _gauge(
-        "nats_bridge_origin_connected", "1 while connected to the origin server.", rows(lambda s: s.origin_connected)
-    )
-    yield _gauge(
+    gauge("nats_bridge_origin_connected", "1 while connected to the origin server.", lambda s: s.origin_connected)
+    gauge(
         "nats_bridge_consumer_bound",
         "1 while the origin consumer is bound and replicating (after the first reset).",
-        rows(lambda s: s.consumer_bound),
+        lambda s: s.consumer_bound,
     )
     # Every mode gets a series (0 or 1), as a Prometheus state set: a mode change flips two values instead of
     # leaving a stale series behind, and "which sources pull" is a plain == 1. All 0 until the mode is chosen.
-    modes = GaugeMetricFamily(
+    modes = [(mode.value, label("mode", mode.value)) for mode in Mode]
+    out.family(
         "nats_bridge_source_mode",
+        "gauge",
         "1 for the consumer model the source replicates through (flow_control or pull), 0 for the other.",
-        labels=["source", "mode"],
+        (
+            (f"{mode_label},{text}", 1.0 if s.mode == mode else 0.0)
+            for text, s in zip(labels, src, strict=True)
+            for mode, mode_label in modes
+        ),
     )
-    for s in src:
-        for mode in Mode:
-            modes.add_metric([s.source, mode.value], 1.0 if s.mode == mode else 0.0)
-    yield modes
 
 
-def _fleet_families(fleet: FleetSnapshot) -> Iterator[Metric]:
+def _fleet_families(out: Exposition, fleet: FleetSnapshot) -> None:
     leases = fleet.leases
+    labels = [label("source", lease.source) for lease in leases]
 
-    def rows(get: Callable[[LeaseSnapshot], float]) -> list[tuple[str, float]]:
-        return [(lease.source, float(get(lease))) for lease in leases]
+    def rows(get: Callable[[LeaseSnapshot], float]) -> Iterator[tuple[str, float]]:
+        return ((text, float(get(lease))) for text, lease in zip(labels, leases, strict=True))
 
-    yield _gauge(
+    out.family(
         "nats_bridge_source_owned",
+        "gauge",
         "1 while this process owns the source's lease (replicates it), 0 while it is a standby for it.",
         rows(lambda lease: lease.owned),
     )
-    yield _counter(
-        "nats_bridge_lease_renewals", "Successful renewals of the source's lease.", rows(lambda lease: lease.renewals)
+    out.family(
+        "nats_bridge_lease_renewals",
+        "counter",
+        "Successful renewals of the source's lease.",
+        rows(lambda lease: lease.renewals),
     )
-    yield _counter(
+    out.family(
         "nats_bridge_lease_renew_failures",
+        "counter",
         "Failed renewals of the source's lease (it is suspended once none succeeds for 4/5 of the TTL).",
         rows(lambda lease: lease.renew_failures),
     )
-    yield _counter(
+    out.family(
         "nats_bridge_lease_ownership_changes",
+        "counter",
         "Times this process took or gave up the source's lease.",
         rows(lambda lease: lease.ownership_changes),
     )
-    yield _gauge(
+    out.family(
         "nats_bridge_lease_seconds_since_renew",
+        "gauge",
         "Seconds since the owned lease was last written (sent); absent while standby.",
-        [(lease.source, lease.seconds_since_renew) for lease in leases if lease.seconds_since_renew is not None],
+        (
+            (text, lease.seconds_since_renew)
+            for text, lease in zip(labels, leases, strict=True)
+            if lease.seconds_since_renew is not None
+        ),
     )
-    owned = GaugeMetricFamily("nats_bridge_sources_owned", "Sources whose lease this process owns.")
-    owned.add_metric([], float(sum(1 for lease in leases if lease.owned)))
-    yield owned
-    suspended = GaugeMetricFamily(
+    out.family(
+        "nats_bridge_sources_owned",
+        "gauge",
+        "Sources whose lease this process owns.",
+        [("", float(sum(1 for lease in leases if lease.owned)))],
+    )
+    out.family(
         "nats_bridge_sources_suspended",
+        "gauge",
         "Owned sources whose lease is suspended: no renew succeeded before the fence, so they publish and answer "
         "nothing (keeping their state) until one does.",
+        [("", float(sum(1 for lease in leases if lease.suspended)))],
     )
-    suspended.add_metric([], float(sum(1 for lease in leases if lease.suspended)))
-    yield suspended
-    members = GaugeMetricFamily("nats_bridge_fleet_members", "Live processes in the fleet, as last read.")
-    members.add_metric([], float(len(fleet.members)))
-    yield members
-    ready = GaugeMetricFamily(
-        "nats_bridge_fleet_ready", "1 while the coordination bucket was read within the lease TTL."
+    members = [("", float(len(fleet.members)))]
+    out.family("nats_bridge_fleet_members", "gauge", "Live processes in the fleet, as last read.", members)
+    out.family(
+        "nats_bridge_fleet_ready",
+        "gauge",
+        "1 while the coordination bucket was read within the lease TTL.",
+        [("", 1.0 if fleet.ready else 0.0)],
     )
-    ready.add_metric([], 1.0 if fleet.ready else 0.0)
-    yield ready

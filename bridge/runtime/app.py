@@ -506,7 +506,7 @@ class Bridge:
         with the address and the fix."""
         host, port = parse_listen(self.config.http.listen)
         routes = {
-            "/metrics": metrics_handler(self.metrics.registry),
+            "/metrics": metrics_handler(self.metrics.exposition),
             "/healthz": self._healthz,
             "/readyz": self._readyz,
         }

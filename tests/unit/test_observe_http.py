@@ -208,7 +208,7 @@ async def test_serving_stops_when_cancelled() -> None:
 async def test_metrics_handler_serves_the_registry() -> None:
     registry = prometheus_client.CollectorRegistry()
     prometheus_client.Counter("bridge_test_events", "Events seen by the test.", registry=registry).inc(3)
-    async with running({"/metrics": metrics_handler(registry)}) as server:
+    async with running({"/metrics": metrics_handler(lambda: prometheus_client.generate_latest(registry))}) as server:
         status, headers, body = await raw_request(server.port, "/metrics")
     assert status == 200
     assert headers["content-type"] == prometheus_client.CONTENT_TYPE_LATEST

@@ -36,7 +36,7 @@ def _source(name: str, **fields: object) -> SourceSnapshot:
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = generate_latest(metrics.registry).decode()
+    text = metrics.exposition().decode()
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -137,7 +137,7 @@ def test_dashboard_and_alerts_use_only_metrics_the_bridge_exports() -> None:
     metrics = Metrics()
     metrics.read_from(lambda: BridgeSnapshot(target_connected=True, sources=(_source("a"),), now=1000.0))
     metrics.observers("a").publish_error("timeout")
-    exported = set(generate_latest(metrics.registry).decode().split())
+    exported = set(metrics.exposition().decode().split())
     names = {token.split("{")[0] for token in exported if token.startswith("nats_bridge_")}
     config = Path(__file__).resolve().parents[2] / "config"
     for file in ("grafana-dashboard.json", "prometheus-alerts.yml"):
@@ -167,17 +167,17 @@ def test_loop_histogram_exports_what_prometheus_client_would(values: list[float]
         ours.observe(value)
         reference.labels("a").observe(value)
 
-    def histogram_samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def histogram_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         return {
             (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in registry.collect()
+            for family in text_string_to_metric_families(text)
             if family.name == "nats_bridge_replication_latency_seconds"
             for sample in family.samples
             if not sample.name.endswith("_created")
         }
 
-    theirs = histogram_samples(reference_registry)
-    mine = histogram_samples(metrics.registry)
+    theirs = histogram_samples(generate_latest(reference_registry).decode())
+    mine = histogram_samples(metrics.exposition().decode())
     assert mine.keys() == theirs.keys()
     for key, value in theirs.items():
         assert mine[key] == pytest.approx(value)
