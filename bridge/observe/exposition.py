@@ -38,13 +38,17 @@ def value_text(value: float) -> str:
     return s
 
 
+CHUNK_LINES = 512
+
+
 class Exposition:
     """One scrape's body, family by family."""
 
     __slots__ = ("_chunks",)
 
     def __init__(self) -> None:
-        self._chunks: list[bytes] = []  # a family each, encoded at once: the whole body exists once as text
+        # encoded every CHUNK_LINES lines: the body exists once, as these, plus a few hundred lines of text
+        self._chunks: list[bytes] = []
 
     def family(self, name: str, kind: str, doc: str, samples: Iterable[tuple[str, float]]) -> None:
         """A counter or gauge family; ``samples`` are ``(labels, value)``, ``labels`` the text between the braces
@@ -55,7 +59,9 @@ class Exposition:
         for labels, value in samples:
             text = value_text(value)
             lines.append(f"{full}{{{labels}}} {text}\n" if labels else f"{full} {text}\n")
-        self._chunks.append("".join(lines).encode())
+            if len(lines) >= CHUNK_LINES:
+                self._flush(lines)
+        self._flush(lines)
 
     def info(self, name: str, doc: str, labels: str) -> None:
         """An info family (``<name>_info``, a gauge of 1 carrying ``labels``)."""
@@ -76,14 +82,25 @@ class Exposition:
                 lines.append(f"{bucket}{le}{labels}}} {value_text(cumulative)}\n")
             lines.append(f"{count}{labels}}} {value_text(cumulative)}\n")
             lines.append(f"{total_name}{labels}}} {value_text(total)}\n")
-        self._chunks.append("".join(lines).encode())
+            if len(lines) >= CHUNK_LINES:
+                self._flush(lines)
+        self._flush(lines)
+
+    def _flush(self, lines: list[str]) -> None:
+        if lines:
+            self._chunks.append("".join(lines).encode())
+            lines.clear()
 
     def append(self, text: bytes) -> None:
         """Families already written (prometheus-client's own ``generate_latest``)."""
         self._chunks.append(text)
 
+    def chunks(self) -> list[bytes]:
+        """The body so far, a family a chunk (sent as they are: joined, the body would be in memory twice)."""
+        return self._chunks
+
     def text(self) -> bytes:
-        """The body so far."""
+        """The body so far, in one piece."""
         return b"".join(self._chunks)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -33,7 +33,7 @@ class Response:
     """What a handler returns: status code, body and its content type."""
 
     status: int
-    body: bytes
+    body: bytes | Sequence[bytes]  # parts, sent one after the other: a large body need not be joined first
     content_type: str = "text/plain; charset=utf-8"
 
 
@@ -45,7 +45,7 @@ def json_response(status: int, payload: Any) -> Response:
     return Response(status, json.dumps(payload, sort_keys=True).encode() + b"\n", "application/json")
 
 
-def metrics_handler(exposition: Callable[[], bytes]) -> Handler:
+def metrics_handler(exposition: Callable[[], bytes | Sequence[bytes]]) -> Handler:
     """A handler serving what ``exposition`` writes, in the Prometheus text exposition format."""
 
     def handler() -> Response:
@@ -106,18 +106,19 @@ class _HeadTooLarge(Exception):
     pass
 
 
-def _encode(response: Response, *, with_body: bool = True, extra: str = "") -> tuple[bytes, bytes]:
-    """The head and the body, sent one after the other (a scrape of thousands of sources is megabytes: not copied
-    once more to put its head in front)."""
+def _encode(response: Response, *, with_body: bool = True, extra: str = "") -> tuple[bytes, ...]:
+    """The head and the body's parts, sent one after the other (a scrape of thousands of sources is megabytes: not
+    copied once more to put its head in front)."""
+    parts = (response.body,) if isinstance(response.body, bytes) else tuple(response.body)
     try:
         reason = HTTPStatus(response.status).phrase
     except ValueError:
         reason = ""
     head = (
         f"HTTP/1.1 {response.status} {reason}\r\nContent-Type: {response.content_type}\r\n"
-        f"Content-Length: {len(response.body)}\r\nConnection: close\r\n{extra}\r\n"
+        f"Content-Length: {sum(map(len, parts))}\r\nConnection: close\r\n{extra}\r\n"
     )
-    return head.encode("latin-1"), (response.body if with_body else b"")
+    return (head.encode("latin-1"), *parts) if with_body else (head.encode("latin-1"),)
 
 
 def _plain(status: int) -> Response:
@@ -234,7 +235,7 @@ class HttpServer:
             while True:
                 await stream.receive()
 
-    async def _dispatch(self, head: bytes) -> tuple[bytes, bytes]:
+    async def _dispatch(self, head: bytes) -> tuple[bytes, ...]:
         match = _REQUEST_LINE.fullmatch(head.split(b"\n", 1)[0].rstrip(b"\r"))
         if match is None:
             return _encode(_plain(400))

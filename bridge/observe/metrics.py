@@ -234,8 +234,8 @@ class Metrics:
     def snapshot(self) -> BridgeSnapshot | None:
         return self._snapshot() if self._snapshot is not None else None
 
-    def exposition(self) -> bytes:
-        """A scrape's body, in the Prometheus text format."""
+    def exposition(self) -> list[bytes]:
+        """A scrape's body, in the Prometheus text format, in parts (a family each)."""
         out = Exposition()
         self.latency.write(out)
         self.fc_latency.write(out)
@@ -248,7 +248,7 @@ class Metrics:
         if snap is not None:
             _snapshot_families(out, snap)
         out.append(generate_latest(self.registry))
-        return out.text()
+        return out.chunks()
 
 
 def _snapshot_families(out: Exposition, snap: BridgeSnapshot) -> None:

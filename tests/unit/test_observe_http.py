@@ -216,6 +216,16 @@ async def test_metrics_handler_serves_the_registry() -> None:
     assert samples["bridge_test_events_total"] == 3.0
 
 
+async def test_a_body_in_parts_is_sent_whole_with_its_length() -> None:
+    parts = [b"# HELP a A.\n# TYPE a gauge\na 1.0\n", b"", b"b 2.0\n" * 50_000]
+    async with running({"/metrics": metrics_handler(lambda: parts)}) as server:
+        status, headers, body = await raw_request(server.port, "/metrics")
+        head_status, head_headers, head_body = await raw_request(server.port, "/metrics", method="HEAD")
+    assert status == 200 and body == b"".join(parts)
+    assert int(headers["content-length"]) == len(body)
+    assert head_status == 200 and int(head_headers["content-length"]) == len(body) and head_body == b""
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [

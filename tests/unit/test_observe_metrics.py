@@ -36,7 +36,7 @@ def _source(name: str, **fields: object) -> SourceSnapshot:
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = metrics.exposition().decode()
+    text = b"".join(metrics.exposition()).decode()
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -137,7 +137,7 @@ def test_dashboard_and_alerts_use_only_metrics_the_bridge_exports() -> None:
     metrics = Metrics()
     metrics.read_from(lambda: BridgeSnapshot(target_connected=True, sources=(_source("a"),), now=1000.0))
     metrics.observers("a").publish_error("timeout")
-    exported = set(metrics.exposition().decode().split())
+    exported = set(b"".join(metrics.exposition()).decode().split())
     names = {token.split("{")[0] for token in exported if token.startswith("nats_bridge_")}
     config = Path(__file__).resolve().parents[2] / "config"
     for file in ("grafana-dashboard.json", "prometheus-alerts.yml"):
@@ -177,7 +177,7 @@ def test_loop_histogram_exports_what_prometheus_client_would(values: list[float]
         }
 
     theirs = histogram_samples(generate_latest(reference_registry).decode())
-    mine = histogram_samples(metrics.exposition().decode())
+    mine = histogram_samples(b"".join(metrics.exposition()).decode())
     assert mine.keys() == theirs.keys()
     for key, value in theirs.items():
         assert mine[key] == pytest.approx(value)

@@ -82,7 +82,7 @@ async def test_healthz_is_503_while_the_loop_has_not_beaten_and_200_again_once_i
             time.sleep(STALE + 0.2)  # noqa: ASYNC251 -- blocking the loop is the fault under test
             response = bridge._healthz()
             assert response.status == 503
-            assert json.loads(response.body) == {"status": "event loop stalled"}
+            assert isinstance(response.body, bytes) and json.loads(response.body) == {"status": "event loop stalled"}
             assert not bridge._loop_healthy()  # the systemd watchdog withholds its ping on the same answer
 
             # once the loop runs again, the beat catches up and the probe recovers
