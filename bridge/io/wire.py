@@ -404,7 +404,31 @@ def adopt_sink(
         while not queue.empty():
             queued.append(queue.get_nowait())
         early(queued)
+    if registered and queue is not None:
+        sub._pending_queue = SINKED  # nothing is queued for it from now on: its queue need not exist
     return registered
+
+
+class _Sinked:
+    """What stands for the pending queue of every subscription whose messages go to a sink: nats-py makes an
+    ``asyncio.Queue`` per subscription (four deques, about 3 KB; two subscriptions per source), which such a
+    subscription never uses once :func:`adopt_sink` took over. Always empty; a message put in it (it cannot be: the
+    parser hands the subscription's messages to its sink, never to nats-py) fails the read loudly, and nats-py
+    reconnects, rather than being kept where nobody reads it."""
+
+    __slots__ = ()
+
+    def empty(self) -> bool:
+        return True
+
+    def qsize(self) -> int:
+        return 0
+
+    def put_nowait(self, msg: object) -> None:
+        raise ProtocolError("a message for a subscription read by its sink reached nats-py's own queue")
+
+
+SINKED = _Sinked()
 
 
 def take(sink: list[Frame]) -> list[Frame]:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import ProtocolError
 
 from bridge.core.frames import Frame
 from bridge.io import wire
@@ -91,6 +92,7 @@ async def test_a_sink_subscription_makes_no_task_and_hands_over_first_what_nats_
             await wait_for_value(lambda: sub.pending_msgs, 5, timeout=10, what="messages queued by nats-py")
             assert wire.adopt_sink(nc, sub, sink, on_read, lambda msgs: early.extend(m.data for m in msgs))
             assert sub.pending_msgs == 0
+            assert getattr(sub, "_pending_queue") is wire.SINKED  # noqa: B009 -- the shared stand-in: no queue per subscription
             for i in range(5, 10):
                 await pub.publish("early.test", str(i).encode())
             await pub.flush()
@@ -108,5 +110,9 @@ async def test_a_sink_subscription_makes_no_task_and_hands_over_first_what_nats_
             await pub.flush()
             await wait_until(lambda: taken[-1:] == [b"x"], timeout=10, what="the second sink's message")
             await second.unsubscribe()
+            await sub.unsubscribe()  # nats-py's unsubscribe reads the stand-in as an empty queue
+            # what nats-py would do with a message for it, were the parser not to take it: refused, loudly
+            with pytest.raises(ProtocolError):
+                wire.SINKED.put_nowait(b"lost")
     finally:
         await nc.close()
