@@ -405,7 +405,11 @@ def adopt_sink(
             queued.append(queue.get_nowait())
         early(queued)
     if registered and queue is not None:
-        sub._pending_queue = SINKED  # nothing is queued for it from now on: its queue need not exist
+        # nothing is queued for it from now on: neither its queue nor the message iterator that holds it (with a
+        # future of its own) need exist; nats-py asks both only whether they are there
+        sub._pending_queue = SINKED
+        sub._message_iterator = None
+        sub._pending_next_msgs_calls = None
     return registered
 
 
