@@ -128,11 +128,11 @@ class SourcePublisher:
         transport = nc._transport
         if nc._pending or transport is None:
             return None
-        # nothing of nats-py's waits to be written, so these cannot overtake anything: straight into the socket's
-        # buffer, an event-loop pass sooner than through nats-py's flusher task (latency at low rates)
+        # nothing of nats-py's waits to be written, so these cannot overtake anything: into the socket at the end of
+        # this event-loop pass, sooner than through nats-py's flusher task (latency at low rates)
         data, failures = self._encode(batch, nc.max_payload)
         if data:
-            transport.write(data)
+            wire.write_soon(nc, data)  # with every other source's of this read: one write
         return failures
 
     async def _publish_buffered(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]]:
@@ -140,6 +140,7 @@ class SourcePublisher:
         nc: Any = self._nc
         data, failures = self._encode(batch, nc.max_payload)
         if data:
+            wire.flush_writes(nc)  # what this pass wrote straight to the socket goes first
             try:
                 await nc._send_command(data)
                 if nc._flush_queue is not None and nc._flush_queue.empty():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,6 +26,7 @@ from bridge.io.wire import (
     add_handler,
     add_sink,
     coalesce_quiet_reads,
+    flush_writes,
     install,
     quiet_read_wait,
     reading_behind,
@@ -31,6 +34,7 @@ from bridge.io.wire import (
     remove_handler,
     take,
     unread_bytes,
+    write_soon,
 )
 
 pytestmark = pytest.mark.anyio
@@ -494,3 +498,44 @@ def test_a_connection_is_behind_when_a_backlog_waits_in_its_reader_or_its_socket
 
 def test_coalescing_needs_the_wire_parser() -> None:
     assert not coalesce_quiet_reads(object(), 0.02)
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
+class _Client:
+    def __init__(self) -> None:
+        self._transport: _Transport | None = _Transport()
+
+
+async def test_writes_of_one_pass_reach_the_socket_in_one_call_in_order() -> None:
+    nc = _Client()
+    transport = nc._transport
+    assert transport is not None
+    write_soon(nc, b"a1")
+    write_soon(nc, b"b1")
+    write_soon(nc, b"a2")
+    assert transport.writes == []  # not before the end of this pass
+    await anyio.lowlevel.checkpoint()
+    assert transport.writes == [b"a1b1a2"]
+    write_soon(nc, b"a3")
+    flush_writes(nc)  # what must follow it is about to be written another way: now, first
+    await anyio.lowlevel.checkpoint()
+    assert transport.writes == [b"a1b1a2", b"a3"]
+
+
+async def test_writes_held_for_a_connection_replaced_since_are_not_written_to_the_new_one() -> None:
+    nc = _Client()
+    old = nc._transport
+    write_soon(nc, b"for the old connection")
+    nc._transport = _Transport()  # nats-py reconnected within the pass
+    await anyio.lowlevel.checkpoint()
+    assert old is not None and old.writes == [] and nc._transport.writes == []
+    write_soon(nc, b"new")
+    await anyio.lowlevel.checkpoint()
+    assert nc._transport.writes == [b"new"]
