@@ -183,6 +183,7 @@ class SourceEngine(Replication):
 
     def source_reconnected(self, now: float) -> list[Effect]:
         """The connection to the origin came back: reset if it went quiet (native: > 2 s), retry a failed reset now."""
+        self._stranded.rearm(now)  # the origin server may have restarted
         if self._phases.takes_deliveries and now - self._last_activity > self.settings.reconnect_silence:
             return self._discontinuity(ResetCause.RECONNECT, now)
         return self._consumer_alive(now)
@@ -246,6 +247,7 @@ class SourceEngine(Replication):
         self.last_dseq, self._epoch_last_sseq = last
         self.ledger.new_epoch()
         self._last_activity = now
+        self._stranded.rearm(now)
         effects: list[Effect] = []
         fields: dict[str, object] = {"cause": self._resets.cause.value, "epoch": self.epoch}
         if event == "reset.done":

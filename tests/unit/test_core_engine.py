@@ -26,7 +26,7 @@ from bridge.core.effects import (
 from bridge.core.engine import Phase, SourceEngine
 from bridge.core.inbound import Data, Heartbeat, Unrecognised
 from bridge.core.pipeline import TargetLimits
-from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
+from bridge.core.watch import STRANDED_CHECK, STRANDED_CHECK_MAX, STRANDED_CONFIRM
 from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
 from tests.unit.sim import Sim, SimConfig
 
@@ -858,6 +858,35 @@ def test_the_engine_probes_a_workqueue_origin_for_stranded_messages_on_its_ticks
     store(limits, feed(limits, [(1, 1)]))
     limits.flow_control("$JS.FC.ORDERS.BRIDGE.s0", 1.0)
     assert of(limits.tick(10 * STRANDED_CHECK), ProbeStranded) == []
+
+
+def test_looks_for_stranded_messages_back_off_while_they_find_nothing_and_start_again_after_a_new_epoch() -> None:
+    """A look is a JetStream request: 2,000 sources looking every 10 s made 200 a second for nothing. Each look that
+    finds nothing doubles the wait, up to STRANDED_CHECK_MAX; a new epoch (a reset: what an origin's restart
+    causes) and a reconnect start again at STRANDED_CHECK."""
+    engine = SourceEngine(replace(SETTINGS, silence_timeout=1e6), 0.0)
+    engine.recovered(0, (), 0.0, workqueue=True)
+    engine.reset_succeeded(1, 0.0)
+    store(engine, feed(engine, [(1, 1), (2, 2)]))
+    engine.flow_control("$JS.FC.ORDERS.BRIDGE.s0", 0.0)
+    now, waits = 0.0, []
+    for _ in range(8):
+        due = next(t for t in (now + k * 0.5 for k in range(1, 2000)) if of(engine.tick(t), ProbeStranded))
+        waits.append(due - now)
+        now = due
+        engine.stranded_probed(0, now)  # nothing stranded
+    assert waits == [10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 320.0, 320.0]
+    assert STRANDED_CHECK_MAX == 320.0
+    engine.heartbeat(beat(2), now + 0.5)
+    assert of(engine.source_reconnected(now + 1), RequestReset) == []  # not quiet long enough for a reset
+    assert of(engine.tick(now + 1 + STRANDED_CHECK), ProbeStranded) == [ProbeStranded(1)]  # but a look soon
+    now += 1 + STRANDED_CHECK
+    engine.stranded_probed(0, now)
+    assert of(engine.tick(now + STRANDED_CHECK), ProbeStranded) == []  # backing off again: 20 s
+    gap = engine.data(data(9, 9), now + 1)  # a discontinuity, and its reset: a new epoch
+    assert of(gap, RequestReset) != []
+    engine.reset_succeeded(3, now + 2)
+    assert of(engine.tick(now + 2 + STRANDED_CHECK), ProbeStranded) == [ProbeStranded(1)]
 
 
 @pytest.mark.parametrize(
