@@ -450,9 +450,11 @@ def adopt_sink(
 class _Sinked:
     """What stands for the pending queue of every subscription whose messages go to a sink: nats-py makes an
     ``asyncio.Queue`` per subscription (four deques, about 3 KB; two subscriptions per source), which such a
-    subscription never uses once :func:`adopt_sink` took over. Always empty; a message put in it (it cannot be: the
-    parser hands the subscription's messages to its sink, never to nats-py) fails the read loudly, and nats-py
-    reconnects, rather than being kept where nobody reads it."""
+    subscription never uses once :func:`adopt_sink` took over. Always empty. While its sink is registered the
+    parser hands it every message; after :func:`remove_handler` (a source abandoned when its lease was lost detaches
+    from a subscription it no longer reads) nats-py puts what still arrives here, and it is dropped: nobody may act
+    on it, and nothing of it was acked, so the consumer delivers it again to whoever owns the source next. (The
+    queue it replaces kept such messages, unread, until nats-py's pending limit.)"""
 
     __slots__ = ()
 
@@ -463,7 +465,7 @@ class _Sinked:
         return 0
 
     def put_nowait(self, msg: object) -> None:
-        raise ProtocolError("a message for a subscription read by its sink reached nats-py's own queue")
+        return
 
 
 SINKED = _Sinked()
