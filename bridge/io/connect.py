@@ -11,6 +11,7 @@ not have tried another server anyway), and is bounded in time whatever happens.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -228,6 +229,26 @@ async def _discard(nc: NATS) -> None:
             raw.abort()
     with anyio.move_on_after(1):
         await nc.close()
+
+
+async def close_connection(nc: NATS) -> str | None:
+    """Close ``nc``; returns what closing it raised (a dead connection's), as text, or None.
+
+    nats-py's close of a connection it lost waits for the transport's close, and that wait can end in
+    ``CancelledError`` although nobody cancelled the caller (seen after a protocol error, with the connection
+    reconnecting). Escaping, that exception cancelled the task group of the task closing it: every source and the
+    fleet with it, and the bridge stopped with exit 0 as if asked. It is kept here unless the calling task really is
+    being cancelled."""
+    try:
+        await nc.close()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return "closing was cancelled by nats-py"
+    except Exception as exc:
+        return describe(exc)
+    return None
 
 
 PERMISSION_HINT = "the user lacks a permission the bridge needs: see docs/permissions.md (the subject is in the error)"

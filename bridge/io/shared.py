@@ -28,7 +28,7 @@ from nats.aio.client import Client as NATS
 
 from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
-from bridge.io.connect import ConnectionSettings, describe, error_fields, open_connection
+from bridge.io.connect import ConnectionSettings, close_connection, describe, error_fields, open_connection
 from bridge.io.permissions import error_subjects
 from bridge.logs import Throttle, get_logger
 from bridge.ports import Callback, ErrorCallback
@@ -104,10 +104,9 @@ class SharedConnection:
             return
         nc, self.nc = self.nc, None
         with anyio.CancelScope(shield=True):
-            try:
-                await nc.close()
-            except Exception as exc:  # closing a dead connection
-                self._log.debug("origin.close_failed", error=describe(exc))
+            failed = await close_connection(nc)
+            if failed is not None:  # closing a dead connection
+                self._log.debug("origin.close_failed", error=failed)
 
     async def _connection(self) -> NATS:
         if self.nc is not None and not self.nc.is_closed:

@@ -31,7 +31,13 @@ from bridge.core.backoff import Backoff
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
 from bridge.io import wire
 from bridge.io.aggregate import TargetSide, duplicate_window_short
-from bridge.io.connect import ConnectionSettings, describe, drop_unsent_publishes, error_fields, open_connection
+from bridge.io.connect import (
+    ConnectionSettings,
+    close_connection,
+    drop_unsent_publishes,
+    error_fields,
+    open_connection,
+)
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, ApiTimeout, ApiUnavailable, JsApi, PermissionDenied
 from bridge.io.kv import KvBucket
 from bridge.io.shared import OriginConnections
@@ -181,10 +187,9 @@ class Bridge:
         self._closing = True
         if self._target_nc is not None:
             with anyio.CancelScope(shield=True):
-                try:
-                    await self._target_nc.close()
-                except Exception as exc:  # closing a dead connection; nothing left to lose
-                    self.log.debug("target.close_failed", error=describe(exc))
+                failed = await close_connection(self._target_nc)
+                if failed is not None:  # closing a dead connection; nothing left to lose
+                    self.log.debug("target.close_failed", error=failed)
         self.log_stopped()
 
     # -- the stop summary ---------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ is a daemon so that it can never keep the process alive.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -35,6 +34,7 @@ from functools import partial
 import anyio
 from nats.aio.client import Client as NATS
 
+from bridge.io.connect import close_connection
 from bridge.logs import get_logger
 from bridge.observe.metrics import FleetSnapshot
 from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
@@ -253,5 +253,5 @@ class FleetThread:
                 await self.runner.run(self._leave)
             finally:
                 # closing a dead connection fails; nothing is left to lose then
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0), contextlib.suppress(Exception):
-                    await nc.close()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                    await close_connection(nc)

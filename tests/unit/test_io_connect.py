@@ -1,11 +1,16 @@
-"""``bridge.io.connect.drop_unsent_publishes`` against nats-py's own client and command encoding."""
+"""``bridge.io.connect``: ``drop_unsent_publishes`` against nats-py's own client and command encoding, and
+``close_connection``."""
 
 from __future__ import annotations
 
+import asyncio
+
+import anyio
+import pytest
 from nats.aio.client import Client
 from nats.protocol import command
 
-from bridge.io.connect import drop_unsent_publishes
+from bridge.io.connect import close_connection, drop_unsent_publishes
 
 
 def test_unsent_publishes_are_dropped_and_other_commands_kept() -> None:
@@ -61,3 +66,46 @@ def test_a_missing_client_certificate_is_named_whatever_the_socket_said() -> Non
     plain = Client()
     plain._server_info = {"tls_required": True}
     assert _missing_client_certificate(plain, side, "BrokenPipeError") == ""
+
+
+class _ClosingRaises:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+        raise self.exc
+
+
+@pytest.mark.anyio
+async def test_closing_a_lost_connection_keeps_nats_py_s_own_cancellation() -> None:
+    """nats-py's close of a lost connection can end in CancelledError nobody asked for: escaping, it cancelled
+    the whole task group of the task closing (every source, the fleet: the bridge stopped with exit 0)."""
+    nc = _ClosingRaises(asyncio.CancelledError())
+    assert await close_connection(nc) == "closing was cancelled by nats-py"  # type: ignore[arg-type]
+    assert nc.closed
+    assert await close_connection(_ClosingRaises(OSError("gone"))) == "OSError: gone"  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_task_really_cancelled_while_closing_is_cancelled() -> None:
+    started = anyio.Event()
+
+    class _Slow:
+        async def close(self) -> None:
+            started.set()
+            await anyio.sleep(10)
+
+    finished: list[bool] = []
+
+    async def close() -> None:
+        await close_connection(_Slow())  # type: ignore[arg-type]
+        finished.append(True)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(close)
+            await started.wait()
+            tg.cancel_scope.cancel()
+    assert finished == []  # the cancellation went through, as for any cancelled await
