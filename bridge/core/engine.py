@@ -218,7 +218,8 @@ class SourceEngine(Replication):
         assert consumer.delivered is not None  # at_rest says so
         self._resets.unneeded()
         effects = self._created(consumer.created)
-        effects += self._new_epoch(consumer.ack_floor, consumer.delivered, now, "consumer.resumed")
+        detail: dict[str, object] = {"last_dseq": consumer.delivered[0], "ack_floor": consumer.ack_floor}
+        effects += self._new_epoch(consumer.ack_floor, consumer.delivered, now, "consumer.resumed", detail)
         return effects
 
     def reset_succeeded(self, reset_seq: int, now: float) -> list[Effect]:
@@ -226,7 +227,7 @@ class SourceEngine(Replication):
         if not self._phases.can(Event.RESET_DONE):
             return []
         self._resets.succeeded()
-        return self._new_epoch(reset_seq - 1, (0, 0), now, "reset.done")
+        return self._new_epoch(reset_seq - 1, (0, 0), now, "reset.done", {"reset_seq": reset_seq})
 
     def _created(self, created: str | None) -> list[Effect]:
         """The consumer's creation time as a reset's reply or look-up gives it: a new one means it was re-created."""
@@ -239,9 +240,12 @@ class SourceEngine(Replication):
         self._consumer_created = created
         return effects
 
-    def _new_epoch(self, floor: int, last: tuple[int, int], now: float, event: str) -> list[Effect]:
+    def _new_epoch(
+        self, floor: int, last: tuple[int, int], now: float, event: str, detail: dict[str, object]
+    ) -> list[Effect]:
         """A new epoch begins after ``last`` (delivery and stream sequence: (0, 0) after a RESET), ``floor`` the
-        consumer's ack floor (adopted as an intentional skip above ``accepted``)."""
+        consumer's ack floor (adopted as an intentional skip above ``accepted``); logged as ``event`` with
+        ``detail``."""
         self._phases.process(Event.RESET_DONE)
         self.epoch += 1
         self.last_dseq, self._epoch_last_sseq = last
@@ -249,12 +253,12 @@ class SourceEngine(Replication):
         self._last_activity = now
         self._stranded.rearm(now)
         effects: list[Effect] = []
-        fields: dict[str, object] = {"cause": self._resets.cause.value, "epoch": self.epoch}
-        if event == "reset.done":
-            fields["reset_seq"] = floor + 1
-        else:
-            fields.update(last_dseq=last[0], ack_floor=floor)
-        fields["watermark"] = self.watermark
+        fields: dict[str, object] = {
+            "cause": self._resets.cause.value,
+            "epoch": self.epoch,
+            **detail,
+            "watermark": self.watermark,
+        }
         self._skip_to(floor, fields)
         effects.append(Notice(event, fields=fields))
         # RESET does not clear an outstanding FC request: answer it now, with new-epoch positions only

@@ -228,7 +228,7 @@ async def _discard(nc: NATS) -> None:
         if raw is not None:
             raw.abort()
     with anyio.move_on_after(1):
-        await nc.close()
+        await close_connection(nc)
 
 
 async def close_connection(nc: NATS) -> str | None:

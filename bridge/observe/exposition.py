@@ -96,12 +96,9 @@ class Exposition:
         self._chunks.append(text)
 
     def chunks(self) -> list[bytes]:
-        """The body so far, a family a chunk (sent as they are: joined, the body would be in memory twice)."""
+        """The body so far, in the chunks it was written in (sent as they are: joined, it would be in memory
+        twice)."""
         return self._chunks
-
-    def text(self) -> bytes:
-        """The body so far, in one piece."""
-        return b"".join(self._chunks)
 
 
 def _doc(doc: str) -> str:

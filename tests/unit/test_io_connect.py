@@ -95,7 +95,7 @@ async def test_a_task_really_cancelled_while_closing_is_cancelled() -> None:
     class _Slow:
         async def close(self) -> None:
             started.set()
-            await anyio.sleep(10)
+            await anyio.Event().wait()  # until cancelled
 
     finished: list[bool] = []
 
