@@ -58,10 +58,9 @@ class OriginPort(Protocol):
         on_disconnected: Callback,
         on_reconnected: Callback,
         on_error: ErrorCallback,
-        after_parse: Callable[[], None],
         on_connection_error: Callable[[Exception], None] | None = None,
     ) -> None:
-        """Connect (raises ``OriginUnavailable``); ``after_parse`` runs once each read has been handed over.
+        """Connect (raises ``OriginUnavailable``).
 
         ``on_error`` gets the connection's errors about this source (its subjects); ``on_connection_error`` those
         about nobody in particular, which the connection, shared with other sources, logs once itself."""
@@ -107,6 +106,9 @@ class OriginPort(Protocol):
 
     async def answer(self, effect: AnswerFlowControl) -> None:
         """Publish a flow-control answer (raises ``OriginUnavailable`` when it cannot be sent)."""
+
+    def answer_now(self, effect: AnswerFlowControl) -> bool:
+        """Write a flow-control answer without waiting, or False when that is not possible now (then ``answer``)."""
 
     async def flush(self) -> None: ...
 

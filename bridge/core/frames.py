@@ -88,3 +88,13 @@ def encode_acks(replies: Sequence[str]) -> bytes:
     """The ``PUB`` commands of explicit acks (an empty message to each delivery's ``$JS.ACK`` reply subject), as one
     write and exactly as nats-py writes each."""
     return b"".join([b"PUB %s  0\r\n\r\n" % reply.encode() for reply in replies])
+
+
+def encode_flow_control_answer(subject: str, last_consumer: int, last_stream: int, acks: bool) -> bytes:
+    """The command of one flow-control answer, exactly as nats-py writes ``publish(subject, b"", headers=...)``:
+    with ``acks``, the ``Nats-Last-Consumer`` / ``Nats-Last-Stream`` headers naming what is stored (an ``HPUB``),
+    without, an empty ``PUB``."""
+    if not acks:
+        return b"PUB %s  0\r\n\r\n" % subject.encode()
+    block = b"NATS/1.0\r\nNats-Last-Consumer: %d\r\nNats-Last-Stream: %d\r\n\r\n" % (last_consumer, last_stream)
+    return b"HPUB %s  %d %d\r\n%s\r\n" % (subject.encode(), len(block), len(block), block)

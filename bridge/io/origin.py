@@ -63,8 +63,8 @@ class OriginClient:
         pool = connections if connections is not None else OriginConnections()
         self._shared = pool.for_settings(source)
         self._member: Member | None = None
-        self._after_parse: Callable[[], None] | None = None
         self._nc: NATS | None = None
+        self._raw = False  # nats-py has the internals flow-control answers are written through (wire.has_raw_writes)
         self._api: JsApi | None = None
         self._sub: Subscription | None = None
         self._filters: list[str] = list(source.filter_subjects)  # the consumer's, once bound
@@ -93,7 +93,6 @@ class OriginClient:
         on_disconnected: Callback,
         on_reconnected: Callback,
         on_error: ErrorCallback,
-        after_parse: Callable[[], None],
         on_connection_error: Callable[[Exception], None] | None = None,
     ) -> None:
         if self._nc is not None:
@@ -103,7 +102,7 @@ class OriginClient:
         self._nc = await self._shared.join(member)
         self._member = member
         self._api = JsApi(self._nc, src.api_prefix)
-        self._after_parse = after_parse
+        self._raw = wire.has_raw_writes(self._nc)
 
     def _claims(self, text: str) -> bool:
         """Whether a connection error's text is about this source (``bridge.io.shared.names_source``)."""
@@ -205,12 +204,10 @@ class OriginClient:
         return True
 
     def _on_read(self) -> None:
-        """A read brought deliveries: hand them over, then the runner's hook (deliveries make publishes)."""
+        """A read brought deliveries: hand them over."""
         frames = wire.take(self._arrived)
         if frames and self._on_messages is not None:
             self._on_messages(inbound.classify_frames(frames))
-            if self._after_parse is not None:
-                self._after_parse()
 
     async def _on_msg(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
@@ -248,6 +245,21 @@ class OriginClient:
             await self._nc.publish(effect.subject, b"", headers=headers)
         except Exception as exc:
             raise OriginUnavailable(f"flow-control answer not sent: {describe(exc)}") from exc
+
+    def answer_now(self, effect: AnswerFlowControl) -> bool:
+        """Write a flow-control answer without waiting, into the socket at the end of this event-loop pass with
+        whatever else is written then (``wire.write_soon``); False when that is not possible now (not connected, or
+        nats-py's internals are not the expected ones): then :meth:`answer`. At 1 msg/s per source almost every
+        delivery brings one (the server asks after each heartbeat while anything is pending): through nats-py it
+        cost a task switch and its flusher's wake-up."""
+        nc: Any = self._nc
+        if nc is None or not self._raw or not nc.is_connected or nc._transport is None:
+            return False
+        wire.write_soon(
+            nc,
+            frames.encode_flow_control_answer(effect.subject, effect.last_consumer, effect.last_stream, effect.acks),
+        )
+        return True
 
     def _connection(self, what: str) -> NATS:
         """The connection, when it is up: a pull request or an ack nats-py would buffer while it reconnects is

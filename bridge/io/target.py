@@ -117,19 +117,18 @@ class SourcePublisher:
         return failures
 
     def write_now(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]] | None:
-        """Like :meth:`publish`, without waiting: None when that is not possible now (nats-py has unwritten data,
-        or its internals are not the expected ones), and then nothing was sent."""
+        """Like :meth:`publish`, without waiting: None when that is not possible now (nats-py's internals are not
+        the expected ones), and then nothing was sent."""
         if not self._raw:
             return None
         nc: Any = self._nc
         why = "target connection closed" if nc.is_closed else "" if nc.is_connected else "target not connected"
         if why:
             return [(order, attempt, why) for _, order, attempt in batch]
-        transport = nc._transport
-        if nc._pending or transport is None:
+        if nc._transport is None:
             return None
-        # nothing of nats-py's waits to be written, so these cannot overtake anything: into the socket at the end of
-        # this event-loop pass, sooner than through nats-py's flusher task (latency at low rates)
+        # into the socket at the end of this event-loop pass, behind whatever nats-py has not written yet, sooner
+        # than through nats-py's flusher task (latency at low rates)
         data, failures = self._encode(batch, nc.max_payload)
         if data:
             wire.write_soon(nc, data)  # with every other source's of this read: one write

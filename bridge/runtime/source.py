@@ -13,9 +13,9 @@ Task ownership (all inside the runner's task group, cancelled together when the 
 * ``_ticker`` feeds the clock every ``TICK`` seconds (timeouts, retries, silence, due resets, probes, stalls): the
   process's one ``Ticker`` when the app passes it (one task for every source), else a task of the runner's own;
 * ``_executor`` performs effects, in the order the engine produced them, so publishes reach the target in
-  origin order. One shortcut: once the wire parser has handed over everything a read brought, ``_write_ready``
-  writes the publishes at the head of the queue itself if the executor is idle (same order, one write per burst,
-  no wait for the executor's turn);
+  origin order. One shortcut: whatever the engine decides, the publishes and flow-control answers at the head of
+  the queue are performed at once by ``_perform_ready`` if the executor is idle (same order, written with every
+  other source's at the end of the event-loop pass, no wake-up of the executor's task);
 * a RESET, a read of the aggregate to verify publishes and a probe for stranded messages each run in a task of
   their own (they can take ``reset_timeout``): publishing goes on meanwhile. Every JetStream API request (setup,
   recovery, a reset's bind and RESET, fetches, probes, verifications) first takes one of the process's slots
@@ -159,7 +159,7 @@ class SourceRunner:
         self.ready = anyio.Event()  # connected, consumer bound, first reset done
         self._effects: deque[Effect] = deque()
         self._wake = anyio.Event()
-        self._changed = anyio.Event()
+        self._changed: anyio.Event | None = None  # set while something waits in _wait_until (see _notify)
         self._connected = False
         self._publisher: PublisherPort | None = None
         self._tg: TaskGroup | None = None
@@ -361,7 +361,6 @@ class SourceRunner:
                 on_reconnected=self._on_reconnected,
                 on_error=self._on_error,
                 on_connection_error=self._on_connection_error,
-                after_parse=self._write_ready,
             )
             self._connected = self.origin_connected = True
             self.log.info("origin.connected", servers=list(src.servers), api_prefix=src.api_prefix)
@@ -514,26 +513,53 @@ class SourceRunner:
     def _emit(self, effects: list[Effect]) -> None:
         if effects:
             self._effects.extend(effects)
-            self._wake.set()
-        if self._shared_ticker is not None and not self.engine.quiet:
-            self._shared_ticker.wake(self._tick_callback)  # work came: ticked ten times a second again
+            self._perform_ready()
+            if self._effects:
+                self._wake.set()
+        ticker = self._shared_ticker
+        if ticker is not None:
+            if not self.engine.quiet:
+                ticker.wake(self._tick_callback)  # work came: ticked ten times a second again
+            else:
+                ticker.rest(self._tick_callback)  # done before a tick came (its ack was quick): once a second again
 
-    def _write_ready(self) -> None:
-        """Write the publishes at the head of the queue now, if nothing is under way (called by the wire parser
-        once it has handed over everything one read brought: deliveries and acks come in bursts, so this is one
-        write per burst, an event-loop pass before the executor would make it)."""
+    def _perform_ready(self) -> None:
+        """Perform now, in order, the effects at the head of the queue that need no waiting, when the executor is
+        idle: publishes (written at the end of this event-loop pass with every other source's, ``write_now``) and
+        flow-control answers (``answer_now``); the executor takes over at the first that must wait. A delivery or
+        an ack of a quiet source makes one or two of these: each woke the executor's task, a task switch per
+        source per message, and each answer woke nats-py's flusher too. Same order, same fence: nothing is done
+        here that the executor would not do next."""
         if self._performing or self._publisher is None:
             return
-        if not (self._effects and isinstance(self._effects[0], Publish)) or not self.may_act():
-            return
-        if not self._same_target_connection():
-            return
-        batch = self._take_publishes()
-        failures = self._publisher.write_now(targetwire.publish_sends(batch))
-        if failures is None:  # nats-py has unwritten data: these go behind it, through the executor
-            self._effects.extendleft(reversed(batch))
-            return
-        self._publish_failures(failures)
+        effects = self._effects
+        done = False
+        self._performing = True  # what this emits is queued behind, not performed inside
+        try:
+            while effects and self.may_act():
+                head = effects[0]
+                if isinstance(head, Publish):
+                    if not self._same_target_connection():
+                        continue  # its publishes were dropped: the engine sends them again, in order
+                    batch = self._take_publishes()
+                    failures = self._publisher.write_now(targetwire.publish_sends(batch))
+                    if failures is None:  # nats-py has unwritten data: these go behind it, through the executor
+                        effects.extendleft(reversed(batch))
+                        break
+                    done = True
+                    self._publish_failures(failures)
+                elif isinstance(head, AnswerFlowControl):
+                    if not self.origin.answer_now(head):
+                        break
+                    effects.popleft()
+                    done = True
+                    self._answered(head)
+                else:
+                    break
+        finally:
+            self._performing = False
+        if done:
+            self._notify()
 
     def _take_publishes(self) -> list[Publish]:
         """Take the run of Publish effects at the head of the queue (at most PUBLISH_BATCH): they leave as one write."""
@@ -550,8 +576,17 @@ class SourceRunner:
     async def _wait_until(self, condition: Callable[[], bool]) -> None:
         # woken on every executor pass, publish outcome and tick, so a condition on engine state is seen promptly
         while not condition():
-            self._changed = anyio.Event()
+            if self._changed is None:
+                self._changed = anyio.Event()
             await self._changed.wait()
+
+    def _notify(self) -> None:
+        """Wake what waits in ``_wait_until`` (an event made only while something waits: this runs several times
+        per message, and setting an event nobody waits for still costs its machinery)."""
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
 
     def _receive(self, messages: Sequence[inbound.Inbound]) -> None:
         """What one read of the deliver subject brought, classified by the origin port, in order."""
@@ -575,8 +610,7 @@ class SourceRunner:
             if failed is not None:
                 self._publish_error(failed.error)
                 self._emit(engine.publish_failed(failed.order, failed.attempt, failed.error, now))
-        self._changed.set()
-        self._write_ready()  # acks free the window for more: written now, one write for the read
+        self._notify()
 
     def _observe_stored(self, tokens: list[tuple[int, int]]) -> None:
         """Bytes and latency of the messages these acks store (before the engine forgets them)."""
@@ -698,7 +732,7 @@ class SourceRunner:
         if self.origin.reading_behind():  # heartbeats not read yet are not silence (Replication.reading_behind)
             self.engine.reading_behind(now)
         self._emit(self.engine.tick(now))
-        self._changed.set()
+        self._notify()
         return self.engine.quiet
 
     # -- effects --------------------------------------------------------------------------------------------
@@ -722,7 +756,7 @@ class SourceRunner:
                         await self._perform(effects.popleft())
                 finally:
                     self._performing = False
-            self._changed.set()
+            self._notify()
             self._wake = anyio.Event()
             if not effects:
                 await self._wake.wait()
@@ -774,6 +808,9 @@ class SourceRunner:
         except OriginUnavailable as exc:  # the request died with the connection; the Stalled header will ask again
             self.log.debug("fc.answer_failed", error=str(exc))
             return
+        self._answered(effect)
+
+    def _answered(self, effect: AnswerFlowControl) -> None:
         asked = self._fc_arrivals.pop(effect.subject, None)
         if asked is not None and self.observers is not None:
             self.observers.fc_latency.observe(self.clock() - asked)

@@ -7,7 +7,8 @@ core with nothing to replicate. :class:`Ticker` is one task that calls the regis
 Most sources of a large process are quiet (nothing in flight: their timers count in seconds), so the ticker calls
 a callback that says it is quiet only every ``quiet_every`` ticks (once a second), from a wheel of that many slots,
 and walks only the busy ones and one slot per tick: a thousand quiet sources cost a thousand calls a second, not
-ten thousand. :meth:`Ticker.wake` brings a quiet callback back to every tick at once (its source got work).
+ten thousand. :meth:`Ticker.wake` brings a quiet callback back to every tick at once (its source got work), and
+:meth:`Ticker.rest` returns it to its slot if its work is done before a tick came.
 
 Under overload the ticker takes at most ``share`` of the event loop's time: after a pass that took ``spent``
 seconds, the next starts no sooner than ``spent * (1 / share - 1)`` later. A starved process (a busy machine, the
@@ -54,6 +55,8 @@ class Ticker:
         self._busy: dict[TickCallback, None] = {}  # called on the next tick (insertion-ordered set)
         self._wheel: list[dict[TickCallback, None]] = [{} for _ in range(self.quiet_every)]
         self._slot: dict[TickCallback, int] = {}  # every registered callback: -1 busy, its wheel slot, or _CALLING
+        # the wheel slot of each callback woken since the last tick (rest puts it back there)
+        self._home: dict[TickCallback, int] = {}
         self._ticks = 0
         self._log = get_logger(component="ticker")
 
@@ -74,11 +77,25 @@ class Ticker:
             del self._wheel[slot][callback]
             self._busy[callback] = None
             self._slot[callback] = -1
+            self._home[callback] = slot
+
+    def rest(self, callback: TickCallback) -> None:
+        """``callback``'s source is quiet again and no tick has called it since :meth:`wake`: back to its slot of the
+        wheel, as if never woken (nothing if it was not woken, or a tick came between). At 1 msg/s per source every
+        delivery wakes its source and its ack makes it quiet again a few milliseconds later: without this, each
+        message cost a tick that found nothing to do."""
+        home = self._home.pop(callback, None)
+        if home is None or self._slot.get(callback) != -1:
+            return
+        del self._busy[callback]
+        self._wheel[home][callback] = None
+        self._slot[callback] = home
 
     def __len__(self) -> int:
         return len(self._slot)
 
     def _remove(self, callback: TickCallback) -> None:
+        self._home.pop(callback, None)
         slot = self._slot.pop(callback, None)
         if slot is None:
             return
@@ -107,6 +124,7 @@ class Ticker:
         slot = self._wheel[index]
         due = [*self._busy, *slot]
         self._busy = {}
+        self._home.clear()  # every woken callback is called now, and placed again by what it says
         slot.clear()
         for callback in due:
             self._slot[callback] = _CALLING

@@ -209,7 +209,6 @@ class FakeOrigin:
         on_disconnected: Callback,
         on_reconnected: Callback,
         on_error: ErrorCallback,
-        after_parse: Callable[[], None],
         on_connection_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self.ops.append("connect")
@@ -330,6 +329,9 @@ class FakeOrigin:
         self.inbox = ""
 
     async def answer(self, effect: AnswerFlowControl) -> None:
+        self.answer_now(effect)
+
+    def answer_now(self, effect: AnswerFlowControl) -> bool:
         self.ops.append(f"answer {effect.last_consumer} {effect.last_stream}")
         self.answers.append(effect)
         if effect.acks and effect.last_stream > self.ack_floor and effect.last_consumer > self.ack_floor_dseq:
@@ -337,6 +339,7 @@ class FakeOrigin:
             if self.workqueue:
                 for seq in [s for s in self.messages if s <= effect.last_stream]:
                     del self.messages[seq]
+        return True
 
     async def flush(self) -> None:
         self.ops.append("flush")

@@ -72,7 +72,7 @@ async def _connected(source: SourceConfig, errors: list[Exception]) -> OriginCli
         errors.append(exc)
 
     client = OriginClient(source, timeout=5.0, mode=Mode.PULL)
-    await client.connect(on_disconnected=_noop, on_reconnected=_noop, on_error=on_error, after_parse=lambda: None)
+    await client.connect(on_disconnected=_noop, on_reconnected=_noop, on_error=on_error)
     return client
 
 

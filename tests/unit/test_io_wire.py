@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from bridge.core.frames import Frame, encode_acks, parse_msg_line, take_messages
+from bridge.core.frames import Frame, encode_acks, encode_flow_control_answer, parse_msg_line, take_messages
 from bridge.io import wire
 from bridge.io.wire import (
     WireParser,
@@ -26,6 +26,7 @@ from bridge.io.wire import (
     add_handler,
     add_sink,
     coalesce_quiet_reads,
+    crowded_read_lingers,
     flush_writes,
     install,
     quiet_read_wait,
@@ -461,6 +462,72 @@ async def test_a_read_of_only_heartbeats_pauses_the_transport_before_the_next_re
         monkeypatch.setattr(wire, "QUIET_AFTER", 1.0)
 
 
+@pytest.mark.parametrize("acks", [True, False])
+async def test_a_flow_control_answer_is_encoded_exactly_as_nats_py_publishes_it(acks: bool) -> None:
+    from nats.aio.client import Client
+
+    written: list[bytes] = []
+    client = Client()
+
+    async def capture(command: bytes, priority: bool = False) -> None:
+        written.append(bytes(command))
+
+    setattr(client, "_send_command", capture)  # noqa: B010
+    client._flush_queue = None
+    subject = "$JS.FC.hub.ABC.S.C.1.2.3"
+    headers = {"Nats-Last-Consumer": "41", "Nats-Last-Stream": "1041"} if acks else None
+    await client._send_publish(subject, "", b"", 0, headers)
+    assert encode_flow_control_answer(subject, 41, 1041, acks) == written[0]
+
+
+@pytest.mark.parametrize(
+    ("sinks", "frames", "since", "lingers"),
+    [
+        (wire.CROWDED, 1, 0.001, True),  # a trickle on a crowded connection
+        (wire.CROWDED, 0, 0.001, True),  # an API reply among them
+        (wire.CROWDED - 1, 1, 0.001, False),  # a connection of a few sources keeps its latency
+        (wire.CROWDED, wire.SMALL_READ, 0.001, False),  # a read of many frames: a backlog is read as it comes
+        (wire.CROWDED, 1, 2 * wire.CROWDED_LINGER, False),  # the first read after a lull
+        (1000, 1, 2 * wire.CROWDED_LINGER - 0.0001, True),
+    ],
+)
+def test_a_small_busy_read_on_a_crowded_connection_lingers(
+    sinks: int, frames: int, since: float, lingers: bool
+) -> None:
+    assert crowded_read_lingers(sinks, frames, since, wire.CROWDED_LINGER) is lingers
+    assert not crowded_read_lingers(sinks, frames, since, 0.0)  # 0: never
+
+
+async def test_small_busy_reads_of_a_crowded_connection_pause_the_transport_and_a_large_one_does_not() -> None:
+    client = Recorder()
+    parser = install(client)
+    assert isinstance(parser, WireParser)
+    parser.linger = 0.001
+    writer = type("StreamWriter", (), {"transport": Transport(client.calls)})()
+    setattr(client, "_transport", type("NatsTransport", (), {"_io_writer": writer})())  # noqa: B010
+    for sid in range(1, wire.CROWDED + 1):
+        sink: list[Frame] = []
+
+        def owner(sink: list[Frame] = sink) -> None:
+            take(sink)
+
+        assert add_sink(client, type("Sub", (), {"_id": sid})(), sink, owner)
+
+    def deliveries(count: int) -> bytes:
+        return b"".join(msg(f"d.{i}", 1 + i % wire.CROWDED, "$JS.ACK.S.C.1.1.1.1.0", b"x") for i in range(count))
+
+    await parser.parse(deliveries(1))
+    assert client.calls == []  # the first busy read: nothing came just before it
+    await parser.parse(deliveries(1))
+    assert client.calls == [("pause_reading",), ("resume_reading",)]
+    client.calls.clear()
+    await parser.parse(deliveries(wire.SMALL_READ))
+    assert client.calls == []
+    parser.linger = 0.0
+    await parser.parse(deliveries(1))
+    assert client.calls == []
+
+
 def test_a_quiet_read_waits_a_twentieth_of_the_quiet_spell_and_at_most_the_configured_wait() -> None:
     """The first delivery after a quiet spell comes at most 5% later than the spell lasted: nothing waits in the
     first second, then a twentieth of the spell, capped (a long spell's reads are ten a second at a 0.1 s cap)."""
@@ -511,6 +578,13 @@ class _Transport:
 class _Client:
     def __init__(self) -> None:
         self._transport: _Transport | None = _Transport()
+        self._pending: list[bytes] = []  # nats-py's unwritten commands, for its flusher
+        self._pending_data_size = 0
+
+    def buffer(self, command: bytes) -> None:
+        """What nats-py's publish does: append to its buffer for the flusher task."""
+        self._pending.append(command)
+        self._pending_data_size += len(command)
 
 
 async def test_writes_of_one_pass_reach_the_socket_in_one_call_in_order() -> None:
@@ -527,6 +601,19 @@ async def test_writes_of_one_pass_reach_the_socket_in_one_call_in_order() -> Non
     flush_writes(nc)  # what must follow it is about to be written another way: now, first
     await anyio.lowlevel.checkpoint()
     assert transport.writes == [b"a1b1a2", b"a3"]
+
+
+async def test_what_nats_py_has_not_written_yet_goes_first_in_the_same_write() -> None:
+    nc = _Client()
+    transport = nc._transport
+    assert transport is not None
+    nc.buffer(b"request1")
+    write_soon(nc, b"a1")
+    nc.buffer(b"request2")  # after a1: stays after it
+    write_soon(nc, b"a2")
+    assert nc._pending == [] and nc._pending_data_size == 0  # nats-py's flusher finds nothing left to write
+    await anyio.lowlevel.checkpoint()
+    assert transport.writes == [b"request1a1request2a2"]
 
 
 async def test_writes_held_for_a_connection_replaced_since_are_not_written_to_the_new_one() -> None:

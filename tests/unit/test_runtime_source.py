@@ -415,9 +415,9 @@ async def test_a_quiet_engine_is_ticked_once_a_second_and_a_busy_one_every_tick(
     def ticked(runner: SourceRunner, times: int) -> int:
         count = 0
         for _ in range(times):
-            runner._changed = anyio.Event()  # set by every tick fed to the engine
+            changed = runner._changed = anyio.Event()  # as if something waited: every tick fed to the engine sets it
             ticker.tick()
-            count += runner._changed.is_set()
+            count += changed.is_set()
         return count
 
     async with running(origin, target, ticker=ticker) as (runner, _):

@@ -127,3 +127,36 @@ async def test_a_long_pass_spaces_the_next_so_the_ticker_takes_at_most_its_share
     assert ticker.pause == 0.01
     assert ticker.pause_after(0.0) == 0.01
     assert Ticker(0.1, share=0.5).pause_after(0.3) == pytest.approx(0.3)
+
+
+def test_a_callback_woken_and_quiet_again_before_a_tick_goes_back_to_its_slot_uncalled() -> None:
+    """A delivery wakes its source and its ack makes it quiet again milliseconds later: ``rest`` puts it back in its
+    own slot of the wheel, so the message costs no tick and the once-a-second cadence is kept."""
+    ticker = Ticker(3600.0, quiet_every=5)  # ticked by hand
+    calls: list[int] = []
+
+    def q() -> bool:
+        calls.append(ticker._ticks)
+        return True
+
+    ticker.add(q)
+    ticker.tick()  # tick 1: placed in slot 1, next due at tick 6
+    assert calls == [1]
+    ticker.wake(q)
+    ticker.rest(q)  # quiet again before any tick
+    for _ in range(5):
+        ticker.tick()
+    assert calls == [1, 6]  # not at tick 2: its slot came round at tick 6, as if never woken
+    ticker.wake(q)
+    ticker.tick()  # tick 7: a tick came between, so it was called, and placed again by what it said
+    ticker.rest(q)  # nothing to do
+    assert calls == [1, 6, 7]
+    for _ in range(5):
+        ticker.tick()
+    assert calls == [1, 6, 7, 12]
+    ticker.rest(q)  # never woken: nothing
+    ticker.discard(q)
+    ticker.wake(q)
+    ticker.rest(q)
+    ticker.tick()
+    assert calls == [1, 6, 7, 12] and len(ticker) == 0

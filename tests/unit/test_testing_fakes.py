@@ -19,9 +19,7 @@ async def _noop() -> None:
 
 
 async def started(origin: FakeOrigin, received: list[Inbound]) -> None:
-    await origin.connect(
-        on_disconnected=_noop, on_reconnected=_noop, on_error=lambda exc: _noop(), after_parse=lambda: None
-    )
+    await origin.connect(on_disconnected=_noop, on_reconnected=_noop, on_error=lambda exc: _noop())
     await origin.bind()
     await origin.subscribe(received.extend)
 
