@@ -530,13 +530,14 @@ class SourceRunner:
         an ack of a quiet source makes one or two of these: each woke the executor's task, a task switch per
         source per message, and each answer woke nats-py's flusher too. Same order, same fence: nothing is done
         here that the executor would not do next."""
-        if self._performing or self._publisher is None:
-            return
         effects = self._effects
+        if self._performing or self._publisher is None or not effects or not self.may_act():
+            return
+        # the fence is looked at once for what this call writes: all of it leaves within microseconds of the look
         done = False
         self._performing = True  # what this emits is queued behind, not performed inside
         try:
-            while effects and self.may_act():
+            while effects:
                 head = effects[0]
                 if isinstance(head, Publish):
                     if not self._same_target_connection():
