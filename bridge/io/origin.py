@@ -320,8 +320,7 @@ class OriginClient:
 
     async def flush(self) -> None:
         if self._nc is not None and self._nc.is_connected:
-            with contextlib.suppress(Exception):
-                await self._nc.flush(timeout=1)
+            await self._shared.flush()  # one PING for every source on the connection asking meanwhile
 
     async def close(self) -> None:
         """Leave the connection (the last source on it closes it)."""

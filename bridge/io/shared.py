@@ -15,12 +15,15 @@ today's isolation:
 * **The first connect** is made once for all the sources waiting for it; if it fails, each of them gets the
   failure and retries on its own (jittered) schedule, and the next attempt is again made once.
 * **The last source** to leave closes the connection; the next one to join opens a new one.
+* **A flush** (a PING and its PONG: the server has everything written before it) is made once for every source
+  asking meanwhile (:class:`GroupFlush`): a thousand sources stopping together wait for a few PINGs, not a thousand.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -35,6 +38,7 @@ from bridge.ports import Callback, ErrorCallback
 
 CONNECTION_NAME = "nats-bridge origin"
 QUIET_READ_WAIT = 0.1  # a read that brought only heartbeats lets the next wait up to this long (bridge.io.wire)
+FLUSH_TIMEOUT = 1  # seconds a flush waits for its PONG (nats-py takes an int)
 
 
 def names_source(text: str, *, deliver_subject: str, inbox: str, api_prefix: str, stream: str, consumer: str) -> bool:
@@ -79,13 +83,48 @@ class _Attempt:
     error: BridgeError | None = None
 
 
+class GroupFlush:
+    """An operation whose completion covers everything done before it began (nats-py's flush: the PONG of a PING
+    written after what came before), run once for every caller waiting when it begins.
+
+    A caller's ask is covered by the first run that begins after it: asks that arrive while a run is under way wait
+    for the next one, which one of them starts once it ends. A run's failure is its callers' too, and ends their
+    wait as a success would (a flush that fails says nothing anyone acts on); a cancelled run covers nobody, and
+    the next asker runs again."""
+
+    def __init__(self) -> None:
+        self._asked = 0  # asks so far, numbered
+        self._covered = 0  # the highest ask a finished run covers
+        self._running = False
+        self._ended = anyio.Event()  # set when a run ends (then replaced)
+
+    async def run(self, operation: Callable[[], Awaitable[None]]) -> None:
+        self._asked += 1
+        ask = self._asked
+        while self._covered < ask:
+            if self._running:
+                await self._ended.wait()
+                continue
+            self._running = True
+            upto = self._asked  # every ask so far came before this run begins
+            try:
+                with contextlib.suppress(Exception):
+                    await operation()
+                self._covered = max(self._covered, upto)
+            finally:
+                self._running = False
+                ended, self._ended = self._ended, anyio.Event()
+                ended.set()
+
+
 class SharedConnection:
     """One connection and the sources on it."""
 
     def __init__(self, settings: ConnectionSettings) -> None:
         self.settings = settings
         self.nc: NATS | None = None
-        self.members: list[Member] = []
+        self.members: dict[Member, None] = {}  # (an insertion-ordered set: a thousand leave in O(1) each)
+        self._flushes = GroupFlush()
         self._attempt: _Attempt | None = None
         self._throttle = Throttle()
         self._log = get_logger(component="origin", servers=list(settings.servers))
@@ -93,13 +132,12 @@ class SharedConnection:
     async def join(self, member: Member) -> NATS:
         """The connection, opened if none is (raises ``OriginUnavailable``); ``member`` is on it from now on."""
         nc = await self._connection()
-        self.members.append(member)
+        self.members[member] = None
         return nc
 
     async def leave(self, member: Member) -> None:
         """``member`` is off the connection; the last one closes it."""
-        if member in self.members:
-            self.members.remove(member)
+        self.members.pop(member, None)
         if self.members or self.nc is None:
             return
         nc, self.nc = self.nc, None
@@ -107,6 +145,16 @@ class SharedConnection:
             failed = await close_connection(nc)
             if failed is not None:  # closing a dead connection
                 self._log.debug("origin.close_failed", error=failed)
+
+    async def flush(self) -> None:
+        """Wait until the server has everything written on the connection before this call (nats-py's flush, one
+        for every source asking meanwhile); gives up after ``FLUSH_TIMEOUT`` without a word, as before a close."""
+        await self._flushes.run(self._flush_once)
+
+    async def _flush_once(self) -> None:
+        nc = self.nc
+        if nc is not None and nc.is_connected:
+            await nc.flush(timeout=FLUSH_TIMEOUT)
 
     async def _connection(self) -> NATS:
         if self.nc is not None and not self.nc.is_closed:

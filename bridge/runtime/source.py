@@ -448,8 +448,10 @@ class SourceRunner:
             )
 
     async def _target_limits(self) -> TargetLimits:
-        async with self._api_slot():
-            return await self.target.limits()
+        # no API slot: the aggregate's STREAM.INFO behind it is one read for every source asking together (shared,
+        # and fresh for a while), so it cannot flood the hub; a slot each made a thousand sources starting together
+        # queue once more for what most of them get without a request
+        return await self.target.limits()
 
     def _api_slot(self) -> AbstractAsyncContextManager[object]:
         """A slot among the process's JetStream API requests in flight (``api``, shared by every source), held for
