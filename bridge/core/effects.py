@@ -44,6 +44,13 @@ class AnswerFlowControl:
     def acks(self) -> bool:
         return self.last_consumer > 0 and self.last_stream > 0
 
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """The answer's headers: what it acks, or None for an empty answer."""
+        if not self.acks:
+            return None
+        return {"Nats-Last-Consumer": str(self.last_consumer), "Nats-Last-Stream": str(self.last_stream)}
+
 
 @dataclass(frozen=True, slots=True)
 class RequestReset:

@@ -9,7 +9,9 @@ way nats-py would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from bridge.core.headers import encode_header_block
 
 Frame = tuple[bytes, bytes, bytes | None, bytes]
 """``(subject, reply, header block or None, payload)`` of one message, as it came off the wire."""
@@ -90,11 +92,10 @@ def encode_acks(replies: Sequence[str]) -> bytes:
     return b"".join([b"PUB %s  0\r\n\r\n" % reply.encode() for reply in replies])
 
 
-def encode_flow_control_answer(subject: str, last_consumer: int, last_stream: int, acks: bool) -> bytes:
-    """The command of one flow-control answer, exactly as nats-py writes ``publish(subject, b"", headers=...)``:
-    with ``acks``, the ``Nats-Last-Consumer`` / ``Nats-Last-Stream`` headers naming what is stored (an ``HPUB``),
-    without, an empty ``PUB``."""
-    if not acks:
-        return b"PUB %s  0\r\n\r\n" % subject.encode()
-    block = b"NATS/1.0\r\nNats-Last-Consumer: %d\r\nNats-Last-Stream: %d\r\n\r\n" % (last_consumer, last_stream)
+def encode_flow_control_answer(subject: str, headers: Mapping[str, str] | None) -> bytes:
+    """The command of one flow-control answer (``AnswerFlowControl.headers``), exactly as nats-py writes
+    ``publish(subject, b"", headers=headers)``: an ``HPUB`` with the headers, or an empty ``PUB`` without."""
+    if not headers:
+        return encode_acks([subject])  # the same empty message
+    block = encode_header_block(headers)
     return b"HPUB %s  %d %d\r\n%s\r\n" % (subject.encode(), len(block), len(block), block)

@@ -236,13 +236,8 @@ class OriginClient:
     async def answer(self, effect: AnswerFlowControl) -> None:
         if self._nc is None:
             raise OriginUnavailable("not connected to the origin")
-        headers = (
-            {"Nats-Last-Consumer": str(effect.last_consumer), "Nats-Last-Stream": str(effect.last_stream)}
-            if effect.acks
-            else None
-        )
         try:
-            await self._nc.publish(effect.subject, b"", headers=headers)
+            await self._nc.publish(effect.subject, b"", headers=effect.headers)
         except Exception as exc:
             raise OriginUnavailable(f"flow-control answer not sent: {describe(exc)}") from exc
 
@@ -255,10 +250,7 @@ class OriginClient:
         nc: Any = self._nc
         if nc is None or not self._raw or not nc.is_connected or nc._transport is None:
             return False
-        wire.write_soon(
-            nc,
-            frames.encode_flow_control_answer(effect.subject, effect.last_consumer, effect.last_stream, effect.acks),
-        )
+        wire.write_soon(nc, frames.encode_flow_control_answer(effect.subject, effect.headers))
         return True
 
     def _connection(self, what: str) -> NATS:
@@ -319,7 +311,7 @@ class OriginClient:
         return await self._jsapi().messages_between(src.stream, after, through, self._filters, self.timeout)
 
     async def flush(self) -> None:
-        if self._nc is not None and self._nc.is_connected:
+        if self._nc is not None:
             await self._shared.flush()  # one PING for every source on the connection asking meanwhile
 
     async def close(self) -> None:

@@ -175,8 +175,8 @@ class SharedConnection:
                 on_reconnected=self._reconnected,
                 on_error=self._error,
             )
-            # quiet sources' heartbeats, read together (bridge.io.wire.coalesce_quiet_reads)
-            wire.coalesce_quiet_reads(attempt.nc, QUIET_READ_WAIT)
+            # quiet sources' heartbeats, and many sources' deliveries, read together (bridge.io.wire.coalesce_reads)
+            wire.coalesce_reads(attempt.nc, QUIET_READ_WAIT)
             return attempt.nc
         except BridgeError as exc:
             attempt.error = exc

@@ -45,7 +45,7 @@ __all__ = [
     "add_handler",
     "add_sink",
     "adopt_sink",
-    "coalesce_quiet_reads",
+    "coalesce_reads",
     "crowded_read_lingers",
     "has_raw_writes",
     "install",
@@ -88,10 +88,11 @@ class WireParser(Parser):
         self.on_read: dict[int, Callable[[], None]] = {}
         self.filled: list[int] = []
         self.after_parse: list[Callable[[], None]] = []
-        # seconds the next read waits after a *quiet* one (see :func:`coalesce_quiet_reads`); 0: never
+        # seconds the next read waits after a *quiet* one (see :func:`coalesce_reads`); 0: never
         self.quiet_wait = 0.0
-        # seconds the socket is not read after a small busy read on a crowded connection (crowded_read_lingers)
-        self.linger = CROWDED_LINGER
+        # seconds the socket is not read after a small busy read on a crowded connection (crowded_read_lingers); 0:
+        # never
+        self.linger = 0.0
         self._read_at = -math.inf  # (monotonic) the last busy read
         self._behind = False
         self._behind_checked = -math.inf  # (monotonic)
@@ -394,8 +395,8 @@ def crowded_read_lingers(sinks: int, frames: int, since: float, linger: float) -
     Why: a thousand sources at 1 msg/s each on one connection are a thousand deliveries a second, and each read
     costs an event-loop pass, a ``recv``, nats-py's read loop, the parse and the publishes' write whatever it brings:
     read as they come, most reads brought one or two frames and the passes, not the messages, were most of the
-    process's CPU. So on a crowded connection (``CROWDED`` subscriptions or more: in practice the shared origin
-    connection and the target connection of many sources) a small read (fewer than ``SMALL_READ`` frames) that
+    process's CPU. So on a crowded connection (``CROWDED`` subscriptions or more: the shared origin connection of
+    many sources) a small read (fewer than ``SMALL_READ`` frames) that
     came soon after the last (within twice ``linger``) lets the next wait ``linger``: what arrives meanwhile comes
     in one read, and its publishes and answers leave in one write. The price is latency, at most ``linger`` (5 ms)
     per connection a message crosses, and only while the connection is busy: the first read after a lull never
@@ -404,11 +405,14 @@ def crowded_read_lingers(sinks: int, frames: int, since: float, linger: float) -
     return linger > 0.0 and sinks >= CROWDED and frames < SMALL_READ and since < 2 * linger
 
 
-def coalesce_quiet_reads(nc: Any, wait: float) -> bool:
+def coalesce_reads(nc: Any, wait: float, linger: float = CROWDED_LINGER) -> bool:
     """After a read that brought nothing but idle heartbeats (frames of the hot subscriptions without a reply
     subject) and protocol lines, let the next read wait up to ``wait`` seconds (:func:`quiet_read_wait`), so that
-    many quiet consumers' heartbeats arrive in one read instead of one read each. False when ``nc`` has no
-    :class:`WireParser`.
+    many quiet consumers' heartbeats arrive in one read instead of one read each; and after a small busy read on a
+    crowded connection, ``linger`` seconds (:func:`crowded_read_lingers`). False when ``nc`` has no
+    :class:`WireParser`. For origin connections, where the deliveries and flow-control requests are (the target
+    connection's publish acks carry no reply subject: its reads are never busy in this sense, so it is not set
+    there).
 
     Why: a flow-control consumer's heartbeat is fixed at 1 s by the server, so a thousand quiet sources on one origin
     connection are a thousand messages a second, and each read of the socket costs an event-loop turn, a ``recv``,
@@ -421,6 +425,7 @@ def coalesce_quiet_reads(nc: Any, wait: float) -> bool:
     if not isinstance(parser, WireParser):
         return False
     parser.quiet_wait = wait
+    parser.linger = linger
     return True
 
 

@@ -546,7 +546,7 @@ class SourceRunner:
                         continue  # its publishes were dropped: the engine sends them again, in order
                     batch = self._take_publishes()
                     failures = self._publisher.write_now(targetwire.publish_sends(batch))
-                    if failures is None:  # nats-py has unwritten data: these go behind it, through the executor
+                    if failures is None:  # nats-py without the internals written through: the executor's way
                         effects.extendleft(reversed(batch))
                         break
                     done = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -76,15 +77,23 @@ def test_sources_share_a_connection_only_with_the_same_servers_and_credentials(t
 
 
 class Flushes:
-    """A flush that records which asks had been made when each run began; ``gate`` (when set) holds every run."""
+    """Callers of one ``GroupFlush`` and its flush: which asks had been made when each run began; ``gate`` (when set)
+    holds every run, ``fail`` makes them fail."""
 
-    def __init__(self, asked: list[int] | list[str]) -> None:
-        self.asked = asked
+    def __init__(self) -> None:
+        self.group = GroupFlush()
+        self.asked: list[int | str] = []
+        self.done: list[int | str] = []  # the asks whose wait ended, in order
         self.runs: list[int] = []  # asks made when each run began
         self.gate: anyio.Event | None = None
         self.fail = False
 
-    async def __call__(self) -> None:
+    async def ask(self, name: int | str) -> None:
+        self.asked.append(name)
+        await self.group.run(self._flush)
+        self.done.append(name)
+
+    async def _flush(self) -> None:
         self.runs.append(len(self.asked))
         if self.gate is not None:
             await self.gate.wait()
@@ -94,75 +103,48 @@ class Flushes:
             raise OSError("connection lost")
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(5):
+        while not condition():
+            await anyio.lowlevel.checkpoint()
+
+
 @pytest.mark.anyio
 async def test_a_thousand_flushes_together_cost_at_most_two_pings_each_begun_after_its_ask() -> None:
-    group, asked, covered = GroupFlush(), list[int](), list[int]()
-    flushes = Flushes(asked)
-
-    async def ask(n: int) -> None:
-        asked.append(n)
-        await group.run(flushes)
-        covered.append(n)
-
+    flushes = Flushes()
     async with anyio.create_task_group() as tg:
         for n in range(1000):
-            tg.start_soon(ask, n)
-    assert sorted(covered) == list(range(1000))
+            tg.start_soon(flushes.ask, n)
+    assert sorted(map(int, flushes.done)) == list(range(1000))
     assert 1 <= len(flushes.runs) <= 2
     assert flushes.runs[-1] == 1000  # the last run began after every ask
 
 
 @pytest.mark.anyio
 async def test_an_ask_during_a_flush_waits_for_the_next_and_a_failure_ends_the_wait() -> None:
-    group, asked = GroupFlush(), list[str]()
-    flushes = Flushes(asked)
+    flushes = Flushes()
     flushes.gate = anyio.Event()
-    done: list[str] = []
-
-    async def ask(name: str) -> None:
-        asked.append(name)
-        await group.run(flushes)
-        done.append(name)
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ask, "first")
-        with anyio.fail_after(5):
-            while not flushes.runs:
-                await anyio.lowlevel.checkpoint()
-        tg.start_soon(ask, "late")  # after the first run's PING: not covered by it
-        with anyio.fail_after(5):
-            while len(asked) < 2:
-                await anyio.lowlevel.checkpoint()
+        tg.start_soon(flushes.ask, "first")
+        await until(lambda: bool(flushes.runs))
+        tg.start_soon(flushes.ask, "late")  # after the first run's PING: not covered by it
+        await until(lambda: len(flushes.asked) == 2)
         flushes.fail = True
         flushes.gate.set()
-    assert flushes.runs == [1, 2] and done == ["first", "late"]
+    assert flushes.runs == [1, 2] and flushes.done == ["first", "late"]
 
 
 @pytest.mark.anyio
 async def test_a_cancelled_flush_covers_nobody_and_the_next_asker_runs_again() -> None:
-    group, asked = GroupFlush(), list[str]()
-    flushes = Flushes(asked)
+    flushes = Flushes()
     flushes.gate = anyio.Event()
-    done: list[str] = []
-
-    async def ask(name: str) -> None:
-        asked.append(name)
-        await group.run(flushes)
-        done.append(name)
-
     async with anyio.create_task_group() as tg:
         async with anyio.create_task_group() as runner:
-            runner.start_soon(ask, "runner")
-            with anyio.fail_after(5):
-                while not flushes.runs:
-                    await anyio.lowlevel.checkpoint()
-            tg.start_soon(ask, "waiting")
-            with anyio.fail_after(5):
-                while len(asked) < 2:
-                    await anyio.lowlevel.checkpoint()
+            runner.start_soon(flushes.ask, "runner")
+            await until(lambda: bool(flushes.runs))
+            tg.start_soon(flushes.ask, "waiting")
+            await until(lambda: len(flushes.asked) == 2)
             runner.cancel_scope.cancel()  # mid-flush
-        with anyio.fail_after(5):
-            while len(flushes.runs) < 2:  # the waiting ask runs one of its own
-                await anyio.lowlevel.checkpoint()
+        await until(lambda: len(flushes.runs) == 2)  # the waiting ask runs one of its own
         flushes.gate.set()
-    assert done == ["waiting"] and flushes.runs == [1, 2]
+    assert flushes.done == ["waiting"] and flushes.runs == [1, 2]

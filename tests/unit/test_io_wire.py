@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
+from bridge.core.effects import AnswerFlowControl
 from bridge.core.frames import Frame, encode_acks, encode_flow_control_answer, parse_msg_line, take_messages
 from bridge.io import wire
 from bridge.io.wire import (
@@ -25,7 +26,7 @@ from bridge.io.wire import (
     add_after_parse,
     add_handler,
     add_sink,
-    coalesce_quiet_reads,
+    coalesce_reads,
     crowded_read_lingers,
     flush_writes,
     install,
@@ -420,7 +421,7 @@ HEARTBEAT = b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 0\r\nNats-Last-
 async def test_a_read_of_only_heartbeats_pauses_the_transport_before_the_next_read_and_nothing_else_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Many quiet sources' heartbeats come in one read rather than one read each (``coalesce_quiet_reads``): after a
+    """Many quiet sources' heartbeats come in one read rather than one read each (``coalesce_reads``): after a
     read that brought only frames without a reply subject, the socket is not read for ``quiet_wait``; a delivery or
     a flow-control request (a reply subject) or a message for nats-py's own subscriptions never waits."""
     client = Recorder()
@@ -439,7 +440,7 @@ async def test_a_read_of_only_heartbeats_pauses_the_transport_before_the_next_re
     await parser.parse(beats)
     assert client.calls == [("owner", 1, [b""]), ("owner", 2, [b""])]  # off by default
     client.calls.clear()
-    assert coalesce_quiet_reads(client, 0.001)
+    assert coalesce_reads(client, 0.001)
     await parser.parse(beats + b"PING\r\n")
     assert client.calls == [
         *[("ping",), ("owner", 1, [b""]), ("owner", 2, [b""])],  # everything the read brought handed over first
@@ -477,7 +478,9 @@ async def test_a_flow_control_answer_is_encoded_exactly_as_nats_py_publishes_it(
     subject = "$JS.FC.hub.ABC.S.C.1.2.3"
     headers = {"Nats-Last-Consumer": "41", "Nats-Last-Stream": "1041"} if acks else None
     await client._send_publish(subject, "", b"", 0, headers)
-    assert encode_flow_control_answer(subject, 41, 1041, acks) == written[0]
+    answer = AnswerFlowControl(subject, 41, 1041) if acks else AnswerFlowControl(subject, 0, 0)
+    assert answer.headers == headers
+    assert encode_flow_control_answer(subject, answer.headers) == written[0]
 
 
 @pytest.mark.parametrize(
@@ -564,7 +567,7 @@ def test_a_connection_is_behind_when_a_backlog_waits_in_its_reader_or_its_socket
 
 
 def test_coalescing_needs_the_wire_parser() -> None:
-    assert not coalesce_quiet_reads(object(), 0.02)
+    assert not coalesce_reads(object(), 0.02)
 
 
 class _Transport:
