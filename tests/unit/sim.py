@@ -273,7 +273,10 @@ class OriginServer:
         d, s = self.history[k]
         self.dseq = d - 1
         self.next_sseq = s
+        # a replica applies an ack only to a delivery it holds as pending (the store's UpdateAcks refuses others), so
+        # the ack floor it resumes from is never above its delivered state
         self.adflr = min(self.adflr, self.dseq)
+        self.asflr = min(self.asflr, s - 1)
         del self.history[k:]
         # the new leader's pending list is as old as its delivered state (deliveries are not replicated first)
         self.pending = {seq: dseq for seq, dseq in self.pending.items() if dseq <= self.dseq}

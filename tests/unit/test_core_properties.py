@@ -255,6 +255,12 @@ def test_engine_keeps_invariants_under_faults(scenario: tuple[SimConfig, list[Ev
         ],
     )
 )
+@example(  # a Limits origin's new leader resumes before an acked delivery: its ack floor comes back with it
+    scenario=(
+        SimConfig(n=1, published=1, max_ack_pending=1, publish_window=1, limits=True),
+        [("reset_ok", 0), ("pump", 1), ("rewind", 0), ("crash", 0)],
+    )
+)
 def test_engine_keeps_invariants_across_restarts(scenario: tuple[SimConfig, list[Event]]) -> None:
     # restarts recover as the runtime does: copies above the consumer's ack floor, the chain anchored there
     simulate(*scenario)
