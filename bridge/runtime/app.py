@@ -8,7 +8,8 @@ sidecar position, every source reaches its leaf through the hub), with errors ro
 
 Tasks, all owned by :meth:`Bridge.run`'s task group: signal handling (SIGTERM/SIGINT stop, SIGHUP reload), the
 HTTP listener (``/metrics``, ``/healthz``, ``/readyz``), the systemd watchdog and readiness report, and one task
-per source runner, each with its own stop event, so that a reload can stop one source without touching the others.
+per source runner, each with its own stop event, so that a reload can stop one source without touching the others;
+and the heap keeper (``bridge.runtime.heap``: what survives a full collection is frozen).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from bridge.observe.metrics import BridgeSnapshot, Metrics
 from bridge.observe.systemd import Notifier, watchdog_loop
 from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
 from bridge.runtime.fleet_thread import FleetThread
+from bridge.runtime.heap import HeapKeeper
 from bridge.runtime.readiness import readyz, status_line, waiting_for
 from bridge.runtime.reload import plan_reload
 from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
@@ -104,6 +106,7 @@ class Bridge:
         self.http_port: int | None = None  # bound port of the HTTP listener, once it listens
         self.log = get_logger(component="bridge")
         self._ticker = Ticker(TICK, QUIET_TICKS)  # every source's clock, one task (a quiet one once a second)
+        self._heap = HeapKeeper()  # long-lived objects out of the full collections' way (bridge.runtime.heap)
         self._api: anyio.CapacityLimiter | None = None  # made in run(): the sources' API requests in flight
         self._origins = OriginConnections()  # one connection per distinct origin settings, shared by its sources
         self._target_nc: NATS | None = None
@@ -155,6 +158,7 @@ class Bridge:
             tg.start_soon(self._report_ready)
             tg.start_soon(self._announce_stopping)
             tg.start_soon(self._ticker.run)
+            tg.start_soon(self._heap.run)
             if server is not None:
                 tg.start_soon(self._serve_http, server)
             nc = await self._connect_target()
@@ -303,6 +307,7 @@ class Bridge:
         finally:
             self._add_run(self._ended, task.runner)
             task.done.set()
+            self._heap.thaw()  # its objects refer to each other: only a full collection that sees them frees them
             name = task.runner.source.name
             if task.runner.fenced and self._tasks.get(name) is task:
                 # it stopped itself at a closed fence (the fleet's own stops take the task out first): the fleet

@@ -1,0 +1,121 @@
+"""The heap keeper (bridge.runtime.heap): survivors of a full collection are frozen, a thaw hands them back."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+
+import anyio
+import pytest
+
+from bridge.runtime.heap import HeapKeeper
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE = 5.0
+
+
+class Node:
+    """Something that can be part of a reference cycle, and be watched through a weak reference."""
+
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+@pytest.fixture(autouse=True)
+def thawed() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(DEADLINE):
+        while not condition():
+            await anyio.sleep(0.001)
+
+
+def cycle() -> weakref.ref[Node]:
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+async def test_survivors_of_a_full_collection_are_frozen_and_a_thaw_lets_their_cycles_be_collected() -> None:
+    keeper = HeapKeeper()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keeper.run)
+        await until(lambda: keeper._collected in gc.callbacks)
+        holder = [Node()]
+        holder[0].other = Node()
+        holder[0].other.other = holder[0]  # a cycle, alive while the holder refers to it
+        watched = weakref.ref(holder[0])
+        gc.collect(0)  # a young collection freezes nothing
+        await anyio.sleep(0.01)
+        assert keeper.freezes == 0 and gc.get_freeze_count() == 0
+        gc.collect()
+        await until(lambda: keeper.freezes == 1)
+        assert gc.get_freeze_count() > 0
+        holder.clear()  # now garbage, but frozen: a full collection does not look at it
+        gc.collect()
+        assert watched() is not None
+        await until(lambda: keeper.freezes == 2)
+        keeper.thaw()
+        assert gc.get_freeze_count() == 0
+        gc.collect()
+        assert watched() is None
+        tg.cancel_scope.cancel()
+
+
+async def test_garbage_made_after_the_freeze_is_collected_as_always() -> None:
+    keeper = HeapKeeper()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keeper.run)
+        await until(lambda: keeper._collected in gc.callbacks)
+        gc.collect()
+        await until(lambda: keeper.freezes == 1)
+        watched = cycle()  # made and dropped after the freeze
+        gc.collect()
+        assert watched() is None
+        tg.cancel_scope.cancel()
+
+
+async def test_a_collection_on_another_thread_freezes_on_the_keepers_loop() -> None:
+    keeper = HeapKeeper()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keeper.run)
+        await until(lambda: keeper._collected in gc.callbacks)
+        thread = threading.Thread(target=gc.collect)
+        thread.start()
+        thread.join(DEADLINE)
+        assert not thread.is_alive()
+        await until(lambda: keeper.freezes == 1)
+        assert gc.get_freeze_count() > 0
+        tg.cancel_scope.cancel()
+
+
+async def test_it_thaws_on_its_own_every_so_often() -> None:
+    keeper = HeapKeeper(thaw_every=0.05)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keeper.run)
+        await until(lambda: keeper._collected in gc.callbacks)
+        gc.collect()
+        await until(lambda: keeper.freezes == 1)
+        await until(lambda: gc.get_freeze_count() == 0)
+        tg.cancel_scope.cancel()
+
+
+async def test_when_it_stops_the_process_is_left_as_it_was() -> None:
+    keeper = HeapKeeper()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keeper.run)
+        await until(lambda: keeper._collected in gc.callbacks)
+        gc.collect()
+        await until(lambda: keeper.freezes == 1)
+        tg.cancel_scope.cancel()
+    assert keeper._collected not in gc.callbacks
+    assert gc.get_freeze_count() == 0
+    gc.collect()  # nothing is on its way to a loop that no longer runs
+    assert gc.get_freeze_count() == 0
