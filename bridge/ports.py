@@ -10,6 +10,7 @@ in-memory fakes of ``bridge.testing.fakes``. Every method raises only the ``brid
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from bridge.core.effects import (
@@ -150,8 +151,16 @@ class TargetPort(Protocol):
 
     async def limits(self) -> TargetLimits: ...
 
-    async def read_tail(self, source: str, subject_filter: str, floor: int, depth: int) -> tuple[list[Copy], bool]:
-        """The source's copies above ``floor`` (``bridge.io.aggregate.read_source_tail``)."""
+    async def read_tail(
+        self,
+        source: str,
+        subject_filter: str,
+        floor: int,
+        depth: int,
+        slot: Callable[[], AbstractAsyncContextManager[object]] | None = None,
+    ) -> tuple[list[Copy], bool]:
+        """The source's copies above ``floor`` (``bridge.io.aggregate.read_source_tail``); each read of messages
+        inside ``slot``, when given (the aggregate's state it starts from is shared, and takes none)."""
 
 
 class LeaseFence(Protocol):

@@ -14,7 +14,8 @@ ADR-31 (Direct Get): https://github.com/nats-io/nats-architecture-and-design/blo
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,10 @@ SHORT_WINDOW_ACK_TIMEOUTS = 2
 MAX_CHUNK = 65536
 # restart recoveries reading the aggregate at once, per process (each holds up to MAX_BYTES of replies in flight)
 CONCURRENT_TAIL_READS = 4
+
+Gate = Callable[[], contextlib.AbstractAsyncContextManager[object]]
+"""Entered around each request that reads messages (a slot among the process's requests in flight)."""
+
 # Without a subject_prefix every message of the aggregate is read and its Bridge-Source compared; this bounds
 # that scan (a new source joining a big shared aggregate would otherwise read all of it at start).
 MAX_SCANNED = 1_000_000
@@ -135,23 +140,33 @@ class TargetSide:
             return TargetLimits(max_payload)
         return TargetLimits(max_payload, int(config.get("max_msg_size", -1)), tuple(config.get("subjects") or ()))
 
-    async def read_tail(self, source: str, subject_filter: str, floor: int, depth: int) -> tuple[list[Copy], bool]:
-        # a few at a time: hundreds of sources starting together would otherwise ask for more than the server
-        # lets one client have pending (it closes a slow consumer's connection), and the publishes share it
+    async def read_tail(
+        self, source: str, subject_filter: str, floor: int, depth: int, slot: Gate | None = None
+    ) -> tuple[list[Copy], bool]:
         asked = anyio.current_time()
-        async with self.tail_reads:
-            # the stream's state from any read begun after this ask: sources queued here together share one
-            return await read_source_tail(
-                self.nc,
-                self.api,
-                self.stream,
-                source,
-                subject_filter,
-                floor,
-                depth,
-                self.timeout,
-                info=lambda: self._info(asked),
-            )
+
+        @contextlib.asynccontextmanager
+        async def reading() -> AsyncIterator[None]:
+            # a few at a time: hundreds of sources starting together would otherwise ask for more than the server
+            # lets one client have pending (it closes a slow consumer's connection), and the publishes share it
+            async with slot() if slot is not None else contextlib.nullcontext(), self.tail_reads:
+                yield
+
+        # the stream's state from any read begun after this ask, without a slot: sources asking together share
+        # one (on an empty aggregate that is the whole read, and a thousand sources starting together no longer
+        # queue for it behind each other's consumer creates)
+        return await read_source_tail(
+            self.nc,
+            self.api,
+            self.stream,
+            source,
+            subject_filter,
+            floor,
+            depth,
+            self.timeout,
+            info=lambda: self._info(asked),
+            gate=reading,
+        )
 
 
 async def read_source_tail(
@@ -165,12 +180,14 @@ async def read_source_tail(
     timeout: float,
     *,
     info: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    gate: Gate | None = None,
 ) -> tuple[list[Copy], bool]:
     """The copies of ``source`` in ``stream`` above ``floor``, newest first read, oldest first returned.
 
     Reads backwards until a copy at or below ``floor`` (or the stream's first message) is reached: then the
     second value is True. It stops early, returning False, once ``cap`` copies above the floor were read or
-    ``MAX_SCANNED`` messages were examined. ``info`` gives the stream's ``STREAM.INFO`` (read here by default).
+    ``MAX_SCANNED`` messages were examined. ``info`` gives the stream's ``STREAM.INFO`` (read here by default);
+    each read of messages is made inside ``gate`` (a slot among requests in flight), when given.
     """
     try:
         reply = await (info() if info is not None else api.stream_info(stream, timeout=timeout))
@@ -189,7 +206,8 @@ async def read_source_tail(
     scanned = 0
     while hi >= first and not reached and len(copies) < cap and scanned < MAX_SCANNED:
         lo = max(first, hi - chunk + 1)
-        found = await read_range(nc, api, stream, lo, hi, subject_filter, timeout, direct=direct)
+        async with gate() if gate is not None else contextlib.nullcontext():
+            found = await read_range(nc, api, stream, lo, hi, subject_filter, timeout, direct=direct)
         scanned += len(found)
         for headers in found:
             prov = hdr.parse_provenance(headers)

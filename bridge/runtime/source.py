@@ -442,10 +442,10 @@ class SourceRunner:
         """This source's copies in the aggregate above ``floor`` (see ``read_source_tail``)."""
         src = self.source
         subject_filter = f"{src.subject_prefix}.>" if src.subject_prefix else ">"
-        async with self._api_slot():
-            return await self.target.read_tail(
-                src.name, subject_filter, floor, recovery_depth(self.target.publish_window)
-            )
+        # the slot is taken for the reads of messages only: the aggregate's STREAM.INFO before them is shared
+        return await self.target.read_tail(
+            src.name, subject_filter, floor, recovery_depth(self.target.publish_window), self._api_slot
+        )
 
     async def _target_limits(self) -> TargetLimits:
         # no API slot: the aggregate's STREAM.INFO behind it is one read for every source asking together (shared,

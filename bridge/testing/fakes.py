@@ -17,7 +17,9 @@ a waiting request gets.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import anyio
@@ -392,7 +394,16 @@ class FakeTarget:
         self.limits_reads += 1
         return TargetLimits(self.max_payload, -1, ("agg.>",))
 
-    async def read_tail(self, source: str, subject_filter: str, floor: int, depth: int) -> tuple[list[Copy], bool]:
+    async def read_tail(
+        self,
+        source: str,
+        subject_filter: str,
+        floor: int,
+        depth: int,
+        slot: Callable[[], AbstractAsyncContextManager[object]] | None = None,
+    ) -> tuple[list[Copy], bool]:
+        async with slot() if slot is not None else contextlib.nullcontext():  # a slot, as the real read takes
+            pass
         copies = []
         for _, headers, _ in self.stored.values():
             prov = hdr.parse_provenance(headers)

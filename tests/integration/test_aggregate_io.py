@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
 
+from bridge.core import headers as hdr
 from bridge.core.pipeline import TargetLimits
 from bridge.io.aggregate import LIMITS_FRESH, TargetSide
 from bridge.io.jsapi import JsApi
@@ -68,3 +71,33 @@ async def test_restart_recoveries_starting_together_share_the_aggregates_stream_
                 tg.start_soon(recover, f"s{i:04}")
         assert results == [([], True)] * 1000  # an empty aggregate holds no copies
         assert await api_requests(nc) - before <= 3  # at most two STREAM.INFOs, and the count's own request
+
+
+async def test_a_tail_read_takes_a_slot_for_its_reads_of_messages_only(servers: ServerFactory) -> None:
+    """Recovery's read of the aggregate: its ``STREAM.INFO`` is shared and takes no slot among the process's API
+    requests in flight (a thousand sources starting together queued for it behind each other's consumer creates),
+    while each read of messages does."""
+    server = servers("hub", "")
+    async with connect(server.url) as nc:
+        await create_aggregate(nc)
+        side = TargetSide(nc, JsApi(nc, "$JS.API"), "AGG", publish_window=64, ack_timeout=5.0)
+        slots = anyio.CapacityLimiter(1)
+        taken: list[str] = []
+
+        @contextlib.asynccontextmanager
+        async def slot() -> AsyncIterator[None]:
+            async with slots:
+                taken.append("slot")
+                yield
+
+        async with slots:  # every slot busy: an empty aggregate's state is the whole read, and needs none
+            with anyio.fail_after(10):
+                assert await side.read_tail("s0", "edge.s0.>", 0, 64, slot) == ([], True)
+        assert taken == []
+        copy = {hdr.SOURCE: "s0", hdr.STREAM: "ORDERS", hdr.SEQ: "1", hdr.PREV: "0"}
+        await nc.request("edge.s0.x", b"m", headers=copy, timeout=5)  # answered by the publish ack: stored
+        fresh = TargetSide(nc, JsApi(nc, "$JS.API"), "AGG", publish_window=64, ack_timeout=5.0)
+        with anyio.fail_after(10):
+            copies, complete = await fresh.read_tail("s0", "edge.s0.>", 0, 64, slot)
+        assert [(c.stream_seq, c.prev_seq) for c in copies] == [(1, 0)] and complete
+        assert taken == ["slot"]  # one read of messages, in a slot
