@@ -21,7 +21,7 @@ from bridge.core.fleet import holder_in
 from bridge.core.modes import ModeUnsupported, mode_key
 from bridge.core.subjects import SubjectSet
 from bridge.errors import BridgeError, ConfigError
-from bridge.io.connect import open_connection
+from bridge.io.connect import close_connection, open_connection
 from bridge.io.consumer import ensure_consumer, source_mode
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
 from bridge.io.kv import KvBucket, parse_view
@@ -70,7 +70,7 @@ async def _check_target(config: BridgeConfig, config_path: str) -> bool:
         _print(False, f"target stream {target.stream}", detail if missing else str(exc))
         return False
     finally:
-        await nc.close()
+        await close_connection(nc)
     cfg = info.get("config", {})
     ok = True
     subjects = list(cfg.get("subjects") or [])
@@ -108,7 +108,7 @@ async def _check_coordination(config: BridgeConfig) -> bool:
         _print(False, what, str(exc))
         return False
     finally:
-        await nc.close()
+        await close_connection(nc)
     owned = sum(1 for src in config.sources if holder_in(view, src.name, coordination.lease_groups) is not None)
     note = (
         "" if abs(ttl - coordination.lease_ttl) < 1e-3 else f" (the bucket's; configured {coordination.lease_ttl:g}s)"
@@ -156,7 +156,7 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
         result.ok = False
         return
     finally:
-        await nc.close()
+        await close_connection(nc)
     retention = stream.get("config", {}).get("retention")
     kind = "managed" if src.manage_consumer else "bound"
     floor = info.get("ack_floor", {}).get("stream_seq", 0)

@@ -31,6 +31,7 @@ from bridge.config import BridgeConfig, load_config
 from bridge.config.defaults import DEFAULT_PUBLISH_WINDOW, default_consumer, default_deliver_subject
 from bridge.core import headers as hdr
 from bridge.io.aggregate import read_range
+from bridge.io.connect import close_connection
 from bridge.io.jsapi import JsApi
 from bridge.runtime.app import Bridge
 from bridge.testing.servers import Topology, start_topology
@@ -146,8 +147,8 @@ async def _demo(topology: Topology, config: BridgeConfig, messages: int, size: i
         await bridge.run(on_started=workload)
         return await _verify(hub, messages, state)
     finally:
-        await leaf.close()
-        await hub.close()
+        await close_connection(leaf)
+        await close_connection(hub)
 
 
 async def _publish(nc: NATS, messages: int, size: int, state: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ import anyio
 from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, TIMEOUT
 from bridge.config import BridgeConfig, SourceConfig, load_config
 from bridge.errors import BridgeError
-from bridge.io.connect import open_connection
+from bridge.io.connect import close_connection, open_connection
 from bridge.io.jsapi import JsApi
 
 
@@ -79,7 +79,7 @@ async def reset_source(
         body = {"seq": seq} if seq is not None else None
         reply = await api.request(f"CONSUMER.RESET.{src.stream}.{src.consumer}", body, TIMEOUT)
     finally:
-        await nc.close()
+        await close_connection(nc)
     return True, f"reset {src.consumer}: next delivery at {reply.get('reset_seq')}"
 
 

@@ -29,7 +29,7 @@ from bridge.core.modes import Mode, ModeUnsupported, mode_key
 from bridge.core.subjects import pattern_covers
 from bridge.errors import ApiError, BridgeError
 from bridge.io.aggregate import SHORT_WINDOW_ACK_TIMEOUTS, duplicate_window_short
-from bridge.io.connect import open_connection
+from bridge.io.connect import close_connection, open_connection
 from bridge.io.consumer import bound_missing_fix, desired_for, source_mode, unfit_for
 from bridge.io.jsapi import (
     CONSUMER_EXISTS,
@@ -319,7 +319,7 @@ async def _setup_source(src: SourceConfig, dry_run: bool) -> SourceResult:
     except BridgeError as exc:
         result.lines.append(Line(FAIL, cwhat, str(exc)))
     finally:
-        await nc.close()
+        await close_connection(nc)
     return result
 
 
@@ -405,7 +405,7 @@ async def _setup_aggregate(
     except BridgeError as exc:
         return [Line(FAIL, what, str(exc))]
     finally:
-        await nc.close()
+        await close_connection(nc)
     differences = aggregate_differences(info.get("config", {}), target, needs)
     if differences:
         return [Line(DIFFERS, what, text) for text in differences]
@@ -447,7 +447,7 @@ async def _setup_bucket(config: BridgeConfig, dry_run: bool) -> list[Line]:
     except BridgeError as exc:
         return [Line(FAIL, what, str(exc))]
     finally:
-        await nc.close()
+        await close_connection(nc)
     differences = bucket_differences(info.get("config", {}), coordination.lease_ttl)
     if differences:
         return [Line(DIFFERS, what, text) for text in differences]

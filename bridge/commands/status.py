@@ -22,7 +22,7 @@ from bridge.core.fleet import holder_in
 from bridge.core.recovery import recover, recovery_depth
 from bridge.errors import BridgeError
 from bridge.io.aggregate import read_source_tail
-from bridge.io.connect import open_connection
+from bridge.io.connect import close_connection, open_connection
 from bridge.io.jsapi import JsApi
 from bridge.io.kv import KvBucket, parse_view
 from bridge.observe.http import parse_listen
@@ -47,7 +47,7 @@ async def _source_state(src: SourceConfig) -> dict[str, Any]:
     except BridgeError as exc:
         return {**out, "error": str(exc)}
     finally:
-        await nc.close()
+        await close_connection(nc)
     return {
         **out,
         "origin_last_seq": int(stream.get("state", {}).get("last_seq", 0)),
@@ -79,7 +79,7 @@ async def _watermarks(config: BridgeConfig, floors: dict[str, int]) -> dict[str,
             except BridgeError as exc:
                 out[src.name] = str(exc)
     finally:
-        await nc.close()
+        await close_connection(nc)
     return out
 
 
@@ -96,7 +96,7 @@ async def _owners(config: BridgeConfig) -> dict[str, dict[str, Any]] | str:
     except BridgeError as exc:
         return f"coordination bucket {coordination.bucket!r}: {exc}"
     finally:
-        await nc.close()
+        await close_connection(nc)
     out: dict[str, dict[str, Any]] = {}
     for src in config.sources:
         holder = holder_in(view, src.name, coordination.lease_groups)

@@ -18,7 +18,7 @@ from pyspark.sql.datasource import InputPartition
 
 from bridge.core.subjects import SubjectSet
 from bridge.errors import ApiError, AuditError, BridgeError
-from bridge.io.connect import open_connection
+from bridge.io.connect import close_connection, open_connection
 from bridge.io.directget import StoredMessage, read_batches
 from bridge.io.jsapi import STREAM_NOT_FOUND, JsApi
 from bridge.spark.options import ReadOptions, StreamOptions
@@ -53,7 +53,7 @@ async def stream_bounds(opts: ReadOptions) -> tuple[int, int, int]:
     try:
         return await _bounds(nc, opts)
     finally:
-        await nc.close()
+        await close_connection(nc)
 
 
 async def stream_info(nc: NATS, opts: StreamOptions, error: type[BridgeError], fix: str) -> dict[str, Any]:
@@ -108,7 +108,7 @@ async def bounds_and_seq_at(opts: ReadOptions, when: dt.datetime) -> tuple[tuple
             )
         return bounds, seq
     finally:
-        await nc.close()
+        await close_connection(nc)
 
 
 async def read_range(opts: ReadOptions, first: int, last: int) -> AsyncIterator[list[StoredMessage]]:
@@ -135,7 +135,7 @@ async def read_range(opts: ReadOptions, first: int, last: int) -> AsyncIterator[
         async for messages in batches:
             yield messages if keep is None else [m for m in messages if keep.captures(m.subject)]
     finally:
-        await nc.close()
+        await close_connection(nc)
 
 
 def iterate_blocking(agen: AsyncIterator[T]) -> Iterator[T]:
