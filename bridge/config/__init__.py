@@ -12,7 +12,8 @@ models.
 
 One job per module: :mod:`~bridge.config.defaults` (defaults needed in more than one place),
 :mod:`~bridge.config.validators` (field validators, the annotated types, ``api_prefix``),
-:mod:`~bridge.config.models`, :mod:`~bridge.config.env` (the environment and file settings sources),
+:mod:`~bridge.config.models`, :mod:`~bridge.config.templates` (``[source_defaults]``, ``{name}`` and ``{domain}``),
+:mod:`~bridge.config.env` (the environment and file settings sources),
 :mod:`~bridge.config.errors` (the problem lines) and :mod:`~bridge.config.loading` (``load_config``).
 """
 

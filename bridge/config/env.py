@@ -35,6 +35,8 @@ class LoadContext:
     env_keys: dict[Loc, str] = field(default_factory=dict)
     # The sources list after the environment overrides, to name sources in error lines.
     sources_raw: Any = None
+    # (source index, key) of every key a source took from [source_defaults], to name the default in error lines
+    defaulted: dict[tuple[int, str], str] = field(default_factory=dict)
 
 
 LOADING: ContextVar[LoadContext | None] = ContextVar("bridge_config_loading", default=None)

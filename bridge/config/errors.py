@@ -138,15 +138,45 @@ def _env_origin(loc: Loc, env_keys: Mapping[Loc, str]) -> str | None:
 
 def validation_problems(exc: ValidationError, ctx: LoadContext) -> list[str]:
     lines: list[str] = []
+    # a default that fails fails for every source taking it: one line, naming the first of them and the count
+    from_defaults: dict[str, list[str]] = {}
     for err in exc.errors(include_url=False):
         loc: Loc = tuple(err["loc"])
+        at = _default_of(loc, ctx)
+        if at is not None:
+            origin = _env_origin(at, ctx.env_keys)
+            described = _describe_error(err, loc).replace("allowed here: name, ", "allowed here: ")  # not a default
+            line = f"{_key_path(at, None)}: {described}"
+            if origin is not None:
+                line += f" [from environment variable {origin}]"
+            if line not in from_defaults:
+                from_defaults[line] = []
+                lines.append(line)
+            from_defaults[line].append(_key_path(loc[:2], ctx.sources_raw))
+            continue
         line = f"{_key_path(loc, ctx.sources_raw)}: {_describe_error(err, loc)}"
         origin = _env_origin(loc, ctx.env_keys)
         if origin is not None:
             line += f" [from environment variable {origin}]"
         if line not in lines:
             lines.append(line)
-    return lines
+    return [_with_sources(line, from_defaults.get(line)) for line in lines]
+
+
+def _default_of(loc: Loc, ctx: LoadContext) -> Loc | None:
+    """For an error in a value a source took from ``[source_defaults]``: the default's key path."""
+    if len(loc) < 3 or loc[0] != "sources" or not isinstance(loc[1], int) or not isinstance(loc[2], str):
+        return None
+    if (loc[1], loc[2]) not in ctx.defaulted:
+        return None
+    return ("source_defaults", *loc[2:])
+
+
+def _with_sources(line: str, sources: list[str] | None) -> str:
+    if not sources:
+        return line
+    more = f" and {len(sources) - 1} more" if len(sources) > 1 else ""
+    return f"{line} (as applied to {sources[0]}{more})"
 
 
 def format_config_error(err: ConfigError) -> str:

@@ -95,9 +95,8 @@ def exposed_secrets(path: str | os.PathLike[str], config: BridgeConfig) -> list[
     raw = read_toml(Path(path))
     raw_sources = raw.get("sources") if isinstance(raw.get("sources"), list) else []
     inline = []
-    for where, section in [("target", raw.get("target"))] + [
-        (f"sources[{i}]", item) for i, item in enumerate(raw_sources or [])
-    ]:
+    tables = [("target", raw.get("target")), ("source_defaults", raw.get("source_defaults"))]
+    for where, section in tables + [(f"sources[{i}]", item) for i, item in enumerate(raw_sources or [])]:
         auth = section.get("auth") if isinstance(section, dict) else None
         if isinstance(auth, dict):
             inline += [f"{where}.auth.{key}" for key in ("password", "token") if auth.get(key)]

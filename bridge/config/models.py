@@ -34,6 +34,7 @@ from bridge.config.defaults import (
     default_servers,
 )
 from bridge.config.env import ENV_PREFIX, LOADING, EnvSource, FileSource, LoadContext
+from bridge.config.templates import apply_source_defaults
 from bridge.config.validators import (
     SOURCE_NAME,
     BucketName,
@@ -318,7 +319,26 @@ class BridgeConfig(BaseSettings):
     http: HttpConfig = Field(default_factory=HttpConfig)
     coordination: CoordinationConfig = Field(default_factory=CoordinationConfig)
     target: TargetConfig
+    # settings every source takes unless it sets them itself, {name} and {domain} filled in (bridge.config.templates)
+    source_defaults: dict[str, Any] = Field(default_factory=dict)
     sources: list[SourceConfig]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_source_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        defaults, sources = data.get("source_defaults"), data.get("sources")
+        if not isinstance(defaults, dict) or not defaults or not isinstance(sources, list):
+            return data  # nothing to apply, or a shape validation reports
+        applied = apply_source_defaults(defaults, sources)
+        ctx = LOADING.get()
+        if ctx is not None and ctx.collect:
+            ctx.problems.extend(applied.problems)
+            ctx.defaulted = applied.defaulted
+        elif applied.problems:
+            raise fail("; ".join(applied.problems))
+        return {**data, "sources": applied.sources}
 
     @field_validator("sources", mode="wrap")
     @classmethod

@@ -442,7 +442,7 @@ class Bridge:
             self.log.warning(
                 "reload.restart_required", sections=plan.restart_required, hint="these sections apply on restart only"
             )
-        self.config = self.config.model_copy(update={"sources": new.sources})
+        self.config = self.config.model_copy(update={"sources": new.sources, "source_defaults": new.source_defaults})
         self._configured = {s.name: s for s in new.sources}
         for name in plan.stop:
             await self._stop_source(name)
