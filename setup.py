@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 from setuptools import setup
@@ -45,7 +46,16 @@ def compiled_core() -> list[object]:
             f"(Debian/Ubuntu: apt install gcc python3-dev), or set {PURE}=1 to install the pure-Python build "
             "(the same code, more CPU per message)"
         )
-    from mypyc.build import mypycify
+    try:
+        from mypyc.build import mypycify
+    except ImportError:  # a build without isolation (pip --no-build-isolation) into an environment without mypy
+        with open("pyproject.toml", "rb") as fh:
+            wanted = [r for r in tomllib.load(fh)["build-system"]["requires"] if r.startswith("mypy")]
+        sys.exit(
+            "nats-bridge compiles its core with mypyc, which comes with mypy, and this environment has none (pip "
+            f"--no-build-isolation builds with what is installed): pip install '{wanted[0] if wanted else 'mypy'}' "
+            f"first, or set {PURE}=1 to install the pure-Python build"
+        )
 
     sources = sorted(str(path) for path in Path("bridge/core").glob("*.py"))
     return list(mypycify(sources, opt_level="3", debug_level="0"))

@@ -116,3 +116,27 @@ def test_an_install_without_a_compiler_stops_and_names_the_fix(tmp_path: Path) -
         timeout=60,
     )
     assert pure.returncode == 0 and pure.stdout.strip().endswith("nats-bridge")
+
+
+def test_a_build_without_isolation_in_an_environment_without_mypy_stops_and_names_the_fix(tmp_path: Path) -> None:
+    """``pip install --no-build-isolation`` builds with what the environment has: without mypy (mypyc), one line
+    saying what to install, not a traceback."""
+    setup = PACKAGE.parent / "setup.py"
+    if not setup.is_file():
+        pytest.skip("not a source checkout")
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the compiler's message comes first")
+    hidden = tmp_path / "mypyc"
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text("raise ImportError('mypyc hidden by the test')\n", encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(setup), "--name"],
+        cwd=PACKAGE.parent,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "pip install 'mypy==" in done.stderr and "NATS_BRIDGE_PURE_PYTHON=1" in done.stderr
+    assert "Traceback" not in done.stderr
