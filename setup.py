@@ -49,7 +49,7 @@ def compiled_core() -> list[object]:
     try:
         from mypyc.build import mypycify
     except ImportError:  # a build without isolation (pip --no-build-isolation) into an environment without mypy
-        with open("pyproject.toml", "rb") as fh:
+        with (Path(__file__).resolve().parent / "pyproject.toml").open("rb") as fh:
             wanted = [r for r in tomllib.load(fh)["build-system"]["requires"] if r.startswith("mypy")]
         sys.exit(
             "nats-bridge compiles its core with mypyc, which comes with mypy, and this environment has none (pip "
