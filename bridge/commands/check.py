@@ -18,12 +18,12 @@ from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.commands.setup import origin_missing, setup_command
 from bridge.config import BridgeConfig, SourceConfig, exposed_secrets, load_config
 from bridge.core.fleet import holder_in
-from bridge.core.modes import ModeUnsupported, mode_key
+from bridge.core.modes import ModeUnsupported, mode_key, presume_mode
 from bridge.core.subjects import SubjectSet
-from bridge.errors import BridgeError, ConfigError
+from bridge.errors import BridgeError, ConfigError, ConsumerUnfit
 from bridge.io.connect import close_connection, open_connection
 from bridge.io.consumer import ensure_consumer, source_mode
-from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
+from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi, server_level
 from bridge.io.kv import KvBucket, parse_view
 
 
@@ -139,18 +139,33 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
             _print(False, what, origin_missing(src) if missing else f"origin stream {src.stream!r}: {exc.description}")
             result.ok = False
             return
-        # auto keeps the kind of a durable that exists, as `run` does; a configured mode does not depend on it
-        # (ensure_consumer then reads or creates the durable and vets it for that mode anyway).
-        existing = await api.find_consumer(src.stream, src.consumer, timeout=TIMEOUT) if src.mode == "auto" else None
+        # auto keeps the kind of a durable that exists, as `run` does, and reads the durable only when it must, as
+        # `run` does: on a 2.14+ origin flow control is presumed and the create (or a bound consumer's vetting)
+        # confirms it; refused, the durable decides. So check needs no permission run does not (a managed
+        # flow-control source's user has no CONSUMER.INFO). A configured mode does not depend on the durable.
+        presumed = presume_mode(src.mode, *server_level(stream))
         try:
-            choice = source_mode(src, stream, existing)
+            choice = presumed or source_mode(src, stream, await _durable(api, src))
         except ModeUnsupported as exc:
             problem = f"{mode_key(src.name)}: {exc}"
             _print(False, what, problem)
             result.config_problems.append(problem)
             return
-        _print(True, what, f"mode {choice.mode} ({choice.reason})")
-        info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode)
+        if presumed is None:
+            _print(True, what, f"mode {choice.mode} ({choice.reason})")
+        try:
+            info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode)
+        except ConsumerUnfit:
+            if presumed is None:
+                raise
+            choice = source_mode(src, stream, await _durable(api, src))  # auto on 2.14+: no ModeUnsupported
+            _print(True, what, f"mode {choice.mode} ({choice.reason})")
+            if choice.mode is presumed.mode:
+                raise  # the durable confirms the mode its vetting refused: that refusal stands
+            info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode)
+        else:
+            if presumed is not None:
+                _print(True, what, f"mode {choice.mode} ({choice.reason})")
     except BridgeError as exc:
         _print(False, what, str(exc))
         result.ok = False
@@ -166,6 +181,11 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
         f"origin {src.stream} ({retention}), consumer {src.consumer} ({kind}), ack floor {floor}, "
         f"pending {info.get('num_pending', 0)}",
     )
+
+
+async def _durable(api: JsApi, src: SourceConfig) -> dict[str, object] | None:
+    """The durable's ``CONSUMER.INFO`` where ``auto`` depends on it (None: it does not exist, or was not read)."""
+    return await api.find_consumer(src.stream, src.consumer, timeout=TIMEOUT) if src.mode == "auto" else None
 
 
 async def run_check(config: BridgeConfig, config_path: str) -> CheckResult:

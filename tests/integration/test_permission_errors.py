@@ -77,7 +77,7 @@ async def test_an_origin_denial_is_named_by_check_run_and_status(
         name="edge1", servers="", subject_prefix="edge.one", extra={**BRIDGE_AUTH, "manage_consumer": False}
     )
     missing = f"$JS.API.CONSUMER.INFO.{ORIGIN}.{spec.consumer_name}"
-    perms = origin_permissions(ORIGIN, spec.consumer_name, spec.deliver_subject).without(missing)
+    perms = origin_permissions(ORIGIN, spec.consumer_name, spec.deliver_subject, managed=False).without(missing)
     origin = servers("origin", users_config(perms))
     target = servers("target", users_config(target_permissions(AGGREGATE, ["edge.one.>"])))
     spec.servers = origin.url

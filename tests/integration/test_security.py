@@ -379,15 +379,14 @@ class Permissions:
 def origin_permissions(
     stream: str, consumer: str, deliver_subject: str, *, managed: bool = True, api: str = "$JS.API"
 ) -> Permissions:
-    """What the bridge's user needs on the server it reaches the origin stream through (``CONSUMER.INFO``: where
-    ``mode = "auto"`` reads the durable's kind, on an origin older than 2.14 or when the flow-control create is
-    refused; a bound consumer's look-up)."""
-    create = (f"{api}.CONSUMER.CREATE.{stream}.{consumer}",) if managed else ()
+    """What the bridge's user needs on the server it reaches the origin stream through, flow-control mode, as
+    docs/permissions.md lists it: a managed consumer is created (no ``CONSUMER.INFO``: ``mode = "auto"`` on a 2.14+
+    origin reads the durable only when the create is refused), a bound one looked up instead."""
+    bind = f"{api}.CONSUMER.CREATE.{stream}.{consumer}" if managed else f"{api}.CONSUMER.INFO.{stream}.{consumer}"
     return Permissions(
         publish=(
             f"{api}.STREAM.INFO.{stream}",
-            f"{api}.CONSUMER.INFO.{stream}.{consumer}",
-            *create,
+            bind,
             f"{api}.CONSUMER.RESET.{stream}.{consumer}",
             f"$JS.FC.{stream}.{consumer}.*",
         ),
@@ -419,7 +418,6 @@ def leaf_link_permissions(stream: str, consumer: str, deliver_subject: str, *, l
         publish=(deliver_subject, "_INBOX.>"),
         subscribe=(
             f"{api}.STREAM.INFO.{stream}",
-            f"{api}.CONSUMER.INFO.{stream}.{consumer}",
             f"{api}.CONSUMER.CREATE.{stream}.{consumer}",
             f"{api}.CONSUMER.RESET.{stream}.{consumer}",
             f"$JS.FC.{stream}.{consumer}.*",

@@ -202,6 +202,19 @@ def test_a_configured_mode_is_said_so_and_needs_no_consumer_lookup(
     assert "deliver_subject" not in server.consumers[("ORDERS", "nats-bridge-edge1")]
 
 
+def test_auto_on_a_flow_control_origin_presumes_it_as_run_does_and_needs_no_consumer_lookup(
+    network: dict[str, FakeServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A managed flow-control source's least-privilege user has CONSUMER.CREATE and no CONSUMER.INFO
+    (docs/permissions.md): ``check`` asks nothing more of it than ``run`` does."""
+    server = origin(network, "2.15.1")
+    assert check(str(write_config(tmp_path, 'name = "edge1"\nservers = "nats://edge:4222"'))) == 0
+    (mode_line, _) = source_lines(capsys.readouterr().out, "edge1")
+    assert mode_line.startswith("OK   source edge1: mode flow_control (the origin runs nats-server 2.15.1")
+    assert not [r for r in server.requests if ".CONSUMER.INFO." in r]
+    assert server.consumers[("ORDERS", "nats-bridge-edge1")]["ack_policy"] == "flow_control"
+
+
 # --- vetting for the chosen mode ---------------------------------------------------------------------------------
 
 
