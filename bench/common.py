@@ -4,6 +4,7 @@ as the options spell them, and (:func:`run_command`) the shape of a measuring co
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import json
 import os
@@ -11,10 +12,10 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from bench.procs import git_revision, machine, revision_text
 from bridge.testing.servers import ServerStartError, find_nats_server, server_version
@@ -30,6 +31,46 @@ def loadavg() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return ""
+
+
+class Trial(Protocol):
+    """What :func:`execute_trial` fills in on a run's record."""
+
+    loadavg: str
+    ok: bool
+    error: str | None
+
+
+def execute_trial(
+    run: Trial,
+    main: Callable[[], Coroutine[Any, Any, None]],
+    *,
+    start: Callable[[], None],
+    stop: Callable[[], None],
+    cleanup: Callable[[], None],
+    verdict: Callable[[], str | None],
+) -> None:
+    """One trial of a bench with servers: ``start`` them, run ``main``, ``cleanup`` (the bridges) and ``stop`` whatever
+    happened; the first failure (an exception, then what ``verdict`` finds wrong) lands in ``run.error``."""
+    run.loadavg = loadavg()
+    try:
+        start()
+        asyncio.run(main())
+    except Exception as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            cleanup()
+        finally:
+            stop()
+    if run.error is None:
+        run.error = verdict()
+    run.ok = run.error is None
+
+
+def sigterm_problem(exit_code: int | None) -> str | None:
+    """What a bridge's exit code after the bench's SIGTERM says is wrong (None: nothing, or it never ran)."""
+    return None if exit_code in (None, 0) else f"bridge exited {exit_code} on SIGTERM"
 
 
 def rel(path: Path) -> str:

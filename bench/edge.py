@@ -51,7 +51,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from bench import natsops as ops
-from bench.common import Report, Session, loadavg, run_command
+from bench.common import Report, Session, execute_trial, run_command, sigterm_problem
 from bench.fanin import (
     BridgeLog,
     Production,
@@ -604,25 +604,23 @@ class _Run:
 
     def execute(self) -> None:
         run = self.run
-        run.loadavg = loadavg()
-        try:
-            self.servers.start()
-            asyncio.run(self._main())
-        except Exception as exc:
-            run.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            try:
-                if self.bridge is not None:
-                    self.bridge.cleanup()
-            finally:
-                self.servers.stop()
-        if run.error is None and run.bridge_exit_code not in (None, 0):
-            run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
-        if run.error is None and run.check is not None and not run.check.ok:
-            run.error = f"aggregate check failed: {run.check.summary()}"
-        if run.error is None and run.recovery.get("missing"):
-            run.error = f"probes never replicated: {run.recovery['missing']}"
-        run.ok = run.error is None
+
+        def cleanup() -> None:
+            if self.bridge is not None:
+                self.bridge.cleanup()
+
+        def verdict() -> str | None:
+            if (problem := sigterm_problem(run.bridge_exit_code)) is not None:
+                return problem
+            if run.check is not None and not run.check.ok:
+                return f"aggregate check failed: {run.check.summary()}"
+            if run.recovery.get("missing"):
+                return f"probes never replicated: {run.recovery['missing']}"
+            return None
+
+        execute_trial(
+            run, self._main, start=self.servers.start, stop=self.servers.stop, cleanup=cleanup, verdict=verdict
+        )
         run.directory = str(self.directory)
         if not run.ok:
             run.error = f"{run.error} (logs in {self.directory})"

@@ -48,7 +48,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from bench import natsops as ops
-from bench.common import Report, Session, loadavg, run_command
+from bench.common import Report, Session, execute_trial, run_command, sigterm_problem
 from bench.procs import cpu_seconds, peak_rss_bytes, revision_text, rss_bytes
 from bench.stats import ack_info, median, parse_rfc3339_ns, percentile
 from bridge.testing.http import get
@@ -808,24 +808,24 @@ class _Trial:
     def execute(self) -> None:
         """Start the servers, run the trial, tear everything down; failures land in ``run.error``."""
         run = self.run
-        run.loadavg = loadavg()
-        try:
+
+        def start() -> None:
             self.topology = start_topology(
                 self.directory / "servers", binary=self.settings.binary, max_file_store=MAX_FILE_STORE
             )
-            asyncio.run(self._main())
-        except Exception as exc:
-            run.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            try:
-                if self.bridge is not None:
-                    self.bridge.cleanup()
-            finally:
-                if self.topology is not None:
-                    self.topology.stop()
-        if run.error is None and run.bridge_exit_code not in (None, 0):
-            run.error = f"bridge exited {run.bridge_exit_code} on SIGTERM"
-        run.ok = run.error is None
+
+        def stop() -> None:
+            if self.topology is not None:
+                self.topology.stop()
+
+        def cleanup() -> None:
+            if self.bridge is not None:
+                self.bridge.cleanup()
+
+        def verdict() -> str | None:
+            return sigterm_problem(run.bridge_exit_code)
+
+        execute_trial(run, self._main, start=start, stop=stop, cleanup=cleanup, verdict=verdict)
         if run.ok and not self.settings.keep:
             shutil.rmtree(self.directory, ignore_errors=True)
         elif not run.ok:

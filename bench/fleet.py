@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import natsops as ops
-from bench.common import Report, Session, loadavg, run_command
+from bench.common import Report, Session, execute_trial, run_command
 from bench.edge import (
     EdgeServers,
     SequenceCheck,
@@ -159,24 +159,22 @@ class _Fleet:
 
     def execute(self) -> None:
         run = self.run
-        run.loadavg = loadavg()
-        try:
-            self.servers.start()
-            asyncio.run(self._main())
-        except Exception as exc:
-            run.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            try:
-                for bridge in self.bridges:
-                    with contextlib.suppress(Exception):
-                        bridge.cleanup()
-            finally:
-                self.servers.stop()
-        if run.error is None and any(code != 0 for code in run.exit_codes):
-            run.error = f"a bridge did not exit 0 on SIGTERM: {run.exit_codes}"
-        if run.error is None and run.check is not None and not run.check.ok:
-            run.error = f"aggregate check failed: {run.check.summary()}"
-        run.ok = run.error is None
+
+        def cleanup() -> None:
+            for bridge in self.bridges:
+                with contextlib.suppress(Exception):
+                    bridge.cleanup()
+
+        def verdict() -> str | None:
+            if any(code != 0 for code in run.exit_codes):
+                return f"a bridge did not exit 0 on SIGTERM: {run.exit_codes}"
+            if run.check is not None and not run.check.ok:
+                return f"aggregate check failed: {run.check.summary()}"
+            return None
+
+        execute_trial(
+            run, self._main, start=self.servers.start, stop=self.servers.stop, cleanup=cleanup, verdict=verdict
+        )
         run.directory = str(self.directory)
         if not run.ok:
             run.error = f"{run.error} (logs in {self.directory})"
