@@ -64,7 +64,7 @@ from bench.fanin import (
     sched_seconds,
     unbound_sources,
 )
-from bench.procs import cpu_seconds, peak_rss_bytes, revision_text, rss_bytes
+from bench.procs import cpu_seconds, main_thread_cpu_seconds, peak_rss_bytes, revision_text, rss_bytes
 from bench.stats import median, parse_rfc3339_ns, percentile
 from bridge.core import headers
 from bridge.testing.configs import SourceSpec, toml_value
@@ -309,6 +309,7 @@ class EdgeRun:
     modes: dict[str, int] = field(default_factory=dict)
     idle_seconds: float = 0.0
     idle_cores: float | None = None  # the bridge's CPU over the idle window / its length
+    idle_main_cores: float | None = None  # the main thread's part of it (the rest: the fleet's thread)
     idle_servers_cores: float | None = None  # hub + leaves over the same window
     idle_hub_cores: float | None = None  # the hub alone, same window
     rss_idle_bytes: int | None = None
@@ -318,6 +319,7 @@ class EdgeRun:
     phase2: Production | None = None
     cpu_us_per_msg: float | None = None  # the bridge's CPU over the first half of the production / messages sent
     cores_replicating: float | None = None
+    main_cores_replicating: float | None = None  # the main thread's part of it, same window
     wait_cores_replicating: float | None = None  # runnable but waiting for a CPU, same window
     cpu_us_per_msg_after: float | None = None  # the same over the second half (after the storm)
     storm_down_s: float | None = None  # kill -> every leaf started again
@@ -641,15 +643,16 @@ class _Run:
             sampler = asyncio.create_task(self._sample_rss())
             half = self.run.seconds / 2
             routes = [(s.names.subject, s.leaf) for s in self.sources]
-            self.run.phase1, self.run.cpu_us_per_msg, cores, wait = await self._produce(clients, routes, half)
-            self.run.cores_replicating, self.run.wait_cores_replicating = cores, wait
+            self.run.phase1, self.run.cpu_us_per_msg, cores, main, wait = await self._produce(clients, routes, half)
+            self.run.cores_replicating, self.run.main_cores_replicating = cores, main
+            self.run.wait_cores_replicating = wait
             for nc in clients:
                 await close_client(nc)
             clients = []
             links_ns = await self._storm()
             clients = await self.servers.leaf_clients()
             await self._probe(hub, clients, links_ns)
-            self.run.phase2, self.run.cpu_us_per_msg_after, _, _ = await self._produce(clients, routes, half)
+            self.run.phase2, self.run.cpu_us_per_msg_after, *_ = await self._produce(clients, routes, half)
             await self._drain(hub)
             await self._finish(hub)
         finally:
@@ -695,11 +698,13 @@ class _Run:
         run, pid = self.run, self.pid
         servers, hub0 = self.servers, self.servers.cpu(hub_only=True)
         started, cpu0, servers0 = time.monotonic(), cpu_seconds(pid), servers.cpu()
+        main0 = main_thread_cpu_seconds(pid)
         # an observation window: every source bound, nothing to replicate
         await asyncio.sleep(self.idle)
         elapsed = time.monotonic() - started
         run.idle_seconds = elapsed
         run.idle_cores = (cpu_seconds(pid) - cpu0) / elapsed
+        run.idle_main_cores = (main_thread_cpu_seconds(pid) - main0) / elapsed
         run.idle_servers_cores = (servers.cpu() - servers0) / elapsed
         run.idle_hub_cores = (servers.cpu(hub_only=True) - hub0) / elapsed
         run.rss_idle_bytes = rss_bytes(pid)
@@ -713,19 +718,22 @@ class _Run:
 
     async def _produce(
         self, clients: Sequence[Client], routes: Sequence[tuple[str, int]], seconds: float
-    ) -> tuple[Production, float, float, float]:
-        """A paced production; ``(what it did, bridge CPU us per message, bridge cores, cores waiting)``."""
+    ) -> tuple[Production, float, float, float, float]:
+        """A paced production; ``(what it did, bridge CPU us per message, bridge cores, the main thread's cores,
+        cores waiting)``."""
         pid = self.pid
         wall0, cpu0, wait0 = time.monotonic(), cpu_seconds(pid), sched_seconds(pid)[1]
+        main0 = main_thread_cpu_seconds(pid)
         production, counts = await asyncio.wait_for(
             produce(clients, routes, self.run.rate, seconds, self.run.size), seconds * 2 + 120.0
         )
         wall = time.monotonic() - wall0
-        cpu = cpu_seconds(pid) - cpu0
+        cpu, main = cpu_seconds(pid) - cpu0, main_thread_cpu_seconds(pid) - main0
         for i, n in counts.items():
             self.published[self.sources[i].names.source] += n
         self._alive()
-        return production, cpu / production.sent * 1e6, cpu / wall, (sched_seconds(pid)[1] - wait0) / wall
+        waiting = (sched_seconds(pid)[1] - wait0) / wall
+        return production, cpu / production.sent * 1e6, cpu / wall, main / wall, waiting
 
     async def _storm(self) -> int:
         """SIGKILL every leaf at once, start them all ``down`` seconds later, wait for every link; returns the
@@ -901,7 +909,8 @@ def targets(run: EdgeRun) -> list[Target]:
             Target(
                 "idle: bridge CPU (fraction of a core)",
                 f"<= {TARGET_IDLE_CORES_PER_1000:g} per 1,000 sources ({allowed:.3f})",
-                f"{run.idle_cores:.3f} ({run.idle_cores * 1000 / n:.3f} per 1,000 sources; servers "
+                f"{run.idle_cores:.3f} ({run.idle_cores * 1000 / n:.3f} per 1,000 sources; the main thread "
+                f"{run.idle_main_cores or 0:.3f}; servers "
                 f"{run.idle_servers_cores or 0:.2f}, the hub {run.idle_hub_cores or 0:.2f} of them) over "
                 f"{run.idle_seconds:.1f} s",
                 _verdict(run.idle_cores <= allowed),
@@ -914,7 +923,8 @@ def targets(run: EdgeRun) -> list[Target]:
                 f"bridge CPU per message at {run.rate:g} msg/s per source",
                 f"<= {TARGET_CPU_US_PER_MSG:g} us",
                 f"{run.cpu_us_per_msg:.0f} us at {run.phase1.achieved_rate:,.0f} msg/s in all "
-                f"({run.cores_replicating or 0:.2f} cores, waiting for a CPU {run.wait_cores_replicating or 0:.2f})"
+                f"({run.cores_replicating or 0:.2f} cores, the main thread {run.main_cores_replicating or 0:.2f}, "
+                f"waiting for a CPU {run.wait_cores_replicating or 0:.2f})"
                 f"{after}",
                 _verdict(run.cpu_us_per_msg <= TARGET_CPU_US_PER_MSG),
             )

@@ -25,6 +25,16 @@ def cpu_seconds(pid: int) -> float:
     return parse_proc_stat_ticks(Path(f"/proc/{pid}/stat").read_text()) / _TICKS
 
 
+def main_thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the process's main thread alone (the bridge's event loop; the rest of
+    :func:`cpu_seconds` is its other threads': the fleet's, and any worker's).
+
+    Raises:
+        OSError: no such process (or no ``/proc``).
+    """
+    return parse_proc_stat_ticks(Path(f"/proc/{pid}/task/{pid}/stat").read_text()) / _TICKS
+
+
 def _status_bytes(pid: int, key: str) -> int:
     kib = parse_status_kib(Path(f"/proc/{pid}/status").read_text(), key)
     if kib is None:
