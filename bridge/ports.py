@@ -134,6 +134,10 @@ class PublisherPort(Protocol):
         flight on an earlier one are presumed lost."""
 
 
+Gate = Callable[[], AbstractAsyncContextManager[object]]
+"""Entered around each request a read makes that must wait its turn (a slot among the process's API requests)."""
+
+
 class TargetPort(Protocol):
     """The aggregate stream, shared by every source runner of the process."""
 
@@ -152,12 +156,7 @@ class TargetPort(Protocol):
     async def limits(self) -> TargetLimits: ...
 
     async def read_tail(
-        self,
-        source: str,
-        subject_filter: str,
-        floor: int,
-        depth: int,
-        slot: Callable[[], AbstractAsyncContextManager[object]] | None = None,
+        self, source: str, subject_filter: str, floor: int, depth: int, slot: Gate | None = None
     ) -> tuple[list[Copy], bool]:
         """The source's copies above ``floor`` (``bridge.io.aggregate.read_source_tail``); each read of messages
         inside ``slot``, when given (the aggregate's state it starts from is shared, and takes none)."""

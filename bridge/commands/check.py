@@ -151,21 +151,25 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
             _print(False, what, problem)
             result.config_problems.append(problem)
             return
-        if presumed is None:
+
+        def say_mode() -> None:  # once the mode is known: before the vetting, or once the vetting settled it
             _print(True, what, f"mode {choice.mode} ({choice.reason})")
+
+        if presumed is None:
+            say_mode()
         try:
             info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode)
         except ConsumerUnfit:
             if presumed is None:
                 raise
             choice = source_mode(src, stream, await _durable(api, src))  # auto on 2.14+: no ModeUnsupported
-            _print(True, what, f"mode {choice.mode} ({choice.reason})")
+            say_mode()
             if choice.mode is presumed.mode:
                 raise  # the durable confirms the mode its vetting refused: that refusal stands
             info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode)
         else:
             if presumed is not None:
-                _print(True, what, f"mode {choice.mode} ({choice.reason})")
+                say_mode()
     except BridgeError as exc:
         _print(False, what, str(exc))
         result.ok = False

@@ -36,7 +36,7 @@ class LoadContext:
     # The sources list after the environment overrides, to name sources in error lines.
     sources_raw: Any = None
     # (source index, key) of every key a source took from [source_defaults], to name the default in error lines
-    defaulted: dict[tuple[int, str], str] = field(default_factory=dict)
+    defaulted: set[tuple[int, str]] = field(default_factory=set)
 
 
 LOADING: ContextVar[LoadContext | None] = ContextVar("bridge_config_loading", default=None)

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -15,6 +15,7 @@ from pydantic_core import ErrorDetails
 
 from bridge.config.env import ENV_PREFIX, LoadContext, Loc
 from bridge.config.models import BridgeConfig
+from bridge.config.templates import NOT_DEFAULTS
 from bridge.config.validators import ERROR_TYPE, SOURCE_NAME, show
 from bridge.errors import ConfigError
 
@@ -68,18 +69,19 @@ def _find_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _unknown_key_message(loc: Loc) -> str:
+def _unknown_key_message(loc: Loc, hidden: Collection[str] = ()) -> str:
     key = str(loc[-1])
     model = _model_at(loc[:-1])
     if model is None:
         return "unknown key"
-    allowed = list(model.model_fields)
+    allowed = [name for name in model.model_fields if name not in hidden]
     close = difflib.get_close_matches(key.lower(), allowed, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     return f"unknown key{hint}; allowed here: {', '.join(allowed)}"
 
 
-def _describe_error(err: ErrorDetails, loc: Loc) -> str:
+def _describe_error(err: ErrorDetails, loc: Loc, hidden: Collection[str] = ()) -> str:
+    """The problem at ``loc``, for the operator; ``hidden``: keys an unknown key's hint does not offer."""
     error_type = err["type"]
     if error_type == ERROR_TYPE:
         return err["msg"]
@@ -89,7 +91,7 @@ def _describe_error(err: ErrorDetails, loc: Loc) -> str:
         return f"required: {hint}" if hint else "required"
     if error_type == "extra_forbidden":
         # Never echo the value: it may be a secret under a misspelt key.
-        return _unknown_key_message(loc)
+        return _unknown_key_message(loc, hidden)
     # Anything under an auth table may be a secret, even a value of the wrong type.
     secret = "auth" in loc
     got = " (value not shown: it may be a secret)" if secret else f" (got {show(err.get('input'))})"
@@ -145,8 +147,7 @@ def validation_problems(exc: ValidationError, ctx: LoadContext) -> list[str]:
         at = _default_of(loc, ctx)
         if at is not None:
             origin = _env_origin(at, ctx.env_keys)
-            described = _describe_error(err, loc).replace("allowed here: name, ", "allowed here: ")  # not a default
-            line = f"{_key_path(at, None)}: {described}"
+            line = f"{_key_path(at, None)}: {_describe_error(err, loc, NOT_DEFAULTS)}"
             if origin is not None:
                 line += f" [from environment variable {origin}]"
             if line not in from_defaults:

@@ -22,7 +22,6 @@ from the defaults so an error names ``source_defaults.<key>`` once rather than o
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 # a single-brace word that is not part of a double-brace expression: {name}, {domain}, or a mistake
 _PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)\}(?!\})")
 PLACEHOLDERS = ("name", "domain")
+NOT_DEFAULTS = ("name",)  # keys a source must set itself
 
 Value = object
 
@@ -39,8 +39,8 @@ class Applied:
     """The sources with their defaults, which keys each took from them, and what could not be applied."""
 
     sources: list[object]
-    # (source index, key) -> the default's key, for every key a source took from the defaults
-    defaulted: dict[tuple[int, str], str] = field(default_factory=dict)
+    # (source index, key) of every key a source took from the defaults
+    defaulted: set[tuple[int, str]] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
 
 
@@ -52,7 +52,8 @@ def apply_source_defaults(defaults: Mapping[str, Value], sources: list[object]) 
             "source_defaults.name: a source's name cannot be a default (it tells the sources apart): give each "
             "[[sources]] table its own name"
         )
-    keys = [key for key in defaults if key != "name"]
+    # the domain first: the other defaults' {domain} is the source's domain after the defaults
+    keys = sorted((key for key in defaults if key not in NOT_DEFAULTS), key=lambda key: key != "domain")
     reported: set[tuple[str, str]] = set()
     for index, raw in enumerate(sources):
         if not isinstance(raw, dict):
@@ -63,9 +64,7 @@ def apply_source_defaults(defaults: Mapping[str, Value], sources: list[object]) 
         if not isinstance(name, str):
             applied.sources.append(source)  # no name to fill in: validation reports it first
             continue
-        # the domain first: the other defaults' {domain} is the source's domain after the defaults
-        order = sorted(keys, key=lambda key: key != "domain")
-        for key in order:
+        for key in keys:
             if key in source:
                 continue
             domain = source.get("domain")
@@ -76,7 +75,7 @@ def apply_source_defaults(defaults: Mapping[str, Value], sources: list[object]) 
                     applied.problems.append(f"source_defaults.{key}: {problem}")
                 continue
             source[key] = value
-            applied.defaulted[(index, key)] = key
+            applied.defaulted.add((index, key))
         applied.sources.append(source)
     return applied
 
@@ -101,7 +100,7 @@ def _fill(value: Value, name: str, domain: str | None) -> tuple[Value, str | Non
                 return value, problem
             table[key] = filled
         return table, None
-    return copy.deepcopy(value), None
+    return value, None  # a number, a boolean or a date: nothing to fill, nothing shared that could change
 
 
 def _fill_text(text: str, name: str, domain: str | None) -> tuple[str, str | None]:

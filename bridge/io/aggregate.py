@@ -30,15 +30,13 @@ from bridge.errors import BridgeError, TargetUnavailable
 from bridge.io.directget import read_batches
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
 from bridge.io.target import SourcePublisher
+from bridge.ports import Gate
 
 # A publish retried after an ack timeout must still meet its first attempt in the aggregate's duplicate window
 SHORT_WINDOW_ACK_TIMEOUTS = 2
 MAX_CHUNK = 65536
 # restart recoveries reading the aggregate at once, per process (each holds up to MAX_BYTES of replies in flight)
 CONCURRENT_TAIL_READS = 4
-
-Gate = Callable[[], contextlib.AbstractAsyncContextManager[object]]
-"""Entered around each request that reads messages (a slot among the process's requests in flight)."""
 
 # Without a subject_prefix every message of the aggregate is read and its Bridge-Source compared; this bounds
 # that scan (a new source joining a big shared aggregate would otherwise read all of it at start).

@@ -35,7 +35,7 @@ class HeapKeeper:
 
     def __init__(self, thaw_every: float = THAW_EVERY) -> None:
         self.thaw_every = thaw_every
-        self.freezes = 0  # how many times survivors were frozen (tests, and a debug log)
+        self.freezes = 0  # how many times survivors were frozen (what its tests watch)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = False  # a freeze is on its way to the loop
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 import anyio
@@ -41,7 +40,7 @@ from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy
 from bridge.core.targetwire import AckOutcome
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
-from bridge.ports import Callback, ErrorCallback, Failures, Sends
+from bridge.ports import Callback, ErrorCallback, Failures, Gate, Sends
 
 
 @dataclass
@@ -395,12 +394,7 @@ class FakeTarget:
         return TargetLimits(self.max_payload, -1, ("agg.>",))
 
     async def read_tail(
-        self,
-        source: str,
-        subject_filter: str,
-        floor: int,
-        depth: int,
-        slot: Callable[[], AbstractAsyncContextManager[object]] | None = None,
+        self, source: str, subject_filter: str, floor: int, depth: int, slot: Gate | None = None
     ) -> tuple[list[Copy], bool]:
         async with slot() if slot is not None else contextlib.nullcontext():  # a slot, as the real read takes
             pass

@@ -91,7 +91,7 @@ def test_a_sources_own_table_replaces_the_defaults_whole_and_its_own_values_are_
     assert applied.sources == [
         {"name": "a", "auth": {"user": "u", "password": "p"}, "stream": "S-{name}", "consumer": "c-a"}
     ]
-    assert applied.defaulted == {(0, "consumer"): "consumer"} and applied.problems == []
+    assert applied.defaulted == {(0, "consumer")} and applied.problems == []
 
 
 def test_double_braces_are_left_for_the_server() -> None:
