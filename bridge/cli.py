@@ -1,5 +1,5 @@
-"""The ``nats-bridge`` command: ``run``, ``check``, ``setup``, ``status``, ``reset``, ``audit``, ``ingest``,
-``demo``.
+"""The ``nats-bridge`` command: ``run``, ``check``, ``setup``, ``status``, ``reset``, ``sources``, ``audit``,
+``ingest``, ``demo``.
 
 Exit codes: 0 success; 1 a check, setup, the audit, ingest or the demo found a problem, or the bridge could not
 run; 2 invalid configuration or usage (one line per problem, no traceback); 3 the audit could not read a stream
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from bridge import CORE_BUILD, __version__
 from bridge.commands import audit as audit_command
 from bridge.commands import ingest as ingest_command
+from bridge.commands import sources as sources_command
 from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded
 
 __all__ = ["EXIT_CONFIG", "EXIT_OK", "EXIT_PROBLEM", "EXIT_UNAUDITED", "main"]
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--seq", type=int, help="next origin sequence to deliver (default: the ack floor + 1)")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
+    sources_command.add_arguments(sub.add_parser("sources", help=sources_command.HELP))
     audit_command.add_arguments(sub.add_parser("audit", help=audit_command.HELP))
     ingest_command.add_arguments(sub.add_parser("ingest", help=ingest_command.HELP))
 
@@ -113,6 +115,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bridge.commands.reset import reset
 
         return reset(args.config, args.source, args.seq, args.yes)
+    if args.command == "sources":
+        return sources_command.sources(args)
     if args.command == "audit":
         return audit_command.audit(args.config, args.origin_too, args.out, args.master, args.json)
     if args.command == "ingest":

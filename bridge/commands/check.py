@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.commands.setup import origin_missing, setup_command
-from bridge.config import BridgeConfig, SourceConfig, exposed_secrets, load_config
+from bridge.commands.sources import registry_merged
+from bridge.config import BridgeConfig, SourceConfig, exposed_secrets
+from bridge.config.loading import build_config, read_toml
+from bridge.config.registry import REGISTRY, Merged, registry_bucket
 from bridge.core.fleet import holder_in
 from bridge.core.modes import ModeUnsupported, mode_key, presume_mode
 from bridge.core.subjects import SubjectSet
@@ -42,13 +47,33 @@ def check(path: str) -> int:
     Raises :class:`~bridge.errors.ConfigError` (printed as an invalid configuration, exit 2) when a source's mode
     does not fit its origin's server.
     """
-    config = load_config(path)
+    data = read_toml(Path(path))
+    config = build_config(data, path)
     for warning in exposed_secrets(path, config):
         print(f"WARN secrets: {warning}", flush=True)
-    result = anyio.run(run_check, config, path)
+    merged, registry_ok = anyio.run(_check_registry, data, config, path)
+    result = anyio.run(run_check, merged.config, path)
+    result.ok = result.ok and registry_ok
     if result.config_problems:
         raise ConfigError(result.config_problems, path)
     return EXIT_OK if result.ok else EXIT_PROBLEM
+
+
+async def _check_registry(data: dict[str, Any], config: BridgeConfig, path: str) -> tuple[Merged, bool]:
+    """The registry's sources (checked like the file's from here on) and whether every one of them is usable."""
+    merged, problem = await registry_merged(data, config, path)
+    if not config.coordination.enabled:
+        return merged, True
+    what = f"source registry {registry_bucket(config.coordination.bucket)}"
+    if problem:
+        # the daemon runs the file's sources meanwhile and applies the registry once it can read it
+        _print(False, what, f"{problem} (only the file's sources are checked)")
+        return merged, False
+    registered = sum(1 for origin in merged.origins.values() if origin == REGISTRY)
+    _print(True, what, f"{registered} registered source(s), {len(merged.refused)} refused")
+    for name, problems in merged.refused.items():
+        _print(False, f"source {name} (registry)", "; ".join(problems))
+    return merged, not merged.refused
 
 
 def _print(ok: bool, what: str, detail: str) -> None:

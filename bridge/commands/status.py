@@ -12,12 +12,16 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
-from bridge.config import BridgeConfig, SourceConfig, load_config
+from bridge.commands.sources import registry_merged
+from bridge.config import BridgeConfig, SourceConfig
+from bridge.config.loading import build_config, read_toml
 from bridge.core.fleet import holder_in
 from bridge.core.recovery import recover, recovery_depth
 from bridge.errors import BridgeError
@@ -29,9 +33,21 @@ from bridge.observe.http import parse_listen
 
 
 def status(path: str, as_json: bool) -> int:
-    """``nats-bridge status -c PATH [--json]``: collect and print; exit 1 when a source could not be read."""
-    config = load_config(path)
-    return EXIT_OK if print_status(anyio.run(collect_status, config), as_json) else EXIT_PROBLEM
+    """``nats-bridge status -c PATH [--json]``: collect and print, the registry's sources too; exit 1 when a source
+    could not be read."""
+    data = read_toml(Path(path))
+    config = build_config(data, path)
+
+    async def collect() -> dict[str, Any]:
+        merged, registry_error = await registry_merged(data, config, path)
+        out = await collect_status(merged.config, merged.origins)
+        if registry_error:
+            out["registry_error"] = registry_error
+        if merged.refused:
+            out["registry_refused"] = merged.refused
+        return out
+
+    return EXIT_OK if print_status(anyio.run(collect), as_json) else EXIT_PROBLEM
 
 
 async def _source_state(src: SourceConfig) -> dict[str, Any]:
@@ -83,7 +99,7 @@ async def _watermarks(config: BridgeConfig, floors: dict[str, int]) -> dict[str,
     return out
 
 
-async def _owners(config: BridgeConfig) -> dict[str, dict[str, Any]] | str:
+async def collect_owners(config: BridgeConfig) -> dict[str, dict[str, Any]] | str:
     """Each source's lease holder as the coordination bucket has it, or why it could not be read."""
     coordination = config.coordination
     side = bucket_side(config)
@@ -116,7 +132,7 @@ def _iso(unix: float) -> str | None:
     return datetime.datetime.fromtimestamp(unix, datetime.UTC).isoformat(timespec="seconds")
 
 
-def _daemon_view(listen: str) -> tuple[dict[str, Any] | None, str]:
+def daemon_view(listen: str) -> tuple[dict[str, Any] | None, str]:
     """The running daemon's /readyz body, or None and why not."""
     if not listen:
         return None, "http listener disabled in the configuration"
@@ -151,8 +167,9 @@ def daemon_source_view(daemon: dict[str, Any] | None, source: str) -> dict[str, 
     return {key: live.get(key) for key in _DAEMON_KEYS} if live else None
 
 
-async def collect_status(config: BridgeConfig) -> dict[str, Any]:
-    """Every source's consumer state, stored watermark, lag, and the daemon's mode and last error (JSON-ready)."""
+async def collect_status(config: BridgeConfig, origins: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every source's consumer state, stored watermark, lag, and the daemon's mode and last error (JSON-ready);
+    ``origins``: where each source comes from (file or registry), shown as ``from``."""
     states: dict[str, dict[str, Any]] = {}
 
     async def one(src: SourceConfig) -> None:
@@ -163,8 +180,8 @@ async def collect_status(config: BridgeConfig) -> dict[str, Any]:
             tg.start_soon(one, src)
     floors = {name: int(s.get("ack_floor", 0)) for name, s in states.items()}
     marks = await _watermarks(config, floors)
-    owners = await _owners(config) if config.coordination.enabled else None
-    daemon, daemon_note = await anyio.to_thread.run_sync(_daemon_view, config.http.listen)
+    owners = await collect_owners(config) if config.coordination.enabled else None
+    daemon, daemon_note = await anyio.to_thread.run_sync(daemon_view, config.http.listen)
     sources = []
     for src in config.sources:
         state = dict(states[src.name])
@@ -178,7 +195,7 @@ async def collect_status(config: BridgeConfig) -> dict[str, Any]:
         state["daemon"] = daemon_source_view(daemon, src.name)
         if isinstance(owners, dict):
             state["owner"] = owners.get(src.name)
-        sources.append({"source": src.name, **state})
+        sources.append({"source": src.name, "from": (origins or {}).get(src.name, "file"), **state})
     out: dict[str, Any] = {"target_stream": config.target.stream, "daemon": daemon_note, "sources": sources}
     if isinstance(owners, str):
         out["coordination_error"] = owners
@@ -187,11 +204,20 @@ async def collect_status(config: BridgeConfig) -> dict[str, Any]:
 
 def print_status(status: dict[str, Any], as_json: bool) -> bool:
     """Print; True when every source could be read."""
-    ok = all("error" not in s for s in status["sources"])
+    ok = all("error" not in s for s in status["sources"]) and not status.get("registry_refused")
     if as_json:
         print(json.dumps(status, indent=2))
         return ok
-    columns: tuple[str, ...] = ("source", "mode", "delivered", "ack_floor", "num_pending", "stored_watermark", "lag")
+    columns: tuple[str, ...] = (
+        "source",
+        "from",
+        "mode",
+        "delivered",
+        "ack_floor",
+        "num_pending",
+        "stored_watermark",
+        "lag",
+    )
     with_owner = any("owner" in s for s in status["sources"])
     if with_owner:
         columns += ("owner", "host", "since")
@@ -203,6 +229,10 @@ def print_status(status: dict[str, Any], as_json: bool) -> bool:
     print(f"aggregate stream {status['target_stream']}; daemon: {status['daemon']}")
     if "coordination_error" in status:
         print(f"owners unknown: {status['coordination_error']}")
+    if "registry_error" in status:
+        print(f"registry not read: {status['registry_error']} (the configuration file's sources only)")
+    for name, problems in status.get("registry_refused", {}).items():
+        print(f"{name}: refused from the registry: {'; '.join(problems)}")
     for s in status["sources"]:
         if "error" in s:
             print(f"{s['source']}: error: {s['error']}")

@@ -37,6 +37,8 @@ class LoadContext:
     sources_raw: Any = None
     # (source index, key) of every key a source took from [source_defaults], to name the default in error lines
     defaulted: set[tuple[int, str]] = field(default_factory=set)
+    # the source registry's tables (bridge.config.registry), validated after the file's and the environment's
+    registry: list[dict[str, Any]] = field(default_factory=list)
 
 
 LOADING: ContextVar[LoadContext | None] = ContextVar("bridge_config_loading", default=None)

@@ -22,7 +22,6 @@ from bridge.errors import ConfigError
 _REQUIRED_HINTS = {
     "target": f'a [target] table, with at least stream = "<aggregate stream>" (or {ENV_PREFIX}TARGET__STREAM)',
     "target.stream": "the aggregate stream's name",
-    "sources": "at least one [[sources]] table, each with name, servers and stream",
     "sources.name": "a unique name for this source (letters, digits, '_' and '-', up to 64)",
     "sources.stream": "the name of the stream to replicate from this source",
 }

@@ -7,7 +7,7 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,14 @@ _TOML_POSITION = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<c
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML file at ``path``; a one-line ConfigError naming it when it cannot be read or parsed."""
+
     def fail(problem: str) -> ConfigError:
         return ConfigError([f"{path}: {problem}"], str(path))
 
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
+            raw = fh.read()
     except FileNotFoundError:
         raise fail("no such file (give the path of a TOML configuration file)") from None
     except IsADirectoryError:
@@ -37,30 +39,62 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise fail("cannot read the file: permission denied") from None
     except OSError as exc:
         raise fail(f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode()
     except UnicodeDecodeError as exc:
         raise fail(f"not UTF-8 text (invalid byte at offset {exc.start}); TOML files must be UTF-8") from None
+    return parse_toml(text, str(path))
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    """TOML text; a one-line ConfigError naming ``where`` and the position on a syntax error."""
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        text = str(exc)
-        match = _TOML_POSITION.match(text)
+        message = str(exc)
+        match = _TOML_POSITION.match(message)
         if match:
-            where, text = f" at line {match['line']}, column {match['col']}", match["msg"]
+            position, message = f" at line {match['line']}, column {match['col']}", match["msg"]
         else:
-            where = ""
-        raise fail(f"TOML syntax error{where}: {text}") from None
+            position = ""
+        raise ConfigError([f"{where}: TOML syntax error{position}: {message}"], where) from None
 
 
-def load_config(path: str | os.PathLike[str] | None, environ: Mapping[str, str] | None = None) -> BridgeConfig:
+def load_config(
+    path: str | os.PathLike[str] | None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    registry: Sequence[Mapping[str, Any]] = (),
+) -> BridgeConfig:
     """Load the configuration from the TOML file at ``path``, overridden by ``NATS_BRIDGE_*`` variables.
 
     ``path`` None means the environment alone. ``environ`` defaults to ``os.environ``. Environment
     variables nest with ``__`` (``NATS_BRIDGE_TARGET__AUTH__PASSWORD``); ``NATS_BRIDGE_SOURCES__<i>__<KEY>``
     overrides one key of the i-th source, and ``NATS_BRIDGE_SOURCES`` (a JSON array) replaces them all.
+    ``registry``: the source registry's tables (``bridge.config.registry``), validated after those.
 
     Raises :class:`~bridge.errors.ConfigError` listing every problem found, one line each.
     """
     source = str(path) if path is not None else "environment"
     file_data = read_toml(Path(path)) if path is not None else {}
-    ctx = LoadContext(environ=os.environ if environ is None else environ, file_data=file_data, collect=True)
+    return build_config(file_data, source, environ, registry=registry)
+
+
+def build_config(
+    file_data: Mapping[str, Any],
+    source: str,
+    environ: Mapping[str, str] | None = None,
+    *,
+    registry: Sequence[Mapping[str, Any]] = (),
+) -> BridgeConfig:
+    """:func:`load_config` from the file's parsed contents (``source`` names it in errors): a process applying a
+    registry change validates against the file it loaded, not one edited on disk since and not reloaded."""
+    ctx = LoadContext(
+        environ=os.environ if environ is None else environ,
+        file_data=dict(file_data),
+        collect=True,
+        registry=[dict(table) for table in registry],
+    )
     token = LOADING.set(ctx)
     try:
         # The sources come from ctx (see BridgeConfig.settings_customise_sources), so no arguments here.

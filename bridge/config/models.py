@@ -321,18 +321,24 @@ class BridgeConfig(BaseSettings):
     target: TargetConfig
     # settings every source takes unless it sets them itself, {name} and {domain} filled in (bridge.config.templates)
     source_defaults: dict[str, Any] = Field(default_factory=dict)
-    sources: list[SourceConfig]
+    # the file's (and environment's) sources, then the registry's when the loader was given them (LoadContext);
+    # none at all is allowed with [coordination] enabled: the registry may hold every source
+    sources: list[SourceConfig] = Field(default_factory=list, validate_default=True)
 
     @model_validator(mode="before")
     @classmethod
     def _apply_source_defaults(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        ctx = LOADING.get()
+        if ctx is not None and ctx.registry and isinstance(data.get("sources", []), list):
+            # the registry's sources after the file's and the environment's (whose indices address the file's)
+            data = {**data, "sources": [*data.get("sources", []), *ctx.registry]}
+            ctx.sources_raw = data["sources"]
         defaults, sources = data.get("source_defaults"), data.get("sources")
         if not isinstance(defaults, dict) or not defaults or not isinstance(sources, list):
             return data  # nothing to apply, or a shape validation reports
         applied = apply_source_defaults(defaults, sources)
-        ctx = LOADING.get()
         if ctx is not None and ctx.collect:
             ctx.problems.extend(applied.problems)
             ctx.defaulted = applied.defaulted
@@ -342,7 +348,7 @@ class BridgeConfig(BaseSettings):
 
     @field_validator("sources", mode="wrap")
     @classmethod
-    def _names_unique(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    def _names_unique(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
         # A wrap validator, so duplicates are reported next to the other sources' errors instead of only once
         # every source is otherwise valid.
         duplicates = _duplicate_name_errors(value)
@@ -354,8 +360,13 @@ class BridgeConfig(BaseSettings):
             raise ValidationError.from_exception_data(exc.title, [*_reraisable(exc), *duplicates]) from None
         if duplicates:
             raise ValidationError.from_exception_data(cls.__name__, duplicates)
-        if not result:
-            raise fail("at least one [[sources]] table is required")
+        coordination = info.data.get("coordination")
+        # (a [coordination] table that failed validation is not in info.data: its own errors are reported)
+        if not result and isinstance(coordination, CoordinationConfig) and not coordination.enabled:
+            raise fail(
+                "at least one [[sources]] table is required (with [coordination] enabled the source registry may "
+                "hold them instead: nats-bridge sources add)"
+            )
         return result
 
     @classmethod

@@ -116,7 +116,10 @@ class KvBucket:
     async def create(self, ttl: float, replicas: int, timeout: float) -> tuple[dict[str, Any], bool]:
         """Create the bucket, never changing an existing one; return its info and whether this call created it
         (False: a twin created it in the meantime, with another configuration)."""
-        config = self.creation_config(ttl, replicas)
+        return await self.create_stream(self.creation_config(ttl, replicas), timeout)
+
+    async def create_stream(self, config: dict[str, Any], timeout: float) -> tuple[dict[str, Any], bool]:
+        """Create the bucket's stream with ``config`` unless it exists: its info, and whether this call created it."""
         try:
             reply = await self.api.request(f"STREAM.CREATE.{self.stream}", config, timeout)
         except ApiError as exc:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,8 @@ from anyio.abc import TaskGroup
 from nats.aio.client import Client as NATS
 
 from bridge import CORE_BUILD
+from bridge.config.loading import read_toml
+from bridge.config.registry import FILE, Merged, RegistryEntry, merge
 from bridge.core.backoff import Backoff
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
 from bridge.io import wire
@@ -41,6 +43,7 @@ from bridge.io.connect import (
 )
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, ApiTimeout, ApiUnavailable, JsApi, PermissionDenied
 from bridge.io.kv import KvBucket
+from bridge.io.registry import RegistryBucket
 from bridge.io.shared import OriginConnections
 from bridge.logs import Throttle, get_logger
 from bridge.observe.http import HttpServer, ListenError, Response, json_response, metrics_handler, parse_listen
@@ -50,6 +53,7 @@ from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
 from bridge.runtime.fleet_thread import FleetThread
 from bridge.runtime.heap import HeapKeeper
 from bridge.runtime.readiness import readyz, status_line, waiting_for
+from bridge.runtime.registry import RegistryWatcher
 from bridge.runtime.reload import plan_reload
 from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
 from bridge.runtime.source import QUIET_TICKS, TICK, SourceRunner
@@ -89,14 +93,27 @@ class _SourceTask:
 class Bridge:
     """Runs every configured source until ``stop`` is set (or SIGTERM/SIGINT with ``handle_signals``).
 
-    ``config_path`` is where SIGHUP re-reads the configuration from (no reload without it); ``notifier`` reports to
-    systemd (from the environment by default: a no-op outside systemd).
+    ``config_path`` is where SIGHUP re-reads the configuration from (no reload, and no registry sources, without
+    it); ``environ`` what its ``NATS_BRIDGE_*`` variables are read from then (``os.environ`` by default);
+    ``notifier`` reports to systemd (from the environment by default: a no-op outside systemd).
     """
 
     def __init__(
-        self, config: BridgeConfig, *, config_path: Path | None = None, notifier: Notifier | None = None
+        self,
+        config: BridgeConfig,
+        *,
+        config_path: Path | None = None,
+        environ: Mapping[str, str] | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
+        self.environ = environ
+        # the file as loaded (read again in run(), then at each reload): registry changes are validated against it
+        self._file_data: dict[str, Any] | None = None
+        self._registry: list[RegistryEntry] = []  # the source registry as last read
+        self.provenance = {s.name: FILE for s in config.sources}  # source name -> "file" or "registry"
+        self.refused: dict[str, list[str]] = {}  # registry sources this process cannot run, and why
+        self._applying = anyio.Lock()  # one reload or registry change applied at a time
         self._configured = {s.name: s for s in config.sources}  # by name: a thousand starts look one up each
         self.config_path = config_path
         self.notifier = notifier if notifier is not None else Notifier.from_env()
@@ -141,6 +158,16 @@ class Bridge:
         # in `run`), rather than a daemon running without its health and metrics endpoints
         server = await self._bind_http() if self.config.http.listen else None
         self._api = anyio.CapacityLimiter(API_REQUESTS_IN_FLIGHT)
+        if self.config_path is not None:
+            try:
+                self._file_data = read_toml(self.config_path)
+            except ConfigError as err:  # gone since it was loaded: reloads and the registry wait for it
+                self.log.warning("config.unreadable", problems=list(err.problems), hint="reload once it is back")
+        if not self.config.sources:
+            self.log.warning(
+                "bridge.no_sources",
+                hint="the file has no [[sources]]: the registry's are taken up once read (nats-bridge sources add)",
+            )
         missing = wire.missing_hooks()
         if missing:
             self.log.warning(
@@ -358,11 +385,51 @@ class Bridge:
 
         control = SourceControl(self._start_named, self._stop_source, self._abandon_source, self._resume_source)
         self.fleet = FleetThread(connect, make, [s.name for s in self.config.sources], control)
+        assert self._sources_tg is not None
+        self._sources_tg.start_soon(self._watch_registry, settings, api_prefix)
         try:
             await self.fleet.run(self.stop)
         finally:
             for task in list(self._tasks.values()):  # only if leaving was cut short: drain what still runs
                 task.stop.set()
+
+    async def _watch_registry(self, settings: ConnectionSettings, api_prefix: str) -> None:
+        """Apply the source registry's changes until stopped (``bridge.runtime.registry``), on a connection of its
+        own to the coordination servers: the file's sources run meanwhile, whether or not it can be read."""
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_on_stop() -> None:
+                await self.stop.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_on_stop)
+            nc = await self._connect(settings, "registry", on_error=self._coordination_error)
+            if nc is None:
+                return
+            try:
+                bucket = RegistryBucket(nc, JsApi(nc, api_prefix), self.config.coordination.bucket)
+                await RegistryWatcher(nc, bucket, self.apply_registry).run()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await close_connection(nc)
+
+    async def apply_registry(self, entries: Sequence[RegistryEntry]) -> None:
+        """The registry as read now: start what was added, drain what was removed, restart what changed (as a
+        reload does, with the file as last loaded)."""
+        self._registry = list(entries)
+        if self._file_data is None:
+            self.log.error(
+                "registry.not_applied",
+                sources=len(self._registry),
+                reason="this process has no configuration file to validate registry sources against",
+            )
+            return
+        try:
+            merged = merge(self._file_data, str(self.config_path), self._registry, self.environ)
+        except ConfigError as err:  # the file itself (its environment changed?): keep what runs
+            self.log.error("registry.not_applied", problems=list(err.problems), kept="the running sources")
+            return
+        await self._apply(merged, "registry")
 
     def _start_named(self, name: str, fence: Fence | None = None) -> None:
         """Start the configured source ``name`` (under ``fence`` with leases); nothing if it is not configured."""
@@ -421,43 +488,74 @@ class Bridge:
     # -- reload -------------------------------------------------------------------------------------------
 
     async def reload(self) -> bool:
-        """Re-read the configuration file and apply its sources (``bridge.runtime.reload`` says what changes);
-        False (old configuration kept) if invalid."""
-        from bridge.config import load_config
-
+        """Re-read the configuration file and apply its sources (``bridge.runtime.reload`` says what changes), with
+        the registry's as last read; False (old configuration kept) if invalid."""
         if self.config_path is None or self._sources_tg is None or self.stop.is_set():
             self.log.warning("reload.ignored", reason="not started from a configuration file, or stopping")
             return False
         self.notifier.reloading("re-reading the configuration")
         try:
-            new = load_config(self.config_path)
+            data = read_toml(self.config_path)
+            merged = merge(data, str(self.config_path), self._registry, self.environ)
         except ConfigError as err:
             self.log.error("reload.rejected", problems=list(err.problems), kept="the running configuration")
             self.notifier.ready("configuration reload rejected; running the previous one")
             return False
-        fleet = self.fleet
-        # with leases, nothing starts without one, even before the fleet has joined (it reads the new list then)
-        plan = plan_reload(self.config, new, self._tasks.keys(), coordinated=self.config.coordination.enabled)
-        if plan.restart_required:
-            self.log.warning(
-                "reload.restart_required", sections=plan.restart_required, hint="these sections apply on restart only"
-            )
-        self.config = self.config.model_copy(update={"sources": new.sources, "source_defaults": new.source_defaults})
-        self._configured = {s.name: s for s in new.sources}
-        for name in plan.stop:
-            await self._stop_source(name)
-        for name in plan.start:
-            self._start_named(name)
-        if fleet is not None:
-            for name in plan.restart_if_held:
-                if fleet.holds(name):
-                    self._start_named(name, fleet.fence(name))
-            fleet.set_sources(plan.sources)  # hands over what was removed, takes up what was added
-        self.log.info(
-            "reload.applied", added=plan.added, removed=plan.removed, changed=plan.changed, unchanged=plan.unchanged
-        )
-        self.notifier.ready(self._status_line())
+        self._file_data = data
+        await self._apply(merged, "reload")
         return True
+
+    async def _apply(self, merged: Merged, cause: str) -> None:
+        """Replace the running configuration's sources by ``merged``'s: a reload's or a registry change's."""
+        async with self._applying:
+            if self._sources_tg is None or self.stop.is_set():
+                return
+            self._report_refused(merged.refused)
+            new = merged.config
+            fleet = self.fleet
+            # with leases, nothing starts without one, even before the fleet has joined (it reads the new list then)
+            plan = plan_reload(self.config, new, self._tasks.keys(), coordinated=self.config.coordination.enabled)
+            if plan.restart_required and cause == "reload":
+                self.log.warning(
+                    "reload.restart_required",
+                    sections=plan.restart_required,
+                    hint="these sections apply on restart only",
+                )
+            self.config = self.config.model_copy(
+                update={"sources": new.sources, "source_defaults": new.source_defaults}
+            )
+            self._configured = {s.name: s for s in new.sources}
+            self.provenance = merged.origins
+            for name in plan.stop:
+                await self._stop_source(name)
+            for name in plan.start:
+                self._start_named(name)
+            if fleet is not None:
+                for name in plan.restart_if_held:
+                    if fleet.holds(name):
+                        self._start_named(name, fleet.fence(name))
+                fleet.set_sources(plan.sources)  # hands over what was removed, takes up what was added
+            if cause == "reload" or plan.added or plan.removed or plan.changed:
+                self.log.info(
+                    f"{cause}.applied",
+                    added=plan.added,
+                    removed=plan.removed,
+                    changed=plan.changed,
+                    unchanged=len(plan.unchanged) if cause == "registry" else plan.unchanged,
+                )
+            self.notifier.ready(self._status_line())
+
+    def _report_refused(self, refused: dict[str, list[str]]) -> None:
+        """Log each registry source refused, once per reason (a refusal is never silent: /readyz lists it too)."""
+        for name, problems in refused.items():
+            if self.refused.get(name) != problems:
+                self.log.error(
+                    "registry.source_refused",
+                    source=name,
+                    problems=problems,
+                    hint="fix it with nats-bridge sources add (or remove it); the other sources are not affected",
+                )
+        self.refused = dict(refused)
 
     def _status_line(self) -> str:
         coordination = self.config.coordination
@@ -498,7 +596,11 @@ class Bridge:
 
     def _readyz(self) -> Response:
         answer = readyz(
-            self.snapshot(), coordinated=self.config.coordination.enabled, target_stream=self.config.target.stream
+            self.snapshot(),
+            coordinated=self.config.coordination.enabled,
+            target_stream=self.config.target.stream,
+            provenance=self.provenance,
+            refused=self.refused,
         )
         return json_response(200 if answer.ready else 503, answer.body)
 

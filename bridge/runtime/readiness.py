@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,8 +30,17 @@ class Readiness:
     body: dict[str, Any]
 
 
-def readyz(snap: BridgeSnapshot, *, coordinated: bool, target_stream: str) -> Readiness:
-    """``/readyz`` for the daemon's state ``snap`` (see the module's rules)."""
+def readyz(
+    snap: BridgeSnapshot,
+    *,
+    coordinated: bool,
+    target_stream: str,
+    provenance: Mapping[str, str] | None = None,
+    refused: Mapping[str, list[str]] | None = None,
+) -> Readiness:
+    """``/readyz`` for the daemon's state ``snap`` (see the module's rules); ``provenance`` says where each source
+    comes from (``from``: file or registry), ``refused`` the registry sources this process cannot run and why (they
+    do not make it unready: one bad entry must not stop a fleet's rolling update; they are listed, and logged)."""
     sources: dict[str, Any] = {}
     fleet_body: dict[str, Any] = {}
     suspended: set[str] = set()  # owned sources whose lease is suspended: not replicating, and saying why
@@ -64,12 +73,17 @@ def readyz(snap: BridgeSnapshot, *, coordinated: bool, target_stream: str) -> Re
             reasons.append("lease suspended: paused until a renew of its lease succeeds (the hub answers late)")
         ready = ready and not reasons
         sources[src.source] = {"ready": not reasons, "reasons": reasons, "role": "owner", **src.to_json()}
+    for name, entry in sources.items():
+        if provenance and name in provenance:
+            entry["from"] = provenance[name]
     body = {
         "ready": ready,
         "target": {"connected": snap.target_connected, "stream": target_stream},
         **fleet_body,
         "sources": sources,
     }
+    if refused:
+        body["registry_refused"] = {name: list(problems) for name, problems in refused.items()}
     return Readiness(ready, body)
 
 

@@ -279,8 +279,14 @@ RULES: list[tuple[tuple[tuple[str, Any], ...], str]] = [
     ((("sources.0.subject_prefix", "site."),), "sources[edge-a].subject_prefix: must not have empty tokens"),
     ((("sources.0.subject_prefix", ""),), "sources[edge-a].subject_prefix: must not be empty"),
     ((("sources.0.fliter_subjects", ["a"]),), "sources[edge-a].fliter_subjects: unknown key (did you mean filter"),
-    ((("sources", []),), "sources: at least one [[sources]] table is required"),
-    ((("sources", DELETE),), "sources: required: at least one [[sources]] table"),
+    (
+        (("coordination", {"enabled": False}), ("sources", [])),
+        "sources: at least one [[sources]] table is required (with [coordination] enabled the source registry",
+    ),
+    (
+        (("coordination", {"enabled": False}), ("sources", DELETE)),
+        "sources: at least one [[sources]] table is required",
+    ),
     ((("sources", {"name": "x"}),), "sources: must be an array of tables: write one [[sources]] table per source"),
     ((("sourcess", 1),), "sourcess: unknown key (did you mean sources?)"),
     ((("target.auth", {"user": "u"}),), "target.auth.password: required when user is set"),
@@ -662,10 +668,10 @@ def test_env_only_error_source() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, environ={})
     assert info.value.source == "environment"
+    # (no sources is not a problem here: with [coordination] enabled, the default, the registry may hold them)
     assert info.value.problems == [
         'target: required: a [target] table, with at least stream = "<aggregate stream>" '
         "(or NATS_BRIDGE_TARGET__STREAM)",
-        "sources: required: at least one [[sources]] table, each with name, servers and stream",
     ]
 
 

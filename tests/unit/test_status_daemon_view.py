@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from bridge.commands.status import _daemon_view, daemon_source_view, print_status
+from bridge.commands.status import daemon_source_view, daemon_view, print_status
 
 
 def serving(status: int, body: bytes) -> Iterator[int]:
@@ -42,9 +42,9 @@ def serving(status: int, body: bytes) -> Iterator[int]:
         (200, b"[1, 2]", False),
     ],
 )
-def test_the_daemon_view_is_its_json_or_a_reason(status: int, body: bytes, ok: bool) -> None:
+def test_thedaemon_view_is_its_json_or_a_reason(status: int, body: bytes, ok: bool) -> None:
     for port in serving(status, body):
-        view, note = _daemon_view(f"127.0.0.1:{port}")
+        view, note = daemon_view(f"127.0.0.1:{port}")
         assert (view is not None) is ok, note
         assert f":{port}/readyz" in note
 
@@ -83,12 +83,16 @@ def test_the_table_has_a_mode_column(capsys: pytest.CaptureFixture[str]) -> None
         "target_stream": "AGG",
         "daemon": "http://127.0.0.1:9464/readyz",
         "sources": [
-            {"source": "edge1", "delivered": 12, "daemon": daemon_source_view(READYZ, "edge1")},
-            {"source": "edge2", "delivered": 0, "daemon": daemon_source_view(READYZ, "edge2")},
-            {"source": "edge3", "delivered": 0, "daemon": None},
+            {"source": "edge1", "from": "file", "delivered": 12, "daemon": daemon_source_view(READYZ, "edge1")},
+            {"source": "edge2", "from": "registry", "delivered": 0, "daemon": daemon_source_view(READYZ, "edge2")},
+            {"source": "edge3", "from": "file", "delivered": 0, "daemon": None},
         ],
     }
     assert print_status(status, as_json=False)
     header, *rows = capsys.readouterr().out.splitlines()[:4]
-    assert header.split()[:3] == ["source", "mode", "delivered"]
-    assert [row.split()[:2] for row in rows] == [["edge1", "pull"], ["edge2", "-"], ["edge3", "-"]]
+    assert header.split()[:4] == ["source", "from", "mode", "delivered"]
+    assert [row.split()[:3] for row in rows] == [
+        ["edge1", "file", "pull"],
+        ["edge2", "registry", "-"],
+        ["edge3", "file", "-"],
+    ]

@@ -1,0 +1,156 @@
+"""The source registry on real servers: ``nats-bridge sources add / remove / list`` and twins applying it live.
+
+Every scenario runs two processes of one configuration (``p0``, ``p1``: a twin, as a rolling update or a standby
+has) on a hub and a leaf, under traffic against WorkQueue origins (an ack deletes), so that a lost message or a copy
+stored twice cannot hide: at the end every source's copies are exactly its origin sequences, once each, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from bridge.testing.configs import ORIGIN, SourceSpec, config_text, toml_value
+from bridge.testing.http import http_port, readyz
+from bridge.testing.jetstream import Publisher, connect, create_aggregate, create_stream, replicate_exactly
+from bridge.testing.polling import wait_until
+from bridge.testing.processes import BridgeFactory, BridgeProcess, fleet_instance, run_cli
+from bridge.testing.servers import Topology
+
+RATE = 500
+SITE = "SITE2"
+
+
+def sources_file(path: Path, *tables: dict[str, Any]) -> Path:
+    """A sources file (``[[sources]]`` tables only) for ``sources add --file``."""
+    lines = []
+    for table in tables:
+        lines.append("[[sources]]")
+        lines += [f"{key} = {toml_value(value)}" for key, value in table.items()]
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def site(topology: Topology, **extra: Any) -> dict[str, Any]:
+    """The registered source of these tests: stream SITE2 on the leaf, its copies under edge.two."""
+    return {"name": "edge2", "servers": [topology.leaf.url], "stream": SITE, "subject_prefix": "edge.two", **extra}
+
+
+async def fleet_config(topology: Topology, tmp_path: Path) -> Path:
+    """The fleet's configuration (one file source, edge1) and the streams: both origins and the aggregate."""
+    config = tmp_path / "bridge.toml"
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")
+    config.write_text(config_text(target_url=topology.hub.url, sources=[spec]), encoding="utf-8")
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_stream(leaf_nc, SITE, ["site2.>"], retention="workqueue")
+        await create_aggregate(hub_nc, duplicate_window=1.0)
+    return config
+
+
+async def cli(*args: str) -> tuple[int, str, str]:
+    done = await anyio.to_thread.run_sync(lambda: run_cli(*args))
+    return done.returncode, done.stdout, done.stderr
+
+
+async def applied(proc: BridgeProcess, since: int, **fields: list[str]) -> None:
+    """Wait until ``proc`` logs ``registry.applied`` with ``fields`` (each a list the event's must contain) after its
+    first ``since`` events of that name."""
+
+    def found() -> bool:
+        return any(
+            all(set(value) <= set(event.get(key, [])) for key, value in fields.items())
+            for event in proc.events("registry.applied")[since:]
+        )
+
+    await wait_until(found, timeout=15, what=f"a process applied {fields}")
+
+
+async def owner_of(procs: list[BridgeProcess], source: str) -> BridgeProcess | None:
+    for proc in procs:
+        _, body = await readyz(await http_port(proc))
+        if source in body.get("fleet", {}).get("owned", []):
+            return proc
+    return None
+
+
+async def both_know(procs: list[BridgeProcess], source: str, present: bool) -> bool:
+    """Each process's /readyz lists ``source`` (as owner or standby), or none does (``present`` False)."""
+    for proc in procs:
+        _, body = await readyz(await http_port(proc))
+        entry = body.get("sources", {}).get(source)
+        if (entry is not None) != present or (present and entry.get("from") != "registry"):
+            return False
+    return True
+
+
+@pytest.mark.anyio
+async def test_add_change_remove_live_with_a_twin_under_traffic(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """A source registered while two processes replicate the file's: one of them takes it up (the other stands by),
+    a change restarts it under its lease, its removal drains and releases it; the file's source never stops, and
+    every message of both is copied exactly once, in order."""
+    config = await fleet_config(topology, tmp_path)
+    procs = [fleet_instance(bridge_procs, config, "p0"), fleet_instance(bridge_procs, config, "p1")]
+    for proc in procs:
+        await proc.wait_event("fleet.joined", timeout=20)
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        file_pub = Publisher(leaf_nc, 6000, rate=RATE)
+        site_pub = Publisher(leaf_nc, 3000, subject=lambda i: f"site2.{i % 3}", rate=RATE)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(file_pub.run)
+            tg.start_soon(site_pub.run)
+            await wait_until(lambda: site_pub.published > 500, timeout=30, what="traffic")
+
+            # add: both processes know it within a second or two, one owns it
+            added = sources_file(tmp_path / "site.toml", site(topology))
+            code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(added))
+            assert code == 0, err
+            assert "added 1" in out and "edge2" in out
+            began = time.monotonic()
+            await wait_until(lambda: both_know(procs, "edge2", True), timeout=15, what="edge2 on both processes")
+            print(f"add applied on both within {time.monotonic() - began:.2f} s of the command's exit")
+            await wait_until(lambda: owner_of(procs, "edge2"), timeout=20, what="edge2 owned")
+
+            # change: restarts under its lease on whichever process owns it; the other applies it too
+            counts = [len(proc.events("registry.applied")) for proc in procs]
+            changed = sources_file(tmp_path / "site.toml", site(topology, max_ack_pending=500))
+            code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(changed))
+            assert code == 0 and "changed 1" in out, (out, err)
+            began = time.monotonic()
+            for proc, since in zip(procs, counts, strict=True):
+                await applied(proc, since, changed=["edge2"])
+            print(f"change applied on both within {time.monotonic() - began:.2f} s of the command's exit")
+
+            # the same table again: nothing to do
+            code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(changed))
+            assert code == 0 and "unchanged 1" in out, (out, err)
+
+            # list: both sources, where each comes from, and its owner
+            code, out, err = await cli("sources", "list", "-c", str(config), "--json")
+            assert code == 0, err
+            rows = {row["source"]: row for row in json.loads(out)["sources"]}
+            assert rows["edge1"]["from"] == "file" and rows["edge2"]["from"] == "registry", rows
+            assert rows["edge2"]["owner"] in ("p0", "p1"), rows
+
+            await site_pub.done.wait()
+        # every message of the registered source replicated before it is removed (its origin empty)
+        await replicate_exactly(leaf_nc, hub_nc, {"edge1": file_pub, "edge2": site_pub}, streams=(ORIGIN, SITE))
+
+        owner = await owner_of(procs, "edge2")
+        assert owner is not None
+        code, out, err = await cli("sources", "remove", "-c", str(config), "edge2")
+        assert code == 0, err
+        await wait_until(lambda: both_know(procs, "edge2", False), timeout=15, what="edge2 gone from both")
+        assert owner.events("lease.released", source="edge2") or owner.events("source.stopped", source="edge2")
+        code, out, err = await cli("sources", "remove", "-c", str(config), "edge2")
+        assert code == 2 and "edge2: not in the registry" in err, err
+    for proc in procs:
+        assert await proc.astop(20) == 0
