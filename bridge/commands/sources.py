@@ -98,13 +98,21 @@ def validate_tables(
     names the sources file): a name of the file's, an inline secret, or anything the file's own check refuses."""
     names = {s.name for s in config.sources}
     problems: list[str] = []
+    seen: set[str] = set()
+    checked = []  # the tables validated as sources: not those refused by name already (one line per problem)
     for table in tables:
         name = table.get("name")
         if isinstance(name, str) and name in names:
             problems.append(clash(name))
+        elif isinstance(name, str) and name in seen:
+            problems.append(f"sources[{name}]: listed twice in this file: keep one table per name")
+        else:
+            checked.append(table)
+        if isinstance(name, str):
+            seen.add(name)
         problems += inline_secrets(table)
     try:
-        build_config(data, where, registry=tables)
+        build_config(data, where, registry=checked)
     except ConfigError as err:
         problems += [line for line in err.problems if line not in problems]
     if problems:

@@ -439,6 +439,14 @@ class NatsServer:
 
     # lifecycle
 
+    def reload(self, extra_config: str) -> None:
+        """Rewrite the configuration's end with ``extra_config`` and have the running server apply it (SIGHUP: its
+        configuration reload, e.g. changed users and permissions)."""
+        assert self._proc is not None and self._proc.poll() is None, f"{self.name} is not running"
+        self.extra_config = extra_config
+        self.config_path.write_text(self.config_text(), encoding="utf-8")
+        self._proc.send_signal(signal.SIGHUP)
+
     def start(self) -> None:
         """Write the config and spawn the server; returns at once (see :meth:`wait_ready`).
 

@@ -154,3 +154,46 @@ async def test_add_change_remove_live_with_a_twin_under_traffic(
         assert code == 2 and "edge2: not in the registry" in err, err
     for proc in procs:
         assert await proc.astop(20) == 0
+
+
+@pytest.mark.anyio
+async def test_add_is_all_or_nothing_and_a_thousand_sources_take_one_call(topology: Topology, tmp_path: Path) -> None:
+    """A sources file with one bad table registers nothing and names every problem; a thousand sites register in
+    one call, and leave in one."""
+    config = await fleet_config(topology, tmp_path)
+    leaf = topology.leaf.url
+    bad = sources_file(
+        tmp_path / "bad.toml",
+        site(topology),
+        {"name": "edge1", "servers": [leaf], "stream": SITE},
+        {"name": "edge3", "servers": [leaf], "stream": SITE, "max_ack_pending": 0},
+    )
+    code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(bad))
+    assert code == 2, (out, err)
+    assert err.splitlines() == [
+        f"nats-bridge: invalid configuration ({bad})",
+        "  sources[edge1]: 'edge1' is a source of the configuration file: a registered source cannot have the same "
+        "name (remove it from the file and reload, or register it under another name)",
+        "  sources[edge3].max_ack_pending: must be between 1 and 1000000 (got 0)",
+    ]
+
+    async def listed() -> dict[str, dict[str, Any]]:
+        code, out, err = await cli("sources", "list", "-c", str(config), "--json")
+        assert code == 0, err
+        return {row["source"]: row for row in json.loads(out)["sources"]}
+
+    assert list(await listed()) == ["edge1"]  # edge2, valid, was not registered either
+
+    names = [f"site-{i:04d}" for i in range(1000)]
+    many = sources_file(tmp_path / "many.toml", *({"name": n, "servers": [leaf], "stream": f"S{n[5:]}"} for n in names))
+    began = time.monotonic()
+    code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(many))
+    took = time.monotonic() - began
+    assert code == 0, err
+    assert out.splitlines()[0] == "registry nats-bridge-sources: added 1000, changed 0, unchanged 0"
+    rows = await listed()
+    assert len(rows) == 1001 and all(rows[n]["from"] == "registry" for n in names)
+    print(f"1,000 sources registered in {took:.2f} s (the command, process start included)")
+    code, out, err = await cli("sources", "remove", "-c", str(config), *names)
+    assert code == 0, err
+    assert list(await listed()) == ["edge1"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import secrets
 import ssl
 import subprocess
@@ -395,9 +396,16 @@ def origin_permissions(
 
 
 def target_permissions(
-    stream: str, subjects: Sequence[str], *, direct: bool = True, api: str = "$JS.API", bucket: str = "nats-bridge"
+    stream: str,
+    subjects: Sequence[str],
+    *,
+    direct: bool = True,
+    api: str = "$JS.API",
+    bucket: str = "nats-bridge",
+    registry: bool = True,
 ) -> Permissions:
-    """What the bridge's user needs on the aggregate's server, the coordination bucket (leases) included."""
+    """What the bridge's user needs on the aggregate's server, the coordination bucket (leases) and the source
+    registry (read only: ``nats-bridge sources`` writes it, with an operator's user) included."""
     read = f"{api}.DIRECT.GET.{stream}" if direct else f"{api}.STREAM.MSG.GET.{stream}"
     leases = (
         f"{api}.STREAM.INFO.KV_{bucket}",
@@ -405,7 +413,16 @@ def target_permissions(
         f"{api}.DIRECT.GET.KV_{bucket}",
         f"$KV.{bucket}.>",
     )
-    return Permissions(publish=(f"{api}.STREAM.INFO.{stream}", read, *subjects, *leases), subscribe=("_INBOX.>",))
+    perms = Permissions(publish=(f"{api}.STREAM.INFO.{stream}", read, *subjects, *leases), subscribe=("_INBOX.>",))
+    return perms + registry_permissions(api=api, bucket=bucket) if registry else perms
+
+
+def registry_permissions(*, api: str = "$JS.API", bucket: str = "nats-bridge") -> Permissions:
+    """The source registry, as a process of the fleet reads it (docs/permissions.md)."""
+    return Permissions(
+        publish=(f"{api}.STREAM.INFO.KV_{bucket}-sources", f"{api}.DIRECT.GET.KV_{bucket}-sources"),
+        subscribe=(f"$KV.{bucket}-sources.source.>",),
+    )
 
 
 def leaf_link_permissions(stream: str, consumer: str, deliver_subject: str, *, leaf_domain: str) -> Permissions:
@@ -763,3 +780,63 @@ async def test_least_privilege_sidecar_position(
         assert_no_secret(bridge, [BRIDGE_PASSWORD, ADMIN_PASSWORD, leaf_password])
     finally:
         topology.stop()
+
+
+@pytest.mark.anyio
+async def test_an_unreadable_registry_leaves_the_file_sources_running_until_it_can_be_read(
+    tmp_path: Path, servers: ServerFactory, bridge_procs: BridgeFactory
+) -> None:
+    """The bridge's user may not read the source registry (yet): the file's source replicates regardless, the
+    refusal is logged naming the subject, and once the server grants the documented permissions (a configuration
+    reload) the registered source is taken up and replicated, exactly, with no restart. The registered source has
+    no credentials of its own: it takes them from the host's [source_defaults], as a registry entry should."""
+    a = SourceSpec(name="edge1", servers="", subject_prefix="edge.one", max_ack_pending=100)
+    origin_perms = origin_permissions(ORIGIN, a.consumer_name, a.deliver_subject) + origin_permissions(
+        ORIGIN_B, "nats-bridge-edge2", "nats-bridge.deliver.edge2"
+    )
+    copies = ["edge.one.>", "edge.two.>"]
+    origin = servers("origin", users_config(origin_perms))
+    target = servers("target", users_config(target_permissions(AGGREGATE, copies, registry=False)))
+    a.servers = origin.url
+    config = write_config(tmp_path / "bridge.toml", target_url=target.url, sources=[a], target_extra=BRIDGE_AUTH)
+    with config.open("a", encoding="utf-8") as fh:  # the origin credentials, for the file's source and the registry's
+        fh.write(f'\n[source_defaults.auth]\nuser = "bridge"\npassword = {json.dumps(BRIDGE_PASSWORD)}\n')
+    config.chmod(0o600)
+    admin = tmp_path / "admin.toml"  # the operator registering a site, with a user of its own
+    admin_text = (
+        config.read_text().replace(BRIDGE_PASSWORD, ADMIN_PASSWORD).replace('user = "bridge"', 'user = "admin"')
+    )
+    admin.write_text(admin_text, encoding="utf-8")
+    admin.chmod(0o600)
+    site = tmp_path / "site.toml"
+    table = f'name = "edge2"\nservers = ["{origin.url}"]\nstream = "{ORIGIN_B}"\nsubject_prefix = "edge.two"\n'
+    site.write_text("[[sources]]\n" + table, encoding="utf-8")
+    n = 100
+    async with client(admin_url(origin)) as origin_nc, client(admin_url(target)) as target_nc:
+        await create_stream(origin_nc, ORIGIN, ["a.>"], retention="workqueue")
+        await create_stream(origin_nc, ORIGIN_B, ["b.>"], retention="workqueue")
+        await create_aggregate(target_nc)
+        add = functools.partial(run_cli, "sources", "add", "-c", str(admin), "--file", str(site))
+        added = await anyio.to_thread.run_sync(add)
+        assert added.returncode == 0, added.stderr
+        bridge = bridge_procs(config)
+        await bridge.wait_event("registry.read_failed", timeout=20)
+        (failed,) = bridge.events("registry.read_failed")[:1]
+        assert "permission denied" in failed["error"] and "KV_nats-bridge-sources" in failed["error"], failed
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(Publisher(origin_nc, n, subject=lambda i: f"a.orders.{i % 5}").run)
+            tg.start_soon(Publisher(origin_nc, n, subject=lambda i: f"b.orders.{i % 3}").run)
+        one = functools.partial(aggregate_count, target_nc, "edge.one.>")
+        await wait_for_value(one, n, timeout=30, what="the file source's copies")
+        assert await aggregate_count(target_nc, "edge.two.>") == 0
+        assert await stream_messages(origin_nc, ORIGIN_B) == n  # kept on the origin: nothing lost meanwhile
+
+        target.reload(users_config(target_permissions(AGGREGATE, copies)))
+        two = functools.partial(aggregate_count, target_nc, "edge.two.>")
+        await wait_for_value(two, n, timeout=30, what="the registered source's copies")
+        await wait_for_value(functools.partial(stream_messages, origin_nc, ORIGIN_B), 0, timeout=15, what="ORDERS_B")
+        by_source = seqs_by_source(await read_stream(target_nc, AGGREGATE))
+        assert_exact(by_source.get("edge1", []), range(1, n + 1), "edge1 copies")
+        assert_exact(by_source.get("edge2", []), range(1, n + 1), "edge2 copies")
+        assert await bridge.astop(STOP_GRACE) == 0
+    assert_no_secret(bridge, [BRIDGE_PASSWORD, ADMIN_PASSWORD])

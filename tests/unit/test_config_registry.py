@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bridge.commands.sources import read_tables, validate_tables
+from bridge.commands.sources import Change, change_all, read_tables, validate_tables
 from bridge.config.loading import build_config
 from bridge.config.registry import (
     FILE,
@@ -19,7 +19,9 @@ from bridge.config.registry import (
     merge,
     registry_bucket,
 )
-from bridge.errors import ConfigError
+from bridge.errors import ApiTimeout, ConfigError
+from bridge.io.kv import KvConflict
+from bridge.io.registry import RegistryBucket
 
 FILE_TEXT = """
 [target]
@@ -144,3 +146,59 @@ def test_a_sources_file_holds_sources_only(tmp_path: Any) -> None:
     with pytest.raises(ConfigError) as info:
         read_tables(str(tmp_path / "missing.toml"))
     assert info.value.problems[0].endswith("missing.toml: no such file (give the path of a TOML configuration file)")
+
+
+class Bucket(RegistryBucket):
+    """A registry in memory whose ``fail_at``-th write fails (no connection: only put and remove are used)."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.bucket = "nats-bridge-sources"
+        self.values: dict[str, tuple[int, dict[str, Any] | None]] = {}
+        self.writes = 0
+        self.fail_at = fail_at
+        self.last = 0
+
+    def _write(self, name: str, table: dict[str, Any] | None, revision: int) -> int:
+        self.writes += 1
+        if self.writes == self.fail_at:
+            raise ApiTimeout(f"no reply to $KV.nats-bridge-sources.source.{name} within 5s")
+        current = self.values.get(name, (0, None))[0]
+        if current != revision:
+            raise KvConflict(f"source.{name}: wrong last sequence")
+        self.last += 1
+        self.values[name] = (self.last, table)
+        return self.last
+
+    async def put(self, table: dict[str, Any], revision: int, timeout: float) -> int:
+        return self._write(str(table["name"]), table, revision)
+
+    async def remove(self, name: str, revision: int, timeout: float) -> int:
+        return self._write(name, None, revision)
+
+    def tables(self) -> dict[str, dict[str, Any]]:
+        return {name: table for name, (_, table) in self.values.items() if table is not None}
+
+
+@pytest.mark.anyio
+async def test_a_failed_write_undoes_the_ones_made_before_it() -> None:
+    bucket = Bucket(fail_at=0)
+    old = {"name": "edge2", "stream": "OLD"}
+    await bucket.put(old, 0, 1.0)
+    before = bucket.tables()
+    bucket.fail_at = bucket.writes + 3  # the third write of the change fails
+    stored = RegistryEntry("edge2", bucket.values["edge2"][0], old)
+    changes = [
+        Change("edge2", {"name": "edge2", "stream": "NEW"}, stored),
+        Change("edge3", {"name": "edge3", "stream": "S"}, None),
+        Change("edge4", {"name": "edge4", "stream": "S"}, None),
+        Change("edge5", {"name": "edge5", "stream": "S"}, None),
+    ]
+    failed = await change_all(bucket, changes)
+    assert failed.startswith("edge4: no reply to $KV.nats-bridge-sources.source.edge4 within 5s")
+    assert failed.endswith("(the 2 change(s) made before it were undone)")
+    assert bucket.tables() == before  # edge2 as it was, edge3 gone again, edge5 never written
+    # and a change made whole
+    bucket.fail_at = 0
+    stored = RegistryEntry("edge2", bucket.values["edge2"][0], old)
+    assert await change_all(bucket, [Change("edge2", None, stored), Change("edge6", {"name": "edge6"}, None)]) == ""
+    assert bucket.tables() == {"edge6": {"name": "edge6"}}
