@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import audit, edge, fanin, fleet, profile, publish_modes, recovery, report, stream, wan
+from bench import audit, edge, fanin, fleet, profile, publish_modes, recovery, registry, report, stream, wan
 from bench.common import REPO_ROOT, list_items, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, MODES, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
@@ -127,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     fanin.parser(sub)
     edge.parser(sub)
     fleet.parser(sub)
+    registry.parser(sub)
     recovery.parser(sub)
     profile.parser(sub)
     return parser
@@ -169,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return edge.run(args)
     if args.command == "fleet":
         return fleet.run(args)
+    if args.command == "registry":
+        return registry.run(args)
     if args.command == "recovery":
         return recovery.run(args)
     if args.command == "profile":

@@ -101,6 +101,7 @@ lane_a() {
     step a "bench smoke: fleet (three processes)" \
         .venv/bin/python -m bench fleet --quick --out .cache/bench-smoke/fleet.json
     step a "bench smoke: recovery" .venv/bin/python -m bench recovery --quick --out .cache/bench-smoke/recovery.json
+    step a "bench smoke: registry" .venv/bin/python -m bench registry --quick --out .cache/bench-smoke/registry.json
     step a "bench smoke: profile" \
         .venv/bin/python -m bench profile --profiler none --messages 20000 --out .cache/bench-smoke
     touch .cache/lane-a.done

@@ -133,12 +133,21 @@ async def test_add_change_remove_live_with_a_twin_under_traffic(
             code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(changed))
             assert code == 0 and "unchanged 1" in out, (out, err)
 
-            # list: both sources, where each comes from, and its owner
+            # list and status: both sources, where each comes from, and its owner
             code, out, err = await cli("sources", "list", "-c", str(config), "--json")
             assert code == 0, err
             rows = {row["source"]: row for row in json.loads(out)["sources"]}
             assert rows["edge1"]["from"] == "file" and rows["edge2"]["from"] == "registry", rows
             assert rows["edge2"]["owner"] in ("p0", "p1"), rows
+            code, out, err = await cli("status", "-c", str(config), "--json")
+            assert code == 0, err
+            rows = {row["source"]: row for row in json.loads(out)["sources"]}
+            assert rows["edge2"]["from"] == "registry" and rows["edge2"]["consumer"] == "nats-bridge-edge2", rows
+
+            # the registry outlives its processes: a rolling update's new process knows edge2 from the start
+            assert await procs[0].astop(20) == 0
+            procs = [procs[1], fleet_instance(bridge_procs, config, "p2")]
+            await wait_until(lambda: both_know(procs, "edge2", True), timeout=20, what="edge2 known to p2")
 
             await site_pub.done.wait()
         # every message of the registered source replicated before it is removed (its origin empty)
