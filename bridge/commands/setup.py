@@ -19,12 +19,15 @@ import functools
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
-from bridge.config import BridgeConfig, SourceConfig, TargetConfig, exposed_secrets, load_config
+from bridge.config import BridgeConfig, SourceConfig, TargetConfig, exposed_secrets
+from bridge.config.loading import build_config, read_toml
+from bridge.config.templates import prefix_pattern
 from bridge.core.modes import Mode, ModeUnsupported, mode_key
 from bridge.core.subjects import pattern_covers
 from bridge.errors import ApiError, BridgeError
@@ -74,6 +77,10 @@ def go_duration(seconds: float) -> str:
     if minutes:
         return f"{int(minutes)}m{text}"
     return text
+
+
+# the aggregate's need for every source a [source_defaults] subject_prefix with placeholders names, registered or not
+DEFAULTS_NEED = "source_defaults.subject_prefix"
 
 
 def minimal_subjects(patterns: Iterable[str]) -> list[str]:
@@ -151,8 +158,13 @@ def aggregate_differences(
             continue
         missing = [p for p in patterns if not any(pattern_covers(s, p) for s in subjects)]
         if missing:
+            whose = (
+                "the copies of the sources taking source_defaults.subject_prefix (those registered later too)"
+                if name == DEFAULTS_NEED
+                else f"source {name}'s copies"
+            )
             out.append(
-                f"subjects [{', '.join(subjects)}] do not capture source {name}'s copies ({', '.join(missing)}); "
+                f"subjects [{', '.join(subjects)}] do not capture {whose} ({', '.join(missing)}); "
                 f"its publishes would be refused: add {', '.join(missing)} to the stream's subjects"
             )
     if not cfg.get("allow_direct"):
@@ -466,6 +478,9 @@ async def run_setup(config: BridgeConfig, *, dry_run: bool = False, replicas: in
         for src in config.sources:
             tg.start_soon(source, src)
     needs = {src.name: results[src.name].subjects for src in config.sources}
+    pattern = prefix_pattern(config.source_defaults)
+    if pattern is not None:  # sites registered later publish there too: capture them all at once
+        needs[DEFAULTS_NEED] = [pattern]
 
     found: dict[str, list[Line]] = {}
 
@@ -488,10 +503,17 @@ async def run_setup(config: BridgeConfig, *, dry_run: bool = False, replicas: in
 
 
 def setup(path: str, dry_run: bool = False, replicas: int = 1) -> int:
-    """``nats-bridge setup -c PATH [--dry-run] [--replicas N]``."""
-    config = load_config(path)
+    """``nats-bridge setup -c PATH [--dry-run] [--replicas N]``: the file's sources and the registry's."""
+    from bridge.commands.sources import registry_merged
+
+    data = read_toml(Path(path))
+    config = build_config(data, path)
     for warning in exposed_secrets(path, config):
         print(f"WARN secrets: {warning}", flush=True)
+    merged, problem = anyio.run(registry_merged, data, config, path)
+    if problem:
+        print(f"WARN source registry: not read ({problem}): the file's sources only", flush=True)
+    config = merged.config
     lines = anyio.run(functools.partial(run_setup, config, dry_run=dry_run, replicas=replicas))
     code = exit_code(lines)
     if code == EXIT_OK:

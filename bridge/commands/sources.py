@@ -23,12 +23,14 @@ from typing import Any
 import anyio
 
 from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
-from bridge.config import BridgeConfig
+from bridge.commands.setup import copy_subjects, setup_command
+from bridge.config import BridgeConfig, SourceConfig
 from bridge.config.loading import build_config, parse_toml, read_toml
 from bridge.config.registry import REGISTRY, Merged, RegistryEntry, clash, inline_secrets, merge, registry_bucket
+from bridge.core.subjects import pattern_covers
 from bridge.errors import BridgeError, ConfigError
 from bridge.io.connect import close_connection, open_connection
-from bridge.io.jsapi import JsApi
+from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
 from bridge.io.registry import RegistryBucket
 
 HELP = "the source registry: add, remove or list sources every process of the fleet runs, without a file edit"
@@ -93,9 +95,10 @@ def read_tables(file: str, stdin: Callable[[], str] = lambda: sys.stdin.read()) 
 
 def validate_tables(
     data: Mapping[str, Any], config: BridgeConfig, tables: Sequence[dict[str, Any]], where: str
-) -> None:
-    """Every problem of ``tables`` as registry sources of this configuration, raised as one ConfigError (``where``
-    names the sources file): a name of the file's, an inline secret, or anything the file's own check refuses."""
+) -> list[SourceConfig]:
+    """``tables`` as registry sources of this configuration, validated; every problem raised as one ConfigError
+    (``where`` names the sources file): a name of the file's, an inline secret, or anything the file's own check
+    refuses."""
     names = {s.name for s in config.sources}
     problems: list[str] = []
     seen: set[str] = set()
@@ -112,11 +115,48 @@ def validate_tables(
             seen.add(name)
         problems += inline_secrets(table)
     try:
-        build_config(data, where, registry=checked)
+        merged = build_config(data, where, registry=checked)
     except ConfigError as err:
         problems += [line for line in err.problems if line not in problems]
     if problems:
         raise ConfigError(problems, where)
+    return merged.sources[len(config.sources) :]
+
+
+async def uncaptured(config: BridgeConfig, sources: Sequence[SourceConfig], path: str) -> tuple[list[str], str]:
+    """Why the aggregate would refuse these sources' copies (one problem line each, naming the field and the fix),
+    and a warning when that could not be checked (the target unreachable, or not readable by this user). A source
+    without a ``subject_prefix`` or filters publishes on its origin's subjects, read only by the daemon: not
+    checked here (a copy the aggregate refuses blocks its source, loudly)."""
+    target = config.target
+    try:
+        nc = await open_connection(target, name="nats-bridge sources", error_type=BridgeError)
+    except BridgeError as exc:
+        return [], f"the aggregate's subjects not checked: {exc}"
+    try:
+        info = await JsApi(nc, target.api_prefix).stream_info(target.stream, timeout=TIMEOUT)
+    except ApiError as exc:
+        if exc.err_code == STREAM_NOT_FOUND:
+            return [
+                f"target.stream: the aggregate {target.stream} does not exist: create it first: {setup_command(path)}"
+            ], ""
+        return [], f"the aggregate's subjects not checked: {exc}"
+    except BridgeError as exc:
+        return [], f"the aggregate's subjects not checked: {exc}"
+    finally:
+        await close_connection(nc)
+    subjects = list(info.get("config", {}).get("subjects") or [])
+    problems = []
+    for src in sources:
+        missing = [p for p in copy_subjects(src, None) or [] if not any(pattern_covers(s, p) for s in subjects)]
+        if missing:
+            problems.append(
+                f"sources[{src.name}].subject_prefix: the aggregate {target.stream} does not capture its copies "
+                f"({', '.join(missing)}; its subjects: {', '.join(subjects) or 'none'}): add them to the aggregate's "
+                "subjects (one pattern for every site, like edge.*.>, saves doing it again), or choose a prefix it "
+                "captures"
+            )
+    return problems, ""
 
 
 async def _with_registry(config: BridgeConfig, work: Callable[[RegistryBucket], Awaitable[int]]) -> int:
@@ -143,7 +183,13 @@ def add(path: str, file: str) -> int:
     """``nats-bridge sources add -c CONFIG --file FILE``: register every table of FILE, or none."""
     data, config = _fleet_config(path)
     tables = read_tables(file)
-    validate_tables(data, config, tables, "stdin" if file == "-" else file)
+    where = "stdin" if file == "-" else file
+    sources = validate_tables(data, config, tables, where)
+    problems, warning = anyio.run(uncaptured, config, sources, path)
+    if problems:
+        raise ConfigError(problems, where)
+    if warning:
+        print(f"WARN {warning}", file=sys.stderr, flush=True)
 
     async def work(bucket: RegistryBucket) -> int:
         await bucket.ensure(config.coordination.replicas, TIMEOUT)

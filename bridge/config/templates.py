@@ -116,3 +116,13 @@ def _fill_text(text: str, name: str, domain: str | None) -> tuple[str, str | Non
             "[[sources]] table"
         )
     return _PLACEHOLDER.sub(lambda m: name if m[1] == "name" else str(domain), text), None
+
+
+def prefix_pattern(defaults: Mapping[str, Value]) -> str | None:
+    """The subjects every source taking ``[source_defaults]``' ``subject_prefix`` publishes its copies on, as one
+    pattern (``edge.{domain}`` -> ``edge.*.>``: a token with a placeholder may be anything); None when that
+    default is absent or names no placeholder (then each source's own prefix says it)."""
+    prefix = defaults.get("subject_prefix")
+    if not isinstance(prefix, str) or not _PLACEHOLDER.search(prefix):
+        return None
+    return ".".join("*" if _PLACEHOLDER.search(token) else token for token in prefix.split(".")) + ".>"

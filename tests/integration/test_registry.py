@@ -17,7 +17,14 @@ import pytest
 
 from bridge.testing.configs import ORIGIN, SourceSpec, config_text, toml_value
 from bridge.testing.http import http_port, readyz
-from bridge.testing.jetstream import Publisher, connect, create_aggregate, create_stream, replicate_exactly
+from bridge.testing.jetstream import (
+    Publisher,
+    connect,
+    create_aggregate,
+    create_stream,
+    replicate_exactly,
+    stream_info,
+)
 from bridge.testing.polling import wait_until
 from bridge.testing.processes import BridgeFactory, BridgeProcess, fleet_instance, run_cli
 from bridge.testing.servers import Topology
@@ -206,3 +213,31 @@ async def test_add_is_all_or_nothing_and_a_thousand_sources_take_one_call(topolo
     code, out, err = await cli("sources", "remove", "-c", str(config), *names)
     assert code == 0, err
     assert list(await listed()) == ["edge1"]
+
+
+@pytest.mark.anyio
+async def test_a_fleet_of_registered_sites_is_set_up_for_every_site_to_come(topology: Topology, tmp_path: Path) -> None:
+    """A fleet's file with no sources, only [source_defaults] (subject_prefix = "edge.{name}"): setup creates the
+    aggregate capturing every site's copies, registered now or later (edge.*.>) and the registered sites' consumers;
+    a site whose prefix the aggregate would not capture is refused with the fix."""
+    config = tmp_path / "bridge.toml"
+    text = config_text(target_url=topology.hub.url, sources=[])
+    text += f'\n[source_defaults]\nservers = ["{topology.leaf.url}"]\nsubject_prefix = "edge.{{name}}"\n'
+    config.write_text(text, encoding="utf-8")
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, SITE, ["site2.>"], retention="workqueue")
+        early = sources_file(tmp_path / "early.toml", {"name": "store-1", "stream": SITE})
+        code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(early))
+        assert code == 2 and "target.stream: the aggregate AGG does not exist: create it first" in err, (out, err)
+        code, out, err = await cli("setup", "-c", str(config))
+        assert code == 0, out + err
+        info = await stream_info(hub_nc, "AGG")
+        assert info["config"]["subjects"] == ["edge.*.>"], info["config"]
+        code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(early))
+        assert code == 0, err
+        code, out, err = await cli("setup", "-c", str(config), "--dry-run")
+        assert code == 0 and "consumer ORDERS" not in out and "nats-bridge-store-1" in out, out
+        stray = sources_file(tmp_path / "stray.toml", {"name": "store-2", "stream": SITE, "subject_prefix": "other"})
+        code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(stray))
+        assert code == 2, (out, err)
+        assert "sources[store-2].subject_prefix: the aggregate AGG does not capture its copies (other.>" in err, err

@@ -165,3 +165,14 @@ def test_a_reload_restarts_the_sources_a_changed_default_reaches_and_only_those(
     plan = plan_reload(old, new, {"a", "b"}, coordinated=True)
     assert (plan.changed, plan.unchanged, plan.restart_required) == (["a"], ["b"], [])
     assert plan.restart_if_held == ["a"]
+
+
+def test_the_defaults_prefix_as_one_pattern_for_every_site() -> None:
+    from bridge.config.templates import prefix_pattern
+
+    assert prefix_pattern({"subject_prefix": "edge.{domain}"}) == "edge.*.>"
+    assert prefix_pattern({"subject_prefix": "edge.{name}.copies"}) == "edge.*.copies.>"
+    assert prefix_pattern({"subject_prefix": "site-{name}"}) == "*.>"
+    assert prefix_pattern({"subject_prefix": "edge.fixed"}) is None  # each source's own prefix says it
+    assert prefix_pattern({"subject_prefix": "edge.{{x}}"}) is None  # not a placeholder of ours
+    assert prefix_pattern({}) is None
