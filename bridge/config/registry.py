@@ -127,21 +127,24 @@ def merge(
             candidates.append(entry)
     if not candidates:
         return Merged(base, origins, refused)
-    try:
-        config = build_config(file_data, source, environ, registry=[e.table for e in candidates])
-    except ConfigError:
-        # one at a time to tell the good from the bad (rare: an entry sources add validated seldom fails here)
-        good = []
-        for entry in candidates:
-            try:
-                build_config(file_data, source, environ, registry=[entry.table])
-            except ConfigError as err:
-                refused[entry.name] = err.problems
-            else:
-                good.append(entry)
-        candidates = good
-        config = build_config(file_data, source, environ, registry=[e.table for e in candidates])
-    origins.update((entry.name, REGISTRY) for entry in candidates)
+
+    def valid(entries: list[RegistryEntry]) -> list[RegistryEntry]:
+        """The entries that validate, the others refused: halves of a failing set tried in turn, so a bad entry
+        among thousands costs a few validations of the whole, not one per entry (rare: an entry sources add
+        validated fails here only with this host's defaults, or when written by a newer version)."""
+        try:
+            build_config(file_data, source, environ, registry=[e.table for e in entries])
+        except ConfigError as err:
+            if len(entries) == 1:
+                refused[entries[0].name] = err.problems
+                return []
+            half = len(entries) // 2
+            return valid(entries[:half]) + valid(entries[half:])
+        return entries
+
+    good = valid(candidates)
+    config = build_config(file_data, source, environ, registry=[e.table for e in good]) if good else base
+    origins.update((entry.name, REGISTRY) for entry in good)
     return Merged(config, origins, refused)
 
 
