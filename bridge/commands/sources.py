@@ -384,7 +384,7 @@ def _state(live: Mapping[str, Any]) -> str | None:
 def _print_rows(rows: list[dict[str, Any]]) -> None:
     columns = ("source", "from", "owner", "mode", "state")
     cells = [[str(row[c]) if row[c] is not None else "-" for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

@@ -222,10 +222,12 @@ def print_status(status: dict[str, Any], as_json: bool) -> bool:
     if with_owner:
         columns += ("owner", "host", "since")
     rows = [[str(_cell(s, c)) for c in columns] for s in status["sources"]]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+    if not rows:
+        print("no sources: none in the configuration file, none registered (nats-bridge sources add)")
     print(f"aggregate stream {status['target_stream']}; daemon: {status['daemon']}")
     if "coordination_error" in status:
         print(f"owners unknown: {status['coordination_error']}")

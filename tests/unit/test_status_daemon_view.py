@@ -96,3 +96,9 @@ def test_the_table_has_a_mode_column(capsys: pytest.CaptureFixture[str]) -> None
         ["edge2", "registry", "-"],
         ["edge3", "file", "-"],
     ]
+
+
+def test_no_sources_at_all_is_said_not_crashed_on(capsys: pytest.CaptureFixture[str]) -> None:
+    # a fleet's file may have none, and the registry may be empty yet
+    assert print_status({"target_stream": "AGG", "daemon": "x", "sources": []}, as_json=False)
+    assert "no sources: none in the configuration file, none registered" in capsys.readouterr().out
