@@ -391,6 +391,16 @@ async def _setup_aggregate(
     try:
         info = await _lookup_stream(api, target.stream)
         if info is None:
+            if not needs:
+                return [
+                    Line(
+                        FAIL,
+                        what,
+                        "not created: no source's copies to capture (no [[sources]], none registered): register "
+                        "sources first (nats-bridge sources add), or give [source_defaults] a subject_prefix with "
+                        "{name} or {domain} (it captures every site to come)",
+                    )
+                ]
             unknown = [name for name, subjects in needs.items() if subjects is None]
             if unknown:
                 return [

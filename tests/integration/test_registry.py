@@ -226,6 +226,10 @@ async def test_a_fleet_of_registered_sites_is_set_up_for_every_site_to_come(topo
     config.write_text(text, encoding="utf-8")
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         await create_stream(leaf_nc, SITE, ["site2.>"], retention="workqueue")
+        bare = tmp_path / "bare.toml"  # no sources, no prefix to derive the aggregate's subjects from
+        bare.write_text(config_text(target_url=topology.hub.url, sources=[]), encoding="utf-8")
+        code, out, err = await cli("setup", "-c", str(bare))
+        assert code == 1 and "FAIL" in out and "not created: no source's copies to capture" in out, out + err
         early = sources_file(tmp_path / "early.toml", {"name": "store-1", "stream": SITE})
         code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(early))
         assert code == 2 and "target.stream: the aggregate AGG does not exist: create it first" in err, (out, err)
