@@ -28,7 +28,7 @@ class ResetCause(StrEnum):
 Publish = Send
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)  # one per message at 1 msg/s: a written __init__ compiles (mypyc)
 class AnswerFlowControl:
     """Publish a flow-control answer to ``subject``.
 
@@ -39,6 +39,11 @@ class AnswerFlowControl:
     subject: str
     last_consumer: int
     last_stream: int
+
+    def __init__(self, subject: str, last_consumer: int, last_stream: int) -> None:
+        self.subject = subject
+        self.last_consumer = last_consumer
+        self.last_stream = last_stream
 
     @property
     def acks(self) -> bool:

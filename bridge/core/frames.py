@@ -99,3 +99,13 @@ def encode_flow_control_answer(subject: str, headers: Mapping[str, str] | None) 
         return encode_acks([subject])  # the same empty message
     block = encode_header_block(headers)
     return b"HPUB %s  %d %d\r\n%s\r\n" % (subject.encode(), len(block), len(block), block)
+
+
+def encode_answer(subject: str, last_consumer: int, last_stream: int) -> bytes:
+    """:func:`encode_flow_control_answer` of an ``AnswerFlowControl``'s fields, byte for byte, without building its
+    headers as a dict and encoding that (it runs for almost every message at 1 msg/s per source): an answer naming
+    a position when both numbers are positive (``AnswerFlowControl.acks``), else an empty one."""
+    if last_consumer <= 0 or last_stream <= 0:
+        return b"PUB %s  0\r\n\r\n" % subject.encode()
+    block = b"NATS/1.0\r\nNats-Last-Consumer: %d\r\nNats-Last-Stream: %d\r\n\r\n" % (last_consumer, last_stream)
+    return b"HPUB %s  %d %d\r\n%s\r\n" % (subject.encode(), len(block), len(block), block)

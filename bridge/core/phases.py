@@ -59,6 +59,10 @@ class Phase(Enum):
     RUNNING = "running"  # taking deliveries
     STOPPING = "stopping"  # shutting down: no new deliveries or publishes, in-flight acks still count
 
+    # looked up in TRANSITIONS on every tick and several times per message: an Enum hashes its name in Python (a
+    # call each), a member is a singleton compared by identity, so its identity hashes as well and in C
+    __hash__ = object.__hash__
+
 
 class Event(Enum):
     """What moves the engine from one phase to another."""
@@ -74,6 +78,8 @@ class Event(Enum):
     FILLED = "filled"  # pull mode: they were read and handed to the pipeline; deliveries are taken again
     FILL_FAILED = "fill_failed"  # pull mode: the origin stream could not be read; resync again after a backoff
     SHUTDOWN = "shutdown"  # stop taking deliveries; drain what is in flight
+
+    __hash__ = object.__hash__  # as Phase's
 
 
 TRANSITIONS: dict[Phase, dict[Event, Phase]] = {

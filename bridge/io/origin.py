@@ -250,7 +250,7 @@ class OriginClient:
         nc: Any = self._nc
         if nc is None or not self._raw or not nc.is_connected or nc._transport is None:
             return False
-        wire.write_soon(nc, frames.encode_flow_control_answer(effect.subject, effect.headers))
+        wire.write_soon(nc, frames.encode_answer(effect.subject, effect.last_consumer, effect.last_stream))
         return True
 
     def _connection(self, what: str) -> NATS:

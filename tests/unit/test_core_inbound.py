@@ -12,7 +12,16 @@ from __future__ import annotations
 import pytest
 
 from bridge.core.ackreply import parse_ack_subject
-from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, PullStatus, Unrecognised, classify
+from bridge.core.headers import parse_header_block
+from bridge.core.inbound import (
+    Data,
+    FlowControlRequest,
+    Heartbeat,
+    PullStatus,
+    Unrecognised,
+    classify,
+    classify_frames,
+)
 
 ACK = "$JS.ACK.ORDERS.BRIDGE.1.57.12.1700.3"
 FC = "$JS.FC.ORDERS.BRIDGE.aB3x"
@@ -146,3 +155,42 @@ def test_data_with_an_application_status_header_is_still_data(headers: dict[str,
     Unrecognised (with an empty payload and ``Status: 100``, even a FlowControlRequest): its dseq was never
     counted, a GAP reset brought it back, and so on: the source was blocked for good."""
     assert isinstance(classify("orders.new", ACK, headers, payload), Data)
+
+
+@pytest.mark.parametrize(
+    ("reply", "header", "payload"),
+    [
+        # the server's own forms (the fast path's)
+        (b"$JS.FC.ORDERS.BRIDGE.aB3x", b"NATS/1.0 100 FlowControl Request\r\n\r\n", b""),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 12\r\nNats-Last-Stream: 57\r\n\r\n", b""),
+        (
+            b"",
+            b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 12\r\nNats-Last-Stream: 57\r\n"
+            b"Nats-Consumer-Stalled: $JS.FC.ORDERS.BRIDGE.x\r\n\r\n",
+            b"",
+        ),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: x\r\nNats-Last-Consumer: 13\r\n\r\n", b""),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Stream: 5: 6\r\n\r\n", b""),
+        # anything else: the general path
+        (b"$JS.ACK.ORDERS.BRIDGE.1.57.12.1700.3", b"NATS/1.0 100 FlowControl Request\r\n\r\n", b""),
+        (b"$JS.FC.x", b"NATS/1.0 100 FlowControl Request\r\n\r\n", b"payload"),
+        (b"$JS.FC.x", b"NATS/1.0 100 FlowControl Request\r\nStatus: 200\r\n\r\n", b""),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\n\r\n", b""),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer:  12\r\n\r\n", b""),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer:12\r\n\r\n", b""),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: \r\n\r\n", b""),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\nStatus: 408\r\n\r\n", b""),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Stream: \xc3\xa9\r\n\r\n", b""),
+        (b"", b"NATS/1.0 1000 Idle Heartbeat\r\nNats-Last-Consumer: 12\r\n\r\n", b""),
+        (b"", b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 12\r\n", b""),
+        (b"", b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 3\r\n\r\n", b""),
+    ],
+)
+def test_classify_frames_takes_the_servers_control_messages_as_classify_does(
+    reply: bytes, header: bytes, payload: bytes
+) -> None:
+    # the frames' classification spares the general header parse for the server's own forms: never a different
+    # answer
+    subject = b"nats-bridge.deliver.s1"
+    general = classify(subject.decode(), reply.decode(), parse_header_block(header), payload)
+    assert classify_frames([(subject, reply, header, payload)]) == [general]
