@@ -106,7 +106,7 @@ def _table(header: str, values: Mapping[str, Any]) -> list[str]:
 
 def config_text(
     *,
-    target_url: str,
+    target_url: str | Sequence[str],
     sources: Sequence[SourceSpec],
     target_stream: str = AGGREGATE,
     engine: Mapping[str, Any] | None = None,
@@ -122,7 +122,8 @@ def config_text(
     # tests run side by side: any free port
     lines += ["", *_table("[http]", {"listen": "127.0.0.1:0", **(http_extra or {})})]
     lines += ["", *_table("[coordination]", {**TEST_COORDINATION, **(coordination or {})})]
-    target: dict[str, Any] = {"servers": [target_url], "stream": target_stream, **(target_extra or {})}
+    servers = [target_url] if isinstance(target_url, str) else list(target_url)
+    target: dict[str, Any] = {"servers": servers, "stream": target_stream, **(target_extra or {})}
     lines += ["", *_table("[target]", target)]
     for spec in sources:
         lines.append("")

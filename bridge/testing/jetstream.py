@@ -36,7 +36,7 @@ from nats.js.client import JetStreamContext
 from bridge.core.ackreply import parse_ack_subject
 from bridge.core.modes import Mode
 from bridge.testing.configs import AGGREGATE, ORIGIN
-from bridge.testing.polling import wait_for_value
+from bridge.testing.polling import wait_for_value, wait_until
 from bridge.testing.servers import origin_mode_expected
 
 __all__ = [
@@ -125,6 +125,23 @@ async def stream_info(nc: Client, name: str, *, domain: str | None = None, **bod
     return await js_request(nc, f"STREAM.INFO.{name}", body or None, domain=domain)
 
 
+async def stream_leader(nc: Client, name: str, *, domain: str | None = None) -> str:
+    """The server name of the stream's leader ("" while it has none), as ``STREAM.INFO`` reports it."""
+    info = await stream_info(nc, name, domain=domain)
+    return str((info.get("cluster") or {}).get("leader") or "")
+
+
+async def new_leader(nc: Client, name: str, old: str, *, timeout: float = 20.0) -> str:
+    """Wait until the stream has a leader other than ``old`` (after ``old`` was stopped); its name."""
+
+    async def elected() -> str:
+        leader = await stream_leader(nc, name)
+        return leader if leader and leader != old else ""
+
+    found: str = await wait_until(elected, timeout=timeout, what=f"a new leader of {name}", retry_on=(Exception,))
+    return found
+
+
 async def stream_messages(nc: Client, name: str, *, domain: str | None = None) -> int:
     return int((await stream_info(nc, name, domain=domain))["state"]["messages"])
 
@@ -152,10 +169,11 @@ def delivered(info: Mapping[str, Any]) -> int:
 
 
 @contextlib.asynccontextmanager
-async def connect(url: str) -> AsyncIterator[Client]:
-    """A test client that reconnects fast and forever (servers are restarted under it)."""
+async def connect(url: str | Sequence[str]) -> AsyncIterator[Client]:
+    """A test client that reconnects fast and forever (servers are restarted under it); give every node's URL of
+    a cluster (:attr:`bridge.testing.servers.HubCluster.hub_urls`) to have it move to another node."""
     nc = await nats.connect(
-        url,
+        url if isinstance(url, str) else list(url),
         connect_timeout=2,
         reconnect_time_wait=0.1,
         max_reconnect_attempts=-1,

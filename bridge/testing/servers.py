@@ -46,6 +46,7 @@ __all__ = [
     "ENV_ORIGIN_BINARY",
     "FIRST_FLOW_CONTROL_VERSION",
     "PULL_TEST_ACK_WAIT",
+    "HubCluster",
     "NatsServer",
     "NatsServerNotFound",
     "ServerFactory",
@@ -60,6 +61,7 @@ __all__ = [
     "origin_server_binary",
     "ready_event",
     "server_version",
+    "start_hub_cluster",
     "start_topology",
 ]
 
@@ -310,11 +312,14 @@ class NatsServer:
         binary: the ``nats-server`` to run; :func:`find_nats_server` when ``None``.
         domain: the JetStream domain, or ``None`` for none.
         leafnode_listen: also accept leafnode connections, on :attr:`leafnode_port`.
-        leaf_remotes: URLs (``nats-leaf://...``) to solicit leafnode connections to, one remote each.
+        leaf_remotes: the leafnode connections to solicit, one remote each: a URL (``nats-leaf://...``), or a list
+            of URLs for one remote that may reach any of them (the nodes of a cluster).
         remote_extra: config text placed inside each remote's block (e.g. ``account: A`` or credentials).
         max_file_store: JetStream's file storage limit (nats-server size syntax); a full store refuses writes.
         extra_config: config text appended at the end of the file (accounts, authorization, tls, ...). A
             top-level key it repeats overrides the generated one, whole blocks (``leafnodes``) included.
+        cluster_name: join a cluster of that name: the server listens for routes on :attr:`route_url` and routes
+            to :attr:`routes` (set them before :meth:`start`; :func:`start_hub_cluster` does).
 
     Nothing runs until :meth:`start`; the context-manager form starts, waits until healthy, and stops.
     """
@@ -327,11 +332,12 @@ class NatsServer:
         binary: str | None = None,
         domain: str | None = None,
         leafnode_listen: bool = False,
-        leaf_remotes: Sequence[str] = (),
+        leaf_remotes: Sequence[str | Sequence[str]] = (),
         remote_extra: str = "",
         extra_config: str = "",
         max_file_store: str = "1GB",
         nice: int = 0,
+        cluster_name: str | None = None,
     ) -> None:
         self.directory = Path(directory).absolute()
         self.max_file_store = max_file_store
@@ -344,10 +350,13 @@ class NatsServer:
         self.leaf_remotes = tuple(leaf_remotes)
         self.remote_extra = remote_extra
         self.extra_config = extra_config
-        ports = free_ports(3 if leafnode_listen else 2)
+        ports = free_ports(4)
         self.port: int = ports[0]
         self.monitor_port: int = ports[1]
         self.leafnode_port: int | None = ports[2] if leafnode_listen else None
+        self.cluster_name = cluster_name
+        self.cluster_port: int | None = ports[3] if cluster_name is not None else None
+        self.routes: list[str] = []  # the other nodes' route URLs (a cluster)
         self.config_path = self.directory / "nats-server.conf"
         self.store_dir = self.directory / "store"
         self.log_path = self.directory / "server.log"
@@ -369,6 +378,13 @@ class NatsServer:
     def monitor_url(self) -> str:
         """Base URL of the HTTP monitoring endpoints (``/healthz``, ``/varz``, ``/jsz``, ``/leafz``...)."""
         return f"http://{_LOOPBACK}:{self.monitor_port}"
+
+    @property
+    def route_url(self) -> str:
+        """URL the other nodes of its cluster route to (``nats-route://127.0.0.1:<port>``)."""
+        if self.cluster_port is None:
+            raise ValueError(f"server {self.name} is not in a cluster")
+        return f"nats-route://{_LOOPBACK}:{self.cluster_port}"
 
     @property
     def leafnode_url(self) -> str:
@@ -425,14 +441,27 @@ class NatsServer:
                 lines.append(f"  reconnect: {conf_str(_LEAF_RECONNECT)}")
                 lines.append("  remotes: [")
                 for url in self.leaf_remotes:
+                    where = (
+                        f"url: {conf_str(url)}"
+                        if isinstance(url, str)
+                        else f"urls: [{', '.join(conf_str(u) for u in url)}]"
+                    )
                     if not self.remote_extra:
-                        lines.append(f"    {{ url: {conf_str(url)} }}")
+                        lines.append(f"    {{ {where} }}")
                         continue
-                    lines.append(f"    {{ url: {conf_str(url)}")
+                    lines.append(f"    {{ {where}")
                     lines.append(_indent(self.remote_extra, "      "))
                     lines.append("    }")
                 lines.append("  ]")
             lines.append("}")
+        if self.cluster_port is not None:
+            lines += [
+                "cluster {",
+                f"  name: {conf_str(str(self.cluster_name))}",
+                f"  listen: {conf_str(f'{_LOOPBACK}:{self.cluster_port}')}",
+                f"  routes: [{', '.join(conf_str(route) for route in self.routes)}]",
+                "}",
+            ]
         if self.extra_config:
             lines += ["", "# extra_config", self.extra_config]
         return "\n".join(lines) + "\n"
@@ -513,6 +542,26 @@ class NatsServer:
                     f"server {self.name} not healthy after {timeout}s (last: {last})\n{self.log_tail(30)}"
                 )
             time.sleep(_POLL_INTERVAL)
+
+    def wait_current(self, timeout: float = 20.0) -> None:
+        """Block until ``/healthz`` answers 200: besides being up, a cluster node has its JetStream meta leader and
+        its streams and consumers current (a node just restarted has caught up).
+
+        Raises:
+            ServerStartError: not within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            try:
+                status, body = get(f"{self.monitor_url}/healthz", _HTTP_TIMEOUT)
+                if status == 200:
+                    return
+                last = f"HTTP {status}: {body[:200]!r}"
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(_POLL_INTERVAL)
+        raise ServerStartError(f"server {self.name} not current after {timeout}s (last: {last})\n{self.log_tail(20)}")
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop gracefully: SIGTERM, wait up to ``timeout`` s, then SIGKILL; always reaps. No-op if stopped.
@@ -779,3 +828,133 @@ def start_topology(
 
 
 ServerFactory = Callable[..., NatsServer]  # (name, extra_config, **NatsServer keywords) -> a started NatsServer
+
+
+# A hub cluster + leaf
+
+
+class HubCluster(Topology):
+    """Hub nodes routed into one cluster (one JetStream domain, ``hub``) and a leaf whose one remote lists every
+    node: the hub as people run it. :attr:`hub` is the first node (a client URL of the cluster, as the single-hub
+    :class:`Topology` has it); :attr:`hub_urls` every node's, what a client of the cluster should be given.
+
+    Use :func:`start_hub_cluster` to build one."""
+
+    def __init__(self, hubs: Sequence[NatsServer], leaf: NatsServer, *, require_js_api: bool = True) -> None:
+        super().__init__(hubs[0], leaf, require_js_api=require_js_api)
+        self.hubs = tuple(hubs)
+
+    def __repr__(self) -> str:
+        return f"<HubCluster hubs={list(self.hubs)!r} leaf={self.leaf!r}>"
+
+    @property
+    def hub_urls(self) -> list[str]:
+        """Every node's client URL."""
+        return [node.url for node in self.hubs]
+
+    @property
+    def servers(self) -> tuple[NatsServer, ...]:  # type: ignore[override]  # more than two
+        """The hub's nodes, then the leaf."""
+        return (*self.hubs, self.leaf)
+
+    def node(self, name: str) -> NatsServer:
+        """The hub node whose ``server_name`` is ``name``."""
+        for node in self.hubs:
+            if node.name == name:
+                return node
+        raise KeyError(f"no hub node named {name!r} (nodes: {[n.name for n in self.hubs]})")
+
+    def is_linked(self) -> bool:
+        """Whether the leaf is linked to some node of the hub, both ends saying so (see :meth:`Topology.is_linked`)."""
+        try:
+            leaf_side = self.leaf.monitor("leafz?subs=true")
+        except (OSError, ValueError):
+            return False
+        for node in self.hubs:
+            if not node.is_running or node.is_paused or not _has_link(leaf_side, node, self.require_js_api):
+                continue
+            try:
+                return _has_link(node.monitor("leafz?subs=true"), self.leaf, self.require_js_api)
+            except (OSError, ValueError):
+                return False
+        return False
+
+    def wait_current(self, timeout: float = 30.0) -> None:
+        """Block until every running hub node is current (``/healthz``) and the leaf is linked."""
+        deadline = time.monotonic() + timeout
+        for node in self.hubs:
+            if node.is_running:
+                node.wait_current(max(0.1, deadline - time.monotonic()))
+        self.wait_linked(max(0.1, deadline - time.monotonic()))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the leaf, then the nodes; each is reaped even if stopping another fails."""
+        try:
+            self.leaf.stop(timeout=timeout)
+        finally:
+            for node in self.hubs:
+                node.stop(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL every server and reap them."""
+        try:
+            self.leaf.kill()
+        finally:
+            for node in self.hubs:
+                node.kill()
+
+
+def start_hub_cluster(
+    base_dir: Path,
+    *,
+    nodes: int = 3,
+    hub_domain: str = "hub",
+    leaf_domain: str = "leaf",
+    binary: str | None = None,
+    leaf_binary: str | None = None,
+    timeout: float = 30.0,
+    max_file_store: str = "1GB",
+) -> HubCluster:
+    """Start ``nodes`` hub nodes (``base_dir/hub-a``, ``hub-b``, ...) routed into cluster ``hub``, and a leaf linked to
+    all of them through one remote; wait until every node is current and the leaf is linked.
+
+    Raises:
+        ServerStartError: a server did not start, the cluster did not form, or the link did not come up; nothing
+            is left running.
+    """
+    binary = binary if binary is not None else find_nats_server()
+    hubs = [
+        NatsServer(
+            Path(base_dir) / f"hub-{letter}",
+            name=f"hub-{letter}",
+            binary=binary,
+            domain=hub_domain,
+            leafnode_listen=True,
+            max_file_store=max_file_store,
+            cluster_name="hub",
+        )
+        for letter in "abcdefg"[:nodes]
+    ]
+    for node in hubs:
+        node.routes = [other.route_url for other in hubs if other is not node]
+    leaf = NatsServer(
+        Path(base_dir) / "leaf",
+        name="leaf",
+        binary=leaf_binary if leaf_binary is not None else binary,
+        domain=leaf_domain,
+        leaf_remotes=[[node.leafnode_url for node in hubs]],
+        max_file_store=max_file_store,
+    )
+    cluster = HubCluster(hubs, leaf)
+    try:
+        for node in hubs:
+            node.start()
+        for node in hubs:
+            node.wait_ready(timeout)
+        leaf.start()
+        leaf.wait_ready(timeout)
+        cluster.wait_current(timeout)
+    except BaseException:
+        cluster.kill()
+        raise
+    return cluster
