@@ -71,7 +71,6 @@ class SiteRun:
 class RegistryRun:
     aggregate: int
     size: int
-    prefixed: bool
     preload_s: float = 0.0
     sites: list[SiteRun] = field(default_factory=list)
     copies_ok: bool = False
@@ -86,11 +85,12 @@ class RegistryRun:
         return out
 
 
-def bridge_config(world: World, prefixed: bool) -> str:
-    """A fleet's file with no sources: the target, leases (defaults), and what every site shares (with
-    ``prefixed``, copies under ``edge.<site>``: restart recovery then reads only the site's own copies)."""
+def bridge_config(world: World) -> str:
+    """A fleet's file with no sources: the target, leases (defaults), and what every site shares, copies under
+    ``edge.<site>`` (restart recovery then reads only the site's own copies; and in this world the leaf's streams
+    would capture copies published on their own subjects at the hub, which the leafnode carries back: a cycle)."""
     leaf = world.topology.leaf.url
-    prefix = f'subject_prefix = "{ops.AGGREGATE_SUBJECTS}.{{name}}"\n' if prefixed else ""
+    prefix = f'subject_prefix = "{ops.AGGREGATE_SUBJECTS}.{{name}}"\n'
     return (
         '[log]\nlevel = "info"\nformat = "json"\n\n'
         '[http]\nlisten = "127.0.0.1:0"\n\n'
@@ -110,14 +110,14 @@ async def preload_aggregate(hub: Client, count: int, size: int) -> float:
     return time.monotonic() - started
 
 
-async def copies(hub: Client, site: str, prefixed: bool) -> int:
-    """The site's copies stored in the aggregate (``site-3``'s under ``edge.site-3.>``, or its origin subjects)."""
-    subject = f"{ops.AGGREGATE_SUBJECTS}.{site}.>" if prefixed else f"site{site.removeprefix('site-')}.>"
+async def copies(hub: Client, site: str) -> int:
+    """The site's copies stored in the aggregate (``site-3``'s under ``edge.site-3.>``)."""
+    subject = f"{ops.AGGREGATE_SUBJECTS}.{site}.>"
     info = await ops.api(hub, f"$JS.API.STREAM.INFO.{ops.AGGREGATE}", {"subjects_filter": subject})
     return sum(int(n) for n in (info.get("state", {}).get("subjects") or {}).values())
 
 
-async def add_site(world: World, hub: Client, index: int, prefixed: bool) -> SiteRun:
+async def add_site(world: World, hub: Client, index: int) -> SiteRun:
     name = f"site-{index}"
     run = SiteRun(name)
     sites = world.directory / f"{name}.toml"
@@ -143,7 +143,7 @@ async def add_site(world: World, hub: Client, index: int, prefixed: bool) -> Sit
     if proc.returncode != 0:
         raise ops.BenchError(f"sources add exited {proc.returncode}: {(out + err).decode()[-500:]}")
     deadline = t0 + DEADLINE
-    while await copies(hub, name, prefixed) == 0:
+    while await copies(hub, name) == 0:
         if time.monotonic() > deadline:
             raise ops.BenchError(f"{name}: no copy stored {DEADLINE:g}s after sources add")
         failure = world.bridge_failure()
@@ -162,14 +162,11 @@ async def add_site(world: World, hub: Client, index: int, prefixed: bool) -> Sit
     return run
 
 
-def measure(aggregate: int, sites: int, size: int, workdir: Path, keep: bool, prefixed: bool) -> RegistryRun:
-    result = RegistryRun(aggregate, size, prefixed, loadavg=loadavg())
+def measure(aggregate: int, sites: int, size: int, workdir: Path, keep: bool) -> RegistryRun:
+    result = RegistryRun(aggregate, size, loadavg=loadavg())
 
     async def body(world: World, leaf: Client, hub: Client) -> None:
-        config = ops.aggregate_config(native=False)
-        if not prefixed:  # the copies keep their origin subjects
-            config["subjects"] = [*config["subjects"], *(f"site{i}.>" for i in range(sites))]
-        await ops.api(hub, f"$JS.API.STREAM.CREATE.{ops.AGGREGATE}", config)
+        await ops.create_aggregate(hub, native=False)
         result.preload_s = await preload_aggregate(hub, aggregate, size)
         for i in range(sites):
             await ops.api(
@@ -179,13 +176,13 @@ def measure(aggregate: int, sites: int, size: int, workdir: Path, keep: bool, pr
             )
             for n in range(MESSAGES):
                 await leaf.request(f"site{i}.orders.{n % 3}", b"x" * size, timeout=5)
-        world.write_config(bridge_config(world, prefixed))
+        world.write_config(bridge_config(world))
         bridge = world.start_bridge()
         await asyncio.to_thread(_wait, bridge, "registry.read")
         for i in range(sites):
-            result.sites.append(await add_site(world, hub, i, prefixed))
+            result.sites.append(await add_site(world, hub, i))
         deadline = time.monotonic() + DEADLINE
-        while [await copies(hub, f"site-{i}", prefixed) for i in range(sites)] != [MESSAGES] * sites:
+        while [await copies(hub, f"site-{i}") for i in range(sites)] != [MESSAGES] * sites:
             if time.monotonic() > deadline:
                 raise ops.BenchError("not every site's copies stored")
             await asyncio.sleep(0.1)
@@ -257,11 +254,6 @@ def parser(sub: Any) -> None:
     p.add_argument("--sites", type=int, help=f"sites registered one after the other (default {DEFAULT_SITES})")
     p.add_argument("--size", type=int, default=128, help="payload bytes (default 128)")
     p.add_argument(
-        "--no-prefix",
-        action="store_true",
-        help="no subject_prefix: the copies keep their origin subjects (recovery reads by header)",
-    )
-    p.add_argument(
         "--quick", action="store_true", help=f"smoke test: {QUICK_AGGREGATE:,} messages, {QUICK_SITES} sites"
     )
     p.add_argument("--label", default="", help="the run's name in the output")
@@ -278,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     def measure_registry(session: Session) -> RegistryRun:
-        return measure(aggregate, sites, args.size, session.workdir, args.keep, not args.no_prefix)
+        return measure(aggregate, sites, args.size, session.workdir, args.keep)
 
     def report(session: Session, result: RegistryRun) -> Report:
         items = targets(result)
@@ -291,10 +283,10 @@ def run(args: argparse.Namespace) -> int:
             f"{revision_text(session.revision)}, load average {info['loadavg_start']} at start, "
             f"{info['loadavg_end']} at the end; the aggregate preloaded with {aggregate:,} messages of {args.size} B "
             f"in {result.preload_s:.0f} s; one bridge (leases on, defaults) whose file has no sources; "
-            f"{'subject_prefix edge.<site>' if result.prefixed else 'no subject_prefix'}; "
+            "subject_prefix edge.<site>; "
             f"{sites} sites registered one after the other, each holding {MESSAGES} messages."
         )
-        settings = {"aggregate": aggregate, "sites": sites, "size": args.size, "prefixed": result.prefixed}
+        settings = {"aggregate": aggregate, "sites": sites, "size": args.size}
         fields = {"settings": settings, "run": result.as_dict()}
         failure = "" if result.ok else f"\nthe run failed: {result.error}"
         return Report(markdown(items, header), fields, [t.as_dict() for t in items], failure)

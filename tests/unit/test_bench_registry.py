@@ -10,7 +10,7 @@ from bench.registry import TARGET_S, RegistryRun, SiteRun, bridge_config, target
 
 
 def run(*stored: float | None) -> RegistryRun:
-    result = RegistryRun(1_000_000, 128, True, copies_ok=True, exit_code=0)
+    result = RegistryRun(1_000_000, 128, copies_ok=True, exit_code=0)
     result.sites = [SiteRun(f"site-{i}", command_s=0.6, applied_s=0.5, first_stored_s=s) for i, s in enumerate(stored)]
     return result
 
@@ -30,7 +30,6 @@ def test_a_site_is_its_name_and_stream() -> None:
     world: Any = SimpleNamespace(
         topology=SimpleNamespace(leaf=SimpleNamespace(url="nats://127.0.0.1:1"), hub=SimpleNamespace(url="nats://h:2"))
     )
-    config = tomllib.loads(bridge_config(world, prefixed=True))
+    config = tomllib.loads(bridge_config(world))
     assert "sources" not in config  # every source comes from the registry
     assert config["source_defaults"] == {"servers": ["nats://127.0.0.1:1"], "subject_prefix": "edge.{name}"}
-    assert "subject_prefix" not in tomllib.loads(bridge_config(world, prefixed=False))["source_defaults"]
