@@ -39,9 +39,8 @@ done
 .venv/bin/mypy
 
 # Two lanes run side by side (most of the suite waits on servers, not on the CPU): lane A has the tests on 2.15.1
-# but the Spark ones, the 2.10.26 origin, the core's tests on its pure-Python build, both chaos smoke sets and the
-# bench's smoke set;
-# lane B 2.14.0, the 2.12.8 origin and the Spark tests. Each step's seconds are in the verdict table: keep the lanes even.
+# but the Spark ones, the core's tests on its pure-Python build, both chaos smoke sets and the bench's smoke set;
+# lane B 2.14.0, the Spark tests, the 2.12.8 and the 2.10.26 origins. Each step's seconds are in the verdict table: keep the lanes even.
 # Each lane's output goes to a log of its own; lane B's is printed when both are done. Every test starts its own servers on ports nobody else
 # holds, so the lanes do not meet. Every step runs whatever an earlier one did (a failing test must not hide the
 # chaos or bench verdicts); each records its verdict, all are printed in one table at the end, and the run fails if
@@ -70,12 +69,6 @@ lane_a() {
     # tests run in lane B on this same server version)
     step a "all tests on nats-server 2.15.1 but the Spark ones (lane B) and pull mode's faults (lane B, 2.12.8 origin)" \
         .venv/bin/python -m pytest -q -p no:cacheprovider -m "not spark and not pullfaults"
-    # the oldest origin: the scenarios that hold in both modes, but the target's outages (the origin's version
-    # plays no part in them; lane B runs them on 2.12.8) and pull mode's own faults (lane B)
-    step a "pull-mode tests with a nats-server 2.10.26 origin" \
-        env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.10.26/bin/nats-server" \
-        .venv/bin/python -m pytest -q -m "pullmode and not pullfaults" -p no:cacheprovider \
-        --ignore tests/integration/test_bridge_target_down.py
     # the tests that drive the core (bridge/core) again, on its pure-Python build: the other unit tests do not
     # depend on how the core was built
     step a "core tests on the pure-Python core (NATS_BRIDGE_PURE_PYTHON=1, for machines without a C compiler)" \
@@ -119,6 +112,12 @@ lane_b() {
     step b "pull-mode tests with a nats-server 2.12.8 origin" \
         env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
         .venv/bin/python -m pytest -q -m pullmode -p no:cacheprovider
+    # the oldest origin: the scenarios that hold in both modes, but the target's outages (the origin's version
+    # plays no part in them; above, on 2.12.8) and pull mode's own faults (lane B)
+    step b "pull-mode tests with a nats-server 2.10.26 origin" \
+        env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.10.26/bin/nats-server" \
+        .venv/bin/python -m pytest -q -m "pullmode and not pullfaults" -p no:cacheprovider \
+        --ignore tests/integration/test_bridge_target_down.py
     touch .cache/lane-b.done
 }
 
