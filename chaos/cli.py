@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
         "(default: $NATS_ORIGIN_SERVER_BIN, else the hub's)",
     )
     run.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the hub as three nodes in one cluster, the aggregate and the lease bucket R3 (and the cluster's own "
+        "fault kinds: hub-leader-kill, hub-rolling-restart, kv-leader-kill)",
+    )
+    run.add_argument(
         "--audit",
         action="store_true",
         help="afterwards, run nats-bridge audit on each aggregate and require it to agree with the checker",
@@ -93,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except ServerStartError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2
-    skipped = inapplicable(mode)
+    skipped = inapplicable(mode, cluster=args.cluster)
+    if args.cluster:
+        command += " --cluster"  # the replay commands must run a cluster too
     if args.smoke:
         specs = smoke_set(skip=skipped)
         parallel = args.parallel or 3
@@ -149,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             command=command,
             origin_binary=origin_binary,
             keep=keep,
+            cluster=args.cluster,
         )
     )
     if args.audit:

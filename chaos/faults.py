@@ -21,9 +21,10 @@ from typing import Any
 
 from bridge.core.modes import Mode
 from bridge.testing.processes import BridgeProcess
+from bridge.testing.servers import HubCluster, NatsServer
 from chaos.model import Excuse, FaultEvent
 from chaos.reader import stream_state
-from chaos.topology import AGGREGATE, LEASE_TTL, SILENCE_TIMEOUT, ChaosTopology, Source
+from chaos.topology import AGGREGATE, BUCKET, LEASE_TTL, SILENCE_TIMEOUT, ChaosTopology, Source
 
 SERVER_READY_TIMEOUT = 30.0
 RECREATE_TIMEOUT = 90.0
@@ -239,6 +240,62 @@ def server_pause(side: str) -> Fault:
     return fault
 
 
+# -- a hub cluster's own (python -m chaos run --cluster) ----------------------------------------------------------
+
+
+async def _leader(ctx: FaultContext, stream: str, name: str) -> NatsServer | None:
+    """The hub node leading ``stream`` now (None, and a problem, if none is named within the deadline)."""
+    deadline = time.monotonic() + SERVER_READY_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            info = await ctx.topo.api("hub", f"STREAM.INFO.{stream}")
+        except Exception:  # no reply while the cluster elects: ask again
+            info = {}
+        leader = (info.get("cluster") or {}).get("leader")
+        for node in ctx.topo.hubs:
+            if node.name == leader:
+                return node
+        await asyncio.sleep(0.2)
+    ctx.problems.append(f"{name} at +{ctx.now():.1f}s: no leader of {stream} for {SERVER_READY_TIMEOUT:g}s")
+    return None
+
+
+def _cluster_current(ctx: FaultContext) -> None:
+    servers = ctx.topo.servers
+    assert isinstance(servers, HubCluster)
+    servers.wait_current(SERVER_READY_TIMEOUT)
+
+
+def leader_kill(stream: str, name: str) -> Fault:
+    """SIGKILL the hub node leading ``stream`` (the aggregate, or the lease bucket), start it again after a moment:
+    the stream elects another leader meanwhile (seconds), publishes and renewals wait for it."""
+
+    async def fault(ctx: FaultContext, rng: random.Random) -> None:
+        node = await _leader(ctx, stream, name)
+        if node is None:
+            return
+        down = round(rng.uniform(0.5, 3.0), 2)
+        await asyncio.to_thread(node.kill)
+        ctx.record(name, "inject", signal="SIGKILL", node=node.name, stream=stream, down_seconds=down)
+        await asyncio.sleep(down)
+        await asyncio.to_thread(node.start)
+        await asyncio.to_thread(node.wait_ready, SERVER_READY_TIMEOUT)
+        await asyncio.to_thread(_cluster_current, ctx)
+        ctx.record(name, "heal", node=node.name, current=True)
+
+    return fault
+
+
+async def hub_rolling_restart(ctx: FaultContext, rng: random.Random) -> None:
+    """Every hub node in turn, as an upgrade does: SIGTERM, started again on its store, current again before the
+    next; every stream's leader moves on the way."""
+    for node in ctx.topo.hubs:
+        ctx.record("hub-rolling-restart", "inject", how="SIGTERM, start on the same store", node=node.name)
+        await asyncio.to_thread(node.restart, SERVER_READY_TIMEOUT)
+        await asyncio.to_thread(_cluster_current, ctx)
+        ctx.record("hub-rolling-restart", "heal", node=node.name, current=True)
+
+
 async def _update_aggregate(ctx: FaultContext, max_msgs: int) -> None:
     info = await ctx.topo.api("hub", f"STREAM.INFO.{AGGREGATE}")
     config = dict(info["config"])
@@ -419,6 +476,9 @@ def _registry() -> dict[str, Fault]:
     faults["owner-pause"] = owner_pause
     faults["second-process"] = second_process
     faults["kv-cut"] = kv_cut
+    faults["hub-leader-kill"] = leader_kill(AGGREGATE, "hub-leader-kill")
+    faults["hub-rolling-restart"] = hub_rolling_restart
+    faults["kv-leader-kill"] = leader_kill(f"KV_{BUCKET}", "kv-leader-kill")
     return faults
 
 
@@ -429,9 +489,17 @@ FAULTS: dict[str, Fault] = _registry()
 # 2.12.8 let the request time out), so the fault would inject nothing and a pass would prove nothing.
 _NO_RESET_API = "CONSUMER.RESET exists from nats-server 2.14 on; a pull-mode origin (older) has none to inject"
 FLOW_CONTROL_ONLY: dict[str, str] = {name: _NO_RESET_API for name in FAULTS if name.startswith("reset-")}
+# Fault kinds of a hub cluster (--cluster): a single hub node has no leader to move.
+_NO_CLUSTER = "a hub cluster's fault: run with --cluster (three hub nodes, the streams R3)"
+CLUSTER_ONLY: dict[str, str] = {
+    name: _NO_CLUSTER for name in ("hub-leader-kill", "hub-rolling-restart", "kv-leader-kill")
+}
 
 
-def inapplicable(mode: str) -> dict[str, str]:
-    """The fault kinds that cannot apply when the bridge runs in ``mode`` (``"pull"`` or ``"flow_control"``), each
-    with the reason, for the run to skip and its report to name."""
-    return dict(FLOW_CONTROL_ONLY) if mode == Mode.PULL else {}
+def inapplicable(mode: str, *, cluster: bool = False) -> dict[str, str]:
+    """The fault kinds that cannot apply when the bridge runs in ``mode`` (``"pull"`` or ``"flow_control"``) on a
+    single hub or a cluster, each with the reason, for the run to skip and its report to name."""
+    skipped = dict(FLOW_CONTROL_ONLY) if mode == Mode.PULL else {}
+    if not cluster:
+        skipped.update(CLUSTER_ONLY)
+    return skipped

@@ -83,12 +83,13 @@ class Scenario:
         command: str,
         binary: str | None,
         origin_binary: str | None = None,
+        cluster: bool = False,
     ) -> None:
         self.spec = spec
         self.seed = seed
         self.workdir = workdir
         self.rng = random.Random(f"{seed}:{spec.name}")
-        self.topo = ChaosTopology(workdir, binary=binary, origin_binary=origin_binary)
+        self.topo = ChaosTopology(workdir, binary=binary, origin_binary=origin_binary, cluster=cluster)
         self.result = ScenarioResult(spec.name, seed, command)
         self.logs = {s.name: PublishLog(s.name) for s in self.topo.sources}
         self.samples: list[DeletionSample] = []
@@ -248,10 +249,11 @@ async def run_all(
     binary: str | None = None,
     origin_binary: str | None = None,
     keep: bool = False,
+    cluster: bool = False,
 ) -> list[ScenarioResult]:
     """Run ``specs``, at most ``parallel`` at a time; results in the order of ``specs``. Scenario ``name`` works in
     :func:`workdir` ``(out, name)``. ``binary`` is the hub's ``nats-server``, ``origin_binary`` the leaf's (default:
-    the hub's)."""
+    the hub's); ``cluster``: the hub is three nodes (:class:`chaos.topology.ChaosTopology`)."""
     limit = asyncio.Semaphore(parallel)
     results: list[ScenarioResult | None] = [None] * len(specs)
 
@@ -262,7 +264,7 @@ async def run_all(
                 replay += " --once"
             if spec.profile == SMOKE_PROFILE:
                 replay += " --smoke-profile"
-            scenario = Scenario(spec, seed, workdir(out, spec.name), replay, binary, origin_binary)
+            scenario = Scenario(spec, seed, workdir(out, spec.name), replay, binary, origin_binary, cluster)
             result = await scenario.run(keep=keep)
             results[i] = result
             verdict = "OK" if result.ok else "FAIL"

@@ -13,6 +13,13 @@ through the environment, as a host would), so one process can be cut off from th
 origin and the target stay up. The chaos process itself talks to both servers directly (publishing, resetting,
 reading), never through a proxy, so a link fault hits only the bridges.
 
+With ``cluster`` (``python -m chaos run --cluster``) the hub is three nodes routed into one cluster
+(:func:`~bridge.testing.servers.start_hub_cluster`), the aggregate and the lease bucket R3, the leaf linked to every
+node: the proxies stand in front of the first node, and the bridges (and the chaos process) are also given the other
+nodes' addresses directly, as a client of a cluster is, so a fault of the first node's link or of the node itself
+moves them to another node; the cluster's own fault kinds (``hub-leader-kill``, ``hub-rolling-restart``,
+``kv-leader-kill``) need it.
+
 The leaf (the origins) may run another ``nats-server`` than the hub (``--origin-server``): on one older than 2.14
 the bridge's sources run in pull mode (``mode`` is left at its default, ``auto``, which picks it), and the config
 gives every source a short ``ack_wait`` so that redeliveries then come within a scenario's deadlines.
@@ -32,10 +39,19 @@ from nats.aio.client import Client
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from bridge.testing.processes import BridgeProcess
-from bridge.testing.servers import PULL_TEST_ACK_WAIT, Topology, free_ports, start_topology
+from bridge.testing.servers import (
+    PULL_TEST_ACK_WAIT,
+    HubCluster,
+    NatsServer,
+    Topology,
+    free_ports,
+    start_hub_cluster,
+    start_topology,
+)
 from chaos.proxy import FaultProxy
 
 AGGREGATE = "AGG"
+BUCKET = "nats-bridge"  # the lease bucket (the bridge's default coordination.bucket)
 AGGREGATE_PREFIX = "chaos"
 SILENCE_TIMEOUT = 5.0  # the bridge's default; faults called "long" outlast it
 # Leases: short enough that a fail-over fits a scenario, long enough for renewals through delayed links
@@ -71,8 +87,10 @@ class Source:
 SOURCES = (Source("wq", "WQ", "workqueue"), Source("interest", "INT", "interest"))
 
 
-def bridge_config(sources: tuple[Source, ...], leaf_url: str, hub_url: str) -> str:
-    """The bridge's TOML: defaults everywhere except where a test topology needs a name, and a short ``ack_wait``."""
+def bridge_config(sources: tuple[Source, ...], leaf_url: str, hub_url: str, *, more_hubs: tuple[str, ...] = ()) -> str:
+    """The bridge's TOML: defaults everywhere except where a test topology needs a name, and a short ``ack_wait``;
+    ``more_hubs``: a cluster's other nodes (then the lease bucket is R3)."""
+    hubs = ", ".join(f'"{url}"' for url in (hub_url, *more_hubs))
     lines = [
         "# written by the chaos suite",
         "[log]",
@@ -84,10 +102,11 @@ def bridge_config(sources: tuple[Source, ...], leaf_url: str, hub_url: str) -> s
         "",
         "[coordination]",
         f"lease_ttl = {LEASE_TTL}",
+        f"replicas = {3 if more_hubs else 1}",
         "# servers: each process's own KV proxy, from NATS_BRIDGE_COORDINATION__SERVERS",
         "",
         "[target]",
-        f'servers = ["{hub_url}"]',
+        f"servers = [{hubs}]",
         f'stream = "{AGGREGATE}"',
     ]
     for source in sources:
@@ -106,7 +125,7 @@ def bridge_config(sources: tuple[Source, ...], leaf_url: str, hub_url: str) -> s
     return "\n".join(lines) + "\n"
 
 
-async def _connect(url: str, name: str) -> Client:
+async def _connect(url: str | list[str], name: str) -> Client:
     errors: list[str] = []
 
     async def on_error(exc: Exception) -> None:  # reconnect noise during server faults is expected
@@ -136,11 +155,13 @@ class ChaosTopology:
         sources: tuple[Source, ...] = SOURCES,
         binary: str | None = None,
         origin_binary: str | None = None,
+        cluster: bool = False,
     ) -> None:
         self.workdir = workdir
         self.sources = sources
         self.binary = binary
         self.origin_binary = origin_binary
+        self.cluster = cluster
         self.servers: Topology | None = None
         self.leaf_proxy: FaultProxy | None = None
         self.hub_proxy: FaultProxy | None = None
@@ -155,8 +176,9 @@ class ChaosTopology:
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        start = start_hub_cluster if self.cluster else start_topology
         self.servers = await asyncio.to_thread(
-            start_topology,
+            start,
             self.workdir / "servers",
             binary=self.binary,
             leaf_binary=self.origin_binary,
@@ -174,18 +196,20 @@ class ChaosTopology:
         for proxy in (self.leaf_proxy, self.hub_proxy, *self.kv_proxies):
             await proxy.start()
         self.leaf_nc = await _connect(leaf.url, "chaos leaf")
-        self.hub_nc = await _connect(hub.url, "chaos hub")
+        self.hub_nc = await _connect([node.url for node in self.hubs], "chaos hub")
         await self._create_streams()
-        self.config.write_text(bridge_config(self.sources, self.leaf_proxy.url, self.hub_proxy.url))
+        more = tuple(node.url for node in self.hubs[1:])
+        self.config.write_text(bridge_config(self.sources, self.leaf_proxy.url, self.hub_proxy.url, more_hubs=more))
         self.bridges = [self.spawn(slot) for slot in range(PROCESSES)]
 
     def spawn(self, slot: int) -> BridgeProcess:
         """A new process (a new instance id) for ``slot``, on the slot's KV proxy; started."""
         instance = f"b{self._instances}"
         self._instances += 1
+        servers = json.dumps([self.kv_proxies[slot].url, *(node.url for node in self.hubs[1:])])
         env = {
             "NATS_BRIDGE_COORDINATION__INSTANCE_ID": instance,
-            "NATS_BRIDGE_COORDINATION__SERVERS": self.kv_proxies[slot].url,
+            "NATS_BRIDGE_COORDINATION__SERVERS": servers,
         }
         return BridgeProcess(self.config, self.workdir / f"bridge-{instance}.log", env).start()
 
@@ -209,6 +233,7 @@ class ChaosTopology:
                 storage=StorageType.FILE,
                 discard=DiscardPolicy.NEW,
                 allow_direct=True,
+                num_replicas=len(self.hubs),
             )
         )
 
@@ -227,6 +252,13 @@ class ChaosTopology:
             await asyncio.to_thread(self.servers.stop)
 
     # -- handles ------------------------------------------------------------------------------------------
+
+    @property
+    def hubs(self) -> tuple[NatsServer, ...]:
+        """The hub's nodes: one, or a cluster's three (the proxies stand in front of the first)."""
+        servers = self.servers
+        assert servers is not None, "topology not started"
+        return servers.hubs if isinstance(servers, HubCluster) else (servers.hub,)
 
     @property
     def leaf(self) -> Client:

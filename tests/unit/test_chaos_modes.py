@@ -12,7 +12,7 @@ import pytest
 
 from bridge.testing.servers import origin_binary_option
 from chaos.cli import main
-from chaos.faults import FAULTS, FLOW_CONTROL_ONLY, inapplicable
+from chaos.faults import CLUSTER_ONLY, FAULTS, FLOW_CONTROL_ONLY, inapplicable
 from chaos.model import ScenarioResult
 from chaos.report import format_table, summary, write_report
 from chaos.runner import ScenarioSpec, full_set, smoke_set
@@ -21,18 +21,28 @@ from chaos.topology import SOURCES, bridge_config
 RESETS = {"reset-empty", "reset-backward", "reset-forward", "reset-beyond"}
 
 
+CLUSTER = {"hub-leader-kill", "hub-rolling-restart", "kv-leader-kill"}
+
+
 def test_pull_mode_leaves_out_the_consumer_reset_kinds_only() -> None:
     assert set(FLOW_CONTROL_ONLY) == RESETS
-    assert inapplicable("flow_control") == {}
-    skipped = inapplicable("pull")
+    assert inapplicable("flow_control", cluster=True) == {}
+    skipped = inapplicable("pull", cluster=True)
     assert set(skipped) == RESETS
     assert all("CONSUMER.RESET" in reason for reason in skipped.values())
+
+
+def test_a_single_hub_leaves_out_the_clusters_kinds() -> None:
+    assert set(CLUSTER_ONLY) == CLUSTER <= set(FAULTS)
+    assert inapplicable("flow_control") == CLUSTER_ONLY
+    assert set(inapplicable("pull")) == RESETS | CLUSTER
+    assert all("--cluster" in reason for reason in CLUSTER_ONLY.values())
 
 
 @pytest.mark.parametrize("make", [lambda skip: smoke_set(skip=skip), lambda skip: full_set(600.0, skip=skip)])
 def test_sets_without_the_skipped_kinds(make: Callable[[Collection[str]], list[ScenarioSpec]]) -> None:
     everything = make(())
-    pull = make(inapplicable("pull"))
+    pull = make(inapplicable("pull", cluster=True))
     assert [s.name for s in everything] == [*FAULTS, "nemesis"], "flow-control mode: every kind, as before"
     names = [s.name for s in pull]
     assert names == [*(f for f in FAULTS if f not in RESETS), "nemesis"]
@@ -41,7 +51,7 @@ def test_sets_without_the_skipped_kinds(make: Callable[[Collection[str]], list[S
 
 
 def test_full_set_shares_its_time_among_the_kinds_it_runs() -> None:
-    pull = full_set(600.0, skip=inapplicable("pull"))
+    pull = full_set(600.0, skip=inapplicable("pull", cluster=True))
     each = pull[0].duration
     assert each == pytest.approx((600.0 - 120.0) / (len(FAULTS) - len(RESETS)))
 
