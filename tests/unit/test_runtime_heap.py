@@ -111,8 +111,12 @@ async def test_it_thaws_on_its_own_every_so_often() -> None:
 
 async def test_when_it_stops_the_process_is_left_as_it_was() -> None:
     keeper = HeapKeeper()
+    thresholds = gc.get_threshold()
     async with running(keeper):
+        # while it runs the young generation waits for more allocations (never fewer than before)
+        assert gc.get_threshold() == (max(keeper.young, thresholds[0]), *thresholds[1:])
         await collected(keeper, 1)
+    assert gc.get_threshold() == thresholds
     assert keeper._collected not in gc.callbacks
     assert gc.get_freeze_count() == 0
     gc.collect()  # nothing is on its way to a loop that no longer runs
