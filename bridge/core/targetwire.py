@@ -36,12 +36,24 @@ class AckOutcome:
 
 def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:
     """Interpret the reply to one publish (``subject_tail`` is ``<order>.<attempt>``)."""
-    order_s, dot, attempt_s = subject_tail.partition(b".")
+    # as str, ASCII only (what bytes.isdigit takes): mypyc compiles str's partition, isdigit and int() to direct
+    # calls, where each bytes method is a method call by name (this runs once per replicated message)
+    try:
+        tail = subject_tail.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    order_s, dot, attempt_s = tail.partition(".")
     if not (dot and order_s.isdigit() and attempt_s.isdigit()):
         return None
     order, attempt = int(order_s), int(attempt_s)
-    if data.startswith(b'{"stream":') and b'"seq":' in data and b'"error"' not in data and b'"duplicate"' not in data:
-        # the common case, a plain success: no JSON decode on the hot path (anything else takes the full path)
+    if (
+        data.startswith(b'{"stream":')
+        and data.find(b'"seq":') >= 0
+        and data.find(b'"error"') < 0
+        and data.find(b'"duplicate"') < 0
+    ):
+        # the common case, a plain success: no JSON decode on the hot path (anything else takes the full path). find,
+        # not "in": bytes' "in" first tries its operand as an int, and formats (then drops) a TypeError each time
         return AckOutcome(order, attempt, True)
     if not data:
         status = headers.get("Status", "") if headers else ""

@@ -99,3 +99,15 @@ def test_a_read_of_acks_becomes_runs_of_stored_tokens_each_ended_by_its_failure(
     assert outcome_runs([*ok, refused, AckOutcome(4, 1, True)]) == [([(1, 1), (2, 1)], refused), ([(4, 1)], None)]
     assert outcome_runs([refused, refused]) == [([], refused), ([], refused)]
     assert outcome_runs([]) == []
+
+
+TAILS = [b"7.2", b"12.1", b"7.", b".2", b"7.2.1", b"\xc2\xb2.1", b"+7.2", b"7 .2"]
+
+
+@given(st.binary(max_size=12) | st.sampled_from(TAILS))
+def test_the_order_and_attempt_are_read_as_bytes_of_ascii_digits(tail: bytes) -> None:
+    # the subject tail is taken as str for speed: what it accepts is what bytes' own partition and isdigit accept
+    order, dot, attempt = tail.partition(b".")
+    expected = (int(order), int(attempt)) if dot and order.isdigit() and attempt.isdigit() else None
+    outcome = parse_pub_ack(tail, b'{"stream":"AGG","seq":5}', None)
+    assert (None if outcome is None else (outcome.order, outcome.attempt)) == expected
