@@ -60,6 +60,21 @@ def rename_reserved(name: str) -> str:
     return name
 
 
+def own_copy(origin: Mapping[str, str] | None, source: str, stream: str) -> str:
+    """Why a delivery must not be replicated: it is this source's own copy come back (its provenance names this
+    source and origin stream), so the origin stream captures the aggregate's copies: a replication cycle, each round
+    a new origin message, its header block growing by the renamed provenance. "" for any other message (a copy made
+    by another source, or another bridge, is an ordinary message to replicate)."""
+    if not origin or origin.get(SOURCE) != source or origin.get(STREAM) != stream:
+        return ""
+    return (
+        f"replication cycle: this message is this source's own copy (Bridge-Source {source}, Bridge-Stream "
+        f"{stream}): the origin stream captures the subjects its copies are published on; give the source a "
+        "subject_prefix outside the origin stream's subjects (or narrow those subjects), then reset its consumer "
+        "past this message"
+    )
+
+
 def build_header_block(
     origin: Mapping[str, str] | None,
     *,

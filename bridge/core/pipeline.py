@@ -49,12 +49,17 @@ class OutboundMessage:
     header_block: bytes
     payload: bytes
     origin_ns: int  # the origin's store time (also in the Bridge-Time header), for latency metrics
+    # why this message must never be published ("": it may be); it then blocks its source, as one too large does
+    unsendable: str
 
-    def __init__(self, subject: str, header_block: bytes, payload: bytes, origin_ns: int = 0) -> None:
+    def __init__(
+        self, subject: str, header_block: bytes, payload: bytes, origin_ns: int = 0, unsendable: str = ""
+    ) -> None:
         self.subject = subject
         self.header_block = header_block
         self.payload = payload
         self.origin_ns = origin_ns
+        self.unsendable = unsendable
 
     @property
     def size(self) -> int:
@@ -204,7 +209,7 @@ class PublishPipeline:
                     # reconnect decides first; then the earliest failed entry is the probe.
                     return out
                 self._probe = self._retry.pop(0)
-                if self._too_large(self._probe, now):
+                if self._unsendable(self._probe, now):
                     return out
                 out.append(self._send(self._probe, now))
             return out
@@ -229,7 +234,9 @@ class PublishPipeline:
             else:
                 fresh.popleft()
             limit = self.size_limit
-            if limit and len(message.header_block) + len(message.payload) > limit and self._too_large(entry, now):
+            if (
+                message.unsendable or (limit and len(message.header_block) + len(message.payload) > limit)
+            ) and self._unsendable(entry, now):
                 return out
             out.append(self._send(entry, now))
             if barrier:
@@ -240,8 +247,13 @@ class PublishPipeline:
                 self.barriers += 1
         return out
 
-    def _too_large(self, entry: Entry, now: float) -> bool:
+    def _unsendable(self, entry: Entry, now: float) -> bool:
+        """Fail ``entry`` instead of sending it when it must never be published, or the target cannot take it:
+        the pipeline blocks on it (probed again with backoff, reported by ``blocked``), nothing after it goes."""
         assert entry.message is not None
+        if entry.message.unsendable:
+            self._fail(entry, entry.message.unsendable, now)
+            return True
         size = entry.message.size
         if not self.size_limit or size <= self.size_limit:
             return False

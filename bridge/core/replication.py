@@ -259,7 +259,8 @@ class Replication(ABC):
             skipped=self._skip_note,
         )
         self._skip_note = None
-        self.pipeline.add(sseq, OutboundMessage(self._subject_prefix + subject, block, payload, timestamp_ns))
+        cycle = hdr.own_copy(headers, self.settings.source, self.settings.stream)
+        self.pipeline.add(sseq, OutboundMessage(self._subject_prefix + subject, block, payload, timestamp_ns, cycle))
         self.accepted = sseq
         return True
 

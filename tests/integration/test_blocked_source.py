@@ -145,3 +145,62 @@ async def test_oversize_message_blocks_only_its_source(topology: Topology, tmp_p
 
 async def _has(nc: Any, source: str, count: int) -> bool:
     return len(set(await _copies(nc, source))) >= count
+
+
+async def test_a_replication_cycle_blocks_its_source_at_the_first_copy_come_back(
+    topology: Topology, tmp_path: Path, bridge_procs: Any
+) -> None:
+    """A misconfiguration: the source's copies are published at the hub on subjects its own origin stream on the
+    leaf captures (the leafnode carries them back). Each copy would come back as a new origin message and be copied
+    again, its headers growing, round after round. The bridge stops at the first copy that comes back: it blocks
+    the source with the reason and the fix, publishes it nowhere, acks nothing from it on; the originals are in the
+    aggregate exactly once."""
+    from bridge.testing.configs import SourceSpec, write_config
+    from bridge.testing.servers import READY_EVENTS
+
+    count = 5
+    config = write_config(
+        tmp_path / "bridge.toml",
+        target_url=topology.hub.url,
+        sources=[SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="orders.back")],
+    )
+    leaf = await nats.connect(topology.leaf.url)
+    hub = await nats.connect(topology.hub.url)
+    ljs, hjs = leaf.jetstream(), hub.jetstream()
+    try:
+        await ljs.add_stream(StreamConfig(name="ORDERS", subjects=["orders.>"], retention=RetentionPolicy.WORK_QUEUE))
+        await hjs.add_stream(StreamConfig(name="AGG", subjects=["orders.back.>"], allow_direct=True))
+        for i in range(count):  # before the bridge starts: the originals are 1..count, the first copy back count+1
+            await ljs.publish(f"orders.{i}", b"x")
+        bridge = bridge_procs(config)
+        await bridge.wait_event(READY_EVENTS, timeout=20)
+
+        def blocked() -> list[dict[str, Any]]:
+            return [e for e in bridge.events("publish.blocked") if "replication cycle" in str(e.get("reason", ""))]
+
+        async def cycle_blocked() -> bool:
+            return bool(blocked())
+
+        await _until(cycle_blocked, 30, "the cycle blocked")
+        (event,) = blocked()[:1]
+        assert event["origin_seq"] == count + 1, event  # the first copy that came back
+        assert "subject_prefix outside the origin stream's subjects" in event["reason"]
+
+        async def copies() -> list[int]:
+            info = await hjs.stream_info("AGG")
+            found = await read_range(hub, JsApi(hub), "AGG", info.state.first_seq, info.state.last_seq, ">")
+            return [p.stream_seq for p in map(hdr.parse_provenance, found) if p is not None]
+
+        assert await copies() == list(range(1, count + 1))  # the originals, once each; no copy of a copy
+
+        async def acked_through_originals() -> bool:  # the next flow-control answer names what is stored
+            return bool((await ljs.stream_info("ORDERS")).state.first_seq == count + 1)
+
+        await _until(acked_through_originals, 15, "the originals acked")
+        origin = await ljs.stream_info("ORDERS")
+        assert origin.state.messages == count  # every copy that came back is kept: nothing acked past the first
+        assert bridge.is_running
+        assert await bridge.astop(20) == 0
+    finally:
+        await leaf.close()
+        await hub.close()

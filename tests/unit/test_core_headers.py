@@ -192,3 +192,17 @@ def test_bare_status_line() -> None:
     assert hdr.parse_header_block(b"NATS/1.0 503\r\n\r\n") == {"Status": "503"}
     assert hdr.parse_header_block(b"NATS/1.0 503\r\nX: 1\r\n\r\n") == {"Status": "503", "X": "1"}
     assert hdr.parse_header_block(b"NATS/1.0\r\nno colon\r\n bad name: 1\r\n: empty\r\n\r\n") == {}
+
+
+def test_a_sources_own_copy_come_back_is_a_cycle() -> None:
+    from bridge.core.headers import own_copy
+
+    mine = {"Bridge-Source": "edge1", "Bridge-Stream": "ORDERS", "Bridge-Seq": "7"}
+    assert own_copy(mine, "edge1", "ORDERS").startswith("replication cycle: this message is this source's own copy")
+    assert "subject_prefix" in own_copy(mine, "edge1", "ORDERS")
+    # another source's copy, the same source name on another stream (another bridge's), or no provenance at all:
+    # ordinary messages (an aggregate may itself be an origin of a further hop)
+    assert own_copy(mine, "edge2", "ORDERS") == ""
+    assert own_copy(mine, "edge1", "OTHER") == ""
+    assert own_copy({"Other": "x"}, "edge1", "ORDERS") == ""
+    assert own_copy(None, "edge1", "ORDERS") == ""

@@ -58,3 +58,18 @@ def test_no_limit_known_sends_everything() -> None:
     pipeline = _pipeline(limit=0)
     pipeline.add(1, _message(10_000_000))
     assert len(pipeline.take_sendable(now=0.0)) == 1
+
+
+def test_a_message_that_must_never_be_published_blocks_like_an_oversize_one() -> None:
+    pipeline = _pipeline(limit=0)  # no size limit known: the refusal is the message's own
+    pipeline.add(1, _message(10))
+    pipeline.add(2, OutboundMessage("s", b"", b"p", unsendable="replication cycle: ..."))
+    pipeline.add(3, _message(10))
+    sent = pipeline.take_sendable(now=0.0)
+    assert [s.entry.stream_seq for s in sent] == [1]
+    blocked = pipeline.blocked
+    assert blocked is not None and blocked.stream_seq == 2 and blocked.reason == "replication cycle: ..."
+    assert pipeline.stored(sent[0].entry.order, 1) and pipeline.watermark == 1
+    for now in (10.0, 100.0, 1000.0):  # probed again and again, never sent, nothing behind it either
+        assert pipeline.take_sendable(now=now) == []
+    assert pipeline.watermark == 1 and pipeline.blocked is not None
