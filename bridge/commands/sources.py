@@ -103,15 +103,16 @@ def validate_tables(
     problems: list[str] = []
     seen: set[str] = set()
     checked = []  # the tables validated as sources: not those refused by name already (one line per problem)
-    for table in tables:
+    for index, table in enumerate(tables):
         name = table.get("name")
-        if isinstance(name, str) and name in names:
+        if not isinstance(name, str):  # (validation would number it after the file's sources)
+            problems.append(f"sources[{index}].name: required: a unique name for this source, in the table itself")
+        elif name in names:
             problems.append(clash(name))
-        elif isinstance(name, str) and name in seen:
+        elif name in seen:
             problems.append(f"sources[{name}]: listed twice in this file: keep one table per name")
         else:
             checked.append(table)
-        if isinstance(name, str):
             seen.add(name)
         problems += inline_secrets(table)
     try:

@@ -131,6 +131,14 @@ auth = { token = "s3cret-token" }
     assert "s3cret-token" not in "\n".join(problems)
 
 
+def test_a_table_without_a_name_is_numbered_as_in_its_own_file() -> None:
+    config = build_config(DATA, "bridge.toml", environ={})
+    tables = [{"name": "edge2", "domain": "site2", "stream": "S"}, {"domain": "site3", "stream": "S"}]
+    with pytest.raises(ConfigError) as info:
+        validate_tables(DATA, config, tables, "sites.toml")
+    assert info.value.problems == ["sources[1].name: required: a unique name for this source, in the table itself"]
+
+
 def test_a_sources_file_holds_sources_only(tmp_path: Any) -> None:
     with pytest.raises(ConfigError) as info:
         read_tables("-", stdin=lambda: '[target]\nstream = "X"\n')
