@@ -64,7 +64,7 @@ async def _check_registry(data: dict[str, Any], config: BridgeConfig, path: str)
     merged, problem = await registry_merged(data, config, path)
     if not config.coordination.enabled:
         return merged, True
-    what = f"source registry {registry_bucket(config.coordination.bucket)}"
+    what = f"registry of sources {registry_bucket(config.coordination.bucket)}"
     if problem:
         # the daemon runs the file's sources meanwhile and applies the registry once it can read it
         _print(False, what, f"{problem} (only the file's sources are checked)")

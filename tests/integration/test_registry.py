@@ -243,7 +243,7 @@ async def test_a_fleet_of_registered_sites_is_set_up_for_every_site_to_come(topo
         assert code == 0 and "consumer ORDERS" not in out and "nats-bridge-store-1" in out, out
         code, out, err = await cli("check", "-c", str(config))
         assert code == 0, out + err
-        assert "OK   source registry nats-bridge-sources: 1 registered source(s), 0 refused" in out, out
+        assert "OK   registry of sources nats-bridge-sources: 1 registered source(s), 0 refused" in out, out
         assert "source store-1" in out, out
         stray = sources_file(tmp_path / "stray.toml", {"name": "store-2", "stream": SITE, "subject_prefix": "other"})
         code, out, err = await cli("sources", "add", "-c", str(config), "--file", str(stray))
