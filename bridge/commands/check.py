@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,7 +19,7 @@ from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.commands.setup import origin_missing, setup_command
 from bridge.commands.sources import registry_merged
 from bridge.config import BridgeConfig, SourceConfig, exposed_secrets
-from bridge.config.loading import build_config, read_toml
+from bridge.config.loading import load_file
 from bridge.config.registry import REGISTRY, Merged, registry_bucket
 from bridge.core.fleet import holder_in
 from bridge.core.modes import ModeUnsupported, mode_key, presume_mode
@@ -47,8 +46,7 @@ def check(path: str) -> int:
     Raises :class:`~bridge.errors.ConfigError` (printed as an invalid configuration, exit 2) when a source's mode
     does not fit its origin's server.
     """
-    data = read_toml(Path(path))
-    config = build_config(data, path)
+    data, config = load_file(path)
     for warning in exposed_secrets(path, config):
         print(f"WARN secrets: {warning}", flush=True)
     merged, registry_ok = anyio.run(_check_registry, data, config, path)

@@ -15,7 +15,8 @@ import anyio
 
 from bridge import logs
 from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM
-from bridge.config import exposed_secrets, load_config
+from bridge.config import exposed_secrets
+from bridge.config.loading import load_file
 from bridge.observe.http import ListenError
 
 
@@ -23,11 +24,11 @@ def run(path: str) -> int:
     """``nats-bridge run -c PATH``: load, log exposed secrets as warnings, run until stopped and drained."""
     from bridge.runtime.app import Bridge
 
-    config = load_config(path)
+    data, config = load_file(path)
     logs.configure(config.log.level, config.log.format)
     for warning in exposed_secrets(path, config):
         logs.get_logger(component="config").warning("config.secret_exposed", problem=warning)
-    bridge = Bridge(config, config_path=Path(path))
+    bridge = Bridge(config, config_path=Path(path), file_data=data)
     code, reason = EXIT_PROBLEM, ""
     try:
         anyio.run(bridge.run)

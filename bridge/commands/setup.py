@@ -19,14 +19,13 @@ import functools
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig, exposed_secrets
-from bridge.config.loading import build_config, read_toml
+from bridge.config.loading import load_file
 from bridge.config.templates import prefix_pattern
 from bridge.core.modes import Mode, ModeUnsupported, mode_key
 from bridge.core.subjects import pattern_covers
@@ -516,8 +515,7 @@ def setup(path: str, dry_run: bool = False, replicas: int = 1) -> int:
     """``nats-bridge setup -c PATH [--dry-run] [--replicas N]``: the file's sources and the registry's."""
     from bridge.commands.sources import registry_merged
 
-    data = read_toml(Path(path))
-    config = build_config(data, path)
+    data, config = load_file(path)
     for warning in exposed_secrets(path, config):
         print(f"WARN secrets: {warning}", flush=True)
     merged, problem = anyio.run(registry_merged, data, config, path)

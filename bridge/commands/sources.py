@@ -13,9 +13,10 @@ Every process of the fleet applies a change within about a second (``bridge.runt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,8 @@ import anyio
 from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.commands.setup import copy_subjects, setup_command
 from bridge.config import BridgeConfig, SourceConfig
-from bridge.config.loading import build_config, parse_toml, read_toml
-from bridge.config.registry import REGISTRY, Merged, RegistryEntry, clash, inline_secrets, merge, registry_bucket
+from bridge.config.loading import build_config, load_file, parse_toml, read_toml
+from bridge.config.registry import FILE, REGISTRY, Merged, RegistryEntry, clash, inline_secrets, merge, registry_bucket
 from bridge.core.subjects import pattern_covers
 from bridge.errors import BridgeError, ConfigError
 from bridge.io.connect import close_connection, open_connection
@@ -65,8 +66,7 @@ def sources(args: argparse.Namespace) -> int:
 
 def _fleet_config(path: str) -> tuple[dict[str, Any], BridgeConfig]:
     """The configuration file's contents and configuration; a ConfigError unless it has [coordination] enabled."""
-    data = read_toml(Path(path))
-    config = build_config(data, path)
+    data, config = load_file(path)
     if not config.coordination.enabled:
         raise ConfigError(
             [
@@ -160,21 +160,25 @@ async def uncaptured(config: BridgeConfig, sources: Sequence[SourceConfig], path
     return problems, ""
 
 
-async def _with_registry(config: BridgeConfig, work: Callable[[RegistryBucket], Awaitable[int]]) -> int:
+@contextlib.asynccontextmanager
+async def open_registry(config: BridgeConfig, name: str) -> AsyncIterator[RegistryBucket]:
+    """The registry beside ``config``'s coordination bucket, on a connection of its own (closed after);
+    BridgeError when it cannot be reached."""
     side = bucket_side(config)
-    what = f"source registry {registry_bucket(config.coordination.bucket)}"
+    nc = await open_connection(side, name=name, error_type=BridgeError)
     try:
-        nc = await open_connection(side, name="nats-bridge sources", error_type=BridgeError)
-    except BridgeError as exc:
-        print(f"nats-bridge: {what}: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
-    try:
-        return await work(RegistryBucket(nc, JsApi(nc, side.api_prefix), config.coordination.bucket))
-    except BridgeError as exc:
-        print(f"nats-bridge: {what}: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
+        yield RegistryBucket(nc, JsApi(nc, side.api_prefix), config.coordination.bucket)
     finally:
         await close_connection(nc)
+
+
+async def _with_registry(config: BridgeConfig, work: Callable[[RegistryBucket], Awaitable[int]]) -> int:
+    try:
+        async with open_registry(config, "nats-bridge sources") as bucket:
+            return await work(bucket)
+    except BridgeError as exc:
+        print(f"nats-bridge: source registry {registry_bucket(config.coordination.bucket)}: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
 
 
 # -- add and remove ----------------------------------------------------------------------------------------------------
@@ -311,19 +315,12 @@ async def registry_merged(data: Mapping[str, Any], config: BridgeConfig, path: s
     """The configuration with the registry's sources, and "" or why the registry could not be read (then the
     file's sources alone). For the commands that show every source (``check``, ``status``, ``list``)."""
     if not config.coordination.enabled:
-        return Merged(config, {s.name: "file" for s in config.sources}), ""
-    side = bucket_side(config)
-    entries: list[RegistryEntry] = []
+        return Merged(config, {s.name: FILE for s in config.sources}), ""
     try:
-        nc = await open_connection(side, name="nats-bridge", error_type=BridgeError)
-    except BridgeError as exc:
-        return merge(data, path, entries), str(exc)
-    try:
-        entries = await RegistryBucket(nc, JsApi(nc, side.api_prefix), config.coordination.bucket).read(TIMEOUT)
+        async with open_registry(config, "nats-bridge") as bucket:
+            entries = await bucket.read(TIMEOUT)
     except BridgeError as exc:
         return merge(data, path, []), str(exc)
-    finally:
-        await close_connection(nc)
     return merge(data, path, entries), ""
 
 

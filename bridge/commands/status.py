@@ -13,7 +13,6 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,7 +20,8 @@ import anyio
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.commands.sources import registry_merged
 from bridge.config import BridgeConfig, SourceConfig
-from bridge.config.loading import build_config, read_toml
+from bridge.config.loading import load_file
+from bridge.config.registry import FILE
 from bridge.core.fleet import holder_in
 from bridge.core.recovery import recover, recovery_depth
 from bridge.errors import BridgeError
@@ -35,8 +35,7 @@ from bridge.observe.http import parse_listen
 def status(path: str, as_json: bool) -> int:
     """``nats-bridge status -c PATH [--json]``: collect and print, the registry's sources too; exit 1 when a source
     could not be read."""
-    data = read_toml(Path(path))
-    config = build_config(data, path)
+    data, config = load_file(path)
 
     async def collect() -> dict[str, Any]:
         merged, registry_error = await registry_merged(data, config, path)
@@ -195,7 +194,7 @@ async def collect_status(config: BridgeConfig, origins: Mapping[str, str] | None
         state["daemon"] = daemon_source_view(daemon, src.name)
         if isinstance(owners, dict):
             state["owner"] = owners.get(src.name)
-        sources.append({"source": src.name, "from": (origins or {}).get(src.name, "file"), **state})
+        sources.append({"source": src.name, "from": (origins or {}).get(src.name, FILE), **state})
     out: dict[str, Any] = {"target_stream": config.target.stream, "daemon": daemon_note, "sources": sources}
     if isinstance(owners, str):
         out["coordination_error"] = owners

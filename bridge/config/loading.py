@@ -80,6 +80,13 @@ def load_config(
     return build_config(file_data, source, environ, registry=registry)
 
 
+def load_file(path: str) -> tuple[dict[str, Any], BridgeConfig]:
+    """The TOML file at ``path`` and its configuration (as :func:`load_config`): for what validates more against
+    the same contents (the source registry's tables, ``bridge.config.registry``)."""
+    data = read_toml(Path(path))
+    return data, build_config(data, path)
+
+
 def build_config(
     file_data: Mapping[str, Any],
     source: str,

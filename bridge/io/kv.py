@@ -34,8 +34,9 @@ WRONG_LAST_SEQUENCE = 10071
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 OPERATION = "KV-Operation"
 HISTORY = 1  # values kept per key (the bucket's max_msgs_per_subject): a lease needs only its last
-MULTI_LAST_LIMIT = 1024
-_N = TypeVar("_N", int, float)  # keys one multi_last request may match (ADR-31); more is a 413
+MULTI_LAST_LIMIT = 1024  # keys one multi_last request may match (ADR-31); more is a 413
+DUPLICATE_WINDOW_NS = 120_000_000_000  # the server's default; a bucket with a TTL takes the shorter
+_N = TypeVar("_N", int, float)
 
 
 class KvConflict(BridgeError):
@@ -91,12 +92,15 @@ class KvBucket:
                 raise
             return None
 
-    def creation_config(self, ttl: float, replicas: int) -> dict[str, Any]:
-        """The stream configuration the bucket is created with: ``max_age`` = ``ttl``, :data:`HISTORY` per key."""
+    def creation_config(
+        self, ttl: float, replicas: int, description: str = "nats-bridge leases and presence"
+    ) -> dict[str, Any]:
+        """The stream configuration the bucket is created with: ``max_age`` = ``ttl`` (0: a key stays until it is
+        removed), :data:`HISTORY` per key."""
         ttl_ns = int(ttl * 1e9)
         return {
             "name": self.stream,
-            "description": "nats-bridge leases and presence",
+            "description": description,
             "subjects": [f"{self.prefix}>"],
             "retention": "limits",
             "max_msgs_per_subject": HISTORY,
@@ -104,7 +108,7 @@ class KvBucket:
             "max_bytes": -1,
             "max_msg_size": -1,
             "max_age": ttl_ns,
-            "duplicate_window": min(ttl_ns, 120_000_000_000),
+            "duplicate_window": min(ttl_ns, DUPLICATE_WINDOW_NS) if ttl_ns else DUPLICATE_WINDOW_NS,
             "discard": "new",
             "storage": "file",
             "num_replicas": replicas,

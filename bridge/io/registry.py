@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 
 from bridge.config.registry import KEY_PREFIX, RegistryEntry, decode_entry, encode_table, registry_bucket
 from bridge.io.jsapi import JsApi
-from bridge.io.kv import HISTORY, KvBucket
+from bridge.io.kv import KvBucket
 
 # what a change of the registry looks like from STREAM.INFO: (first_seq, last_seq, messages); None: no bucket
 State = tuple[int, int, int] | None
@@ -28,25 +28,10 @@ class RegistryBucket:
         self.subjects = f"{self.kv.prefix}{KEY_PREFIX}>"  # every entry's subject: what a watcher listens to
 
     def creation_config(self, replicas: int) -> dict[str, Any]:
-        """The registry's stream: one value per key, kept until removed."""
-        return {
-            "name": self.kv.stream,
-            "description": "nats-bridge source registry (nats-bridge sources add / remove / list)",
-            "subjects": [f"{self.kv.prefix}>"],
-            "retention": "limits",
-            "max_msgs_per_subject": HISTORY,
-            "max_msgs": -1,
-            "max_bytes": -1,
-            "max_msg_size": -1,
-            "max_age": 0,
-            "duplicate_window": 120_000_000_000,
-            "discard": "new",
-            "storage": "file",
-            "num_replicas": replicas,
-            "allow_rollup_hdrs": True,
-            "deny_delete": True,
-            "allow_direct": True,
-        }
+        """The registry's stream: one value per key, kept until removed (a KV bucket without a TTL)."""
+        return self.kv.creation_config(
+            0, replicas, "nats-bridge source registry (nats-bridge sources add / remove / list)"
+        )
 
     async def ensure(self, replicas: int, timeout: float) -> bool:
         """Create the bucket when missing (never changing an existing one); True when this call created it."""

@@ -94,7 +94,8 @@ class Bridge:
     """Runs every configured source until ``stop`` is set (or SIGTERM/SIGINT with ``handle_signals``).
 
     ``config_path`` is where SIGHUP re-reads the configuration from (no reload, and no registry sources, without
-    it); ``environ`` what its ``NATS_BRIDGE_*`` variables are read from then (``os.environ`` by default);
+    it), ``file_data`` its contents as ``config`` was built from them (read from ``config_path`` at the start when
+    not given); ``environ`` what its ``NATS_BRIDGE_*`` variables are read from (``os.environ`` by default);
     ``notifier`` reports to systemd (from the environment by default: a no-op outside systemd).
     """
 
@@ -103,13 +104,14 @@ class Bridge:
         config: BridgeConfig,
         *,
         config_path: Path | None = None,
+        file_data: Mapping[str, Any] | None = None,
         environ: Mapping[str, str] | None = None,
         notifier: Notifier | None = None,
     ) -> None:
         self.config = config
         self.environ = environ
-        # the file as loaded (read again in run(), then at each reload): registry changes are validated against it
-        self._file_data: dict[str, Any] | None = None
+        # the file as loaded (and at each reload): registry changes are validated against it, not against the disk
+        self._file_data: dict[str, Any] | None = dict(file_data) if file_data is not None else None
         self._registry: list[RegistryEntry] = []  # the source registry as last read
         self.provenance = {s.name: FILE for s in config.sources}  # source name -> "file" or "registry"
         self.refused: dict[str, list[str]] = {}  # registry sources this process cannot run, and why
@@ -158,7 +160,7 @@ class Bridge:
         # in `run`), rather than a daemon running without its health and metrics endpoints
         server = await self._bind_http() if self.config.http.listen else None
         self._api = anyio.CapacityLimiter(API_REQUESTS_IN_FLIGHT)
-        if self.config_path is not None:
+        if self._file_data is None and self.config_path is not None:
             try:
                 self._file_data = read_toml(self.config_path)
             except ConfigError as err:  # gone since it was loaded: reloads and the registry wait for it

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -721,18 +721,12 @@ class Topology:
             time.sleep(_POLL_INTERVAL)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the leaf, then the hub; each is reaped even if stopping the other fails."""
-        try:
-            self.leaf.stop(timeout=timeout)
-        finally:
-            self.hub.stop(timeout=timeout)
+        """Stop the leaf, then the hub (every node of a cluster); each is reaped even if stopping another fails."""
+        _each(reversed(self.servers), lambda server: server.stop(timeout=timeout))
 
     def kill(self) -> None:
-        """SIGKILL both servers and reap them."""
-        try:
-            self.leaf.kill()
-        finally:
-            self.hub.kill()
+        """SIGKILL every server and reap them."""
+        _each(reversed(self.servers), NatsServer.kill)
 
     def __enter__(self) -> Self:
         return self
@@ -741,6 +735,18 @@ class Topology:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _each(servers: Iterable[NatsServer], action: Callable[[NatsServer], object]) -> None:
+    """``action`` on every server in turn, whatever the others' raise; then the first failure, if any."""
+    failure: BaseException | None = None
+    for server in servers:
+        try:
+            action(server)
+        except BaseException as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 def _has_link(leafz: Any, peer: NatsServer, require_js_api: bool) -> bool:
@@ -886,22 +892,6 @@ class HubCluster(Topology):
             if node.is_running:
                 node.wait_current(max(0.1, deadline - time.monotonic()))
         self.wait_linked(max(0.1, deadline - time.monotonic()))
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the leaf, then the nodes; each is reaped even if stopping another fails."""
-        try:
-            self.leaf.stop(timeout=timeout)
-        finally:
-            for node in self.hubs:
-                node.stop(timeout=timeout)
-
-    def kill(self) -> None:
-        """SIGKILL every server and reap them."""
-        try:
-            self.leaf.kill()
-        finally:
-            for node in self.hubs:
-                node.kill()
 
 
 def start_hub_cluster(

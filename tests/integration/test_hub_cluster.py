@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from nats.aio.client import Client
 
 from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
 from bridge.testing.jetstream import (
@@ -84,6 +85,22 @@ async def restart(cluster: HubCluster, node: NatsServer, *, kill: bool) -> None:
     await anyio.to_thread.run_sync(bounce)
 
 
+async def twins(config: Path, bridge_procs: BridgeFactory, leaf_nc: Client, hub_nc: Client) -> list[BridgeProcess]:
+    """The WorkQueue origin, the aggregate R3, and two processes of ``config`` (``p0``, ``p1``), one owning edge1."""
+    await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+    await create_aggregate(hub_nc, num_replicas=3)
+    procs = [fleet_instance(bridge_procs, config, "p0"), fleet_instance(bridge_procs, config, "p1")]
+    await owner(procs)
+    return procs
+
+
+async def exactly_replicated(procs: list[BridgeProcess], leaf_nc: Client, hub_nc: Client, publisher: Publisher) -> None:
+    """Every origin message copied once, in order, then each process stopped by SIGTERM: exit 0."""
+    await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+    for proc in procs:
+        assert await proc.astop(30) == 0
+
+
 def past(publisher: Publisher, count: int) -> Callable[[], bool]:
     return lambda: publisher.published > count
 
@@ -109,10 +126,7 @@ async def test_the_aggregates_leader_killed_twice_then_the_lease_buckets_with_tw
     hand-over to the twin."""
     config = fleet_config(cluster, tmp_path, sidecar=False)
     async with connect(cluster.leaf.url) as leaf_nc, connect(cluster.hub_urls) as hub_nc:
-        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
-        await create_aggregate(hub_nc, num_replicas=3)
-        procs = [fleet_instance(bridge_procs, config, "p0"), fleet_instance(bridge_procs, config, "p1")]
-        await owner(procs)
+        procs = await twins(config, bridge_procs, leaf_nc, hub_nc)
         publisher = Publisher(leaf_nc, 12_000, rate=RATE)
         elections = []
         async with anyio.create_task_group() as tg:
@@ -126,9 +140,7 @@ async def test_the_aggregates_leader_killed_twice_then_the_lease_buckets_with_tw
                 elected = await new_leader(hub_nc, stream, leader)
                 elections.append((stream, leader, elected, round(time.monotonic() - killed_at, 2)))
                 await restart(cluster, node, kill=True)
-        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
-        for proc in procs:
-            assert await proc.astop(30) == 0
+        await exactly_replicated(procs, leaf_nc, hub_nc, publisher)
     print(f"leader changes (stream, killed, elected, seconds): {elections}")
 
 
@@ -141,16 +153,11 @@ async def test_a_rolling_restart_of_every_node_with_twins_in_the_sidecar_positio
     throughout or hands it over, and nothing is lost, duplicated or reordered."""
     config = fleet_config(cluster, tmp_path, sidecar=True)
     async with connect(cluster.leaf.url) as leaf_nc, connect(cluster.hub_urls) as hub_nc:
-        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
-        await create_aggregate(hub_nc, num_replicas=3)
-        procs = [fleet_instance(bridge_procs, config, "p0"), fleet_instance(bridge_procs, config, "p1")]
-        await owner(procs)
+        procs = await twins(config, bridge_procs, leaf_nc, hub_nc)
         publisher = Publisher(leaf_nc, 8000, rate=RATE)
         async with anyio.create_task_group() as tg:
             tg.start_soon(publisher.run)
             for n, node in enumerate(cluster.hubs, start=1):
                 await wait_until(past(publisher, 1800 * n), timeout=60, what="traffic")
                 await restart(cluster, node, kill=False)
-        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
-        for proc in procs:
-            assert await proc.astop(30) == 0
+        await exactly_replicated(procs, leaf_nc, hub_nc, publisher)
