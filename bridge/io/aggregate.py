@@ -254,6 +254,7 @@ async def _direct_range(
         batch=BATCH,
         max_bytes=MAX_BYTES,
         timeout=timeout,
+        verify=True,  # a lagging replica's short reply would hide the newest copies (directget)
     )
     async for messages in batches:
         for message in messages:

@@ -13,6 +13,14 @@ run past the range asked for. A 404 means nothing at or after ``a``; 408 a reque
 (Too Many Results) a request over what the server answers at once; 503 (no responders) a stream without
 ``allow_direct``. A server without batch support answers the first message only, without ``Nats-Num-Pending``.
 
+Any replica of the stream answers a Direct Get, not only its leader: a follower subscribes once it is 90 % caught up
+and stays subscribed if it falls behind later (a node just restarted, a slow disk), and a mirror with
+``mirror_direct`` answers for its origin however far it lags. Such a responder holds a prefix of the leader's
+messages (replicas apply the log in order), so its reply can only end early, never skip a message in the middle.
+With ``verify=True`` a read that ends short of its range asks the stream's leader (``STREAM.MSG.GET``, answered by
+the leader only) whether a message lies in what is left; if one does, the rest is asked again (another responder, or
+the same one caught up) and, after ``BEHIND_RETRIES`` such answers, read from the leader one message at a time.
+
 Replies are taken over raw from the read loop (:mod:`bridge.io.wire`) when the client allows it, and parsed with
 the bridge's one header codec; the recovery of a source's watermark and the audit's data source both read here.
 """
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,12 +38,21 @@ from typing import Any
 from nats.aio.client import Client as NATS
 
 from bridge.core import headers as hdr
-from bridge.errors import BridgeError
+from bridge.core.effects import OriginMessage
+from bridge.errors import BridgeError, PermissionDenied
 from bridge.io import permissions, wire
 from bridge.io.connect import describe
+from bridge.io.jsapi import ANY_SUBJECT, JsApi
+from bridge.logs import get_logger
 
 BATCH = 1024
 MAX_BYTES = 4 * 1024 * 1024
+# reads answered short by a lagging responder, asked again before the rest is read from the leader (after
+# BEHIND_PAUSE, doubled each time: a follower a moment behind has caught up by then)
+BEHIND_RETRIES = 3
+BEHIND_PAUSE = 0.05
+
+_unverifiable: set[str] = set()  # streams whose leader check was denied, warned about once per process
 
 # what the server appends to every reply; not part of the stored message's own headers
 SEQUENCE = "Nats-Sequence"
@@ -126,6 +144,10 @@ class _Batch:
             )
             self.done.set()
 
+    def reached(self, last: int) -> bool:
+        """The batch holds ``last`` or a message past it: whoever answered holds everything up to ``last``."""
+        return bool(self.messages) and self.messages[-1].seq >= last
+
     def next_seq(self, last: int) -> int | None:
         """Where the request after this batch starts, or None when nothing more of ``..last`` is stored.
 
@@ -139,6 +161,62 @@ class _Batch:
         if read_to >= last or self.num_pending == 0:
             return None
         return read_to + 1
+
+
+async def _leader_next(
+    nc: NATS,
+    api_prefix: str,
+    stream: str,
+    seq: int,
+    subject_filter: str | None,
+    timeout: float,
+    error_type: type[BridgeError],
+) -> OriginMessage | None:
+    """The leader's first message at or after ``seq`` on the filter; None when it has none, or when the user may
+    not ask (``STREAM.MSG.GET`` denied: the Direct Get reply is trusted, as before this check, with a warning)."""
+    api = JsApi(nc, api_prefix)
+    try:
+        return await api.get_message(stream, seq, subject_filter or ANY_SUBJECT, timeout)
+    except PermissionDenied as exc:
+        if stream not in _unverifiable:
+            _unverifiable.add(stream)
+            get_logger().warning(
+                "directget.unverified",
+                stream=stream,
+                reason=str(exc),
+                fix=f"allow publishing to {api_prefix}.STREAM.MSG.GET.{stream} (docs/permissions.md): a Direct Get "
+                "answered by a lagging replica is then detected",
+            )
+        return None
+    except BridgeError as exc:
+        raise error_type(f"message get on stream {stream!r} from its leader: {exc}") from exc
+
+
+async def _leader_range(
+    nc: NATS,
+    api_prefix: str,
+    stream: str,
+    head: OriginMessage,
+    last: int,
+    subject_filter: str | None,
+    timeout: float,
+    error_type: type[BridgeError],
+) -> AsyncIterator[list[StoredMessage]]:
+    """``head`` and the leader's following messages on the filter through ``last``, one request each."""
+    message: OriginMessage | None = head
+    while message is not None and message.seq <= last:
+        yield [_stored(message)]
+        if message.seq == last:
+            return
+        message = await _leader_next(nc, api_prefix, stream, message.seq + 1, subject_filter, timeout, error_type)
+
+
+def _stored(message: OriginMessage) -> StoredMessage:
+    seconds, nanos = divmod(message.timestamp_ns, 1_000_000_000)
+    stamp = datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return StoredMessage(
+        message.seq, message.subject, f"{stamp}.{nanos:09d}Z", dict(message.headers or {}), message.payload
+    )
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -160,11 +238,14 @@ async def read_batches(
     batch: int = BATCH,
     max_bytes: int = MAX_BYTES,
     timeout: float = 5.0,
+    verify: bool = False,
 ) -> AsyncIterator[list[StoredMessage]]:
     """The messages stored in ``first..last`` (matching ``subject_filter`` when given), one list per server batch.
 
-    Raises ``error_type`` naming the stream on an error status, a timeout, or a server without batch support, and
-    :class:`~bridge.errors.PermissionDenied` when the server denied the request or its reply subscription.
+    ``verify``: a read ending short of ``last`` is checked with the stream's leader (module docstring), so a
+    lagging replica's reply cannot leave a message out. Raises ``error_type`` naming the stream on an error
+    status, a timeout, or a server without batch support, and :class:`~bridge.errors.PermissionDenied` when the
+    server denied the request or its reply subscription.
     """
     subject = f"{api_prefix}.DIRECT.GET.{stream}"
     prefix = nc.new_inbox()
@@ -186,7 +267,7 @@ async def read_batches(
         raise error_type(f"direct get on stream {stream!r}: {describe(exc)}") from exc
     wire.add_handler(nc, sub, on_wire)
     try:
-        seq, n = first, 0
+        seq, n, behind = first, 0, 0
         while seq <= last:
             n += 1
             current = _Batch(f".{n}".encode())
@@ -219,7 +300,21 @@ async def read_batches(
                 yield messages
             following = current.next_seq(last)
             if following is None:
-                return
+                if not verify or current.reached(last):
+                    return
+                resume = current.messages[-1].seq + 1 if current.messages else seq
+                missed = await _leader_next(nc, api_prefix, stream, resume, subject_filter, timeout, error_type)
+                if missed is None or missed.seq > last:
+                    return
+                behind += 1
+                if behind > BEHIND_RETRIES:
+                    async for one in _leader_range(
+                        nc, api_prefix, stream, missed, last, subject_filter, timeout, error_type
+                    ):
+                        yield one
+                    return
+                await asyncio.sleep(BEHIND_PAUSE * 2 ** (behind - 1))
+                following = resume
             seq = following
     finally:
         current = None

@@ -194,7 +194,7 @@ class KvBucket:
         if not state.get("messages") or last < first:
             return []
         async for batch in read_batches(
-            self.nc, self.api.prefix, self.stream, first, last, error_type=ApiUnavailable, timeout=timeout
+            self.nc, self.api.prefix, self.stream, first, last, error_type=ApiUnavailable, timeout=timeout, verify=True
         ):
             for message in batch:
                 key = message.subject[len(self.prefix) :]

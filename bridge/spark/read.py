@@ -131,6 +131,7 @@ async def read_range(opts: ReadOptions, first: int, last: int) -> AsyncIterator[
             batch=opts.batch,
             max_bytes=opts.max_bytes,
             timeout=opts.timeout,
+            verify=True,  # a lagging replica's short reply would drop rows for good (bridge.io.directget)
         )
         async for messages in batches:
             yield messages if keep is None else [m for m in messages if keep.captures(m.subject)]

@@ -406,14 +406,19 @@ def target_permissions(
 ) -> Permissions:
     """What the bridge's user needs on the aggregate's server, the coordination bucket (leases) and the source
     registry (read only: ``nats-bridge sources`` writes it, with an operator's user) included."""
-    read = f"{api}.DIRECT.GET.{stream}" if direct else f"{api}.STREAM.MSG.GET.{stream}"
+    # Direct Get's short replies are checked with the leader's STREAM.MSG.GET (bridge.io.directget)
+    read = (
+        (f"{api}.DIRECT.GET.{stream}", f"{api}.STREAM.MSG.GET.{stream}")
+        if direct
+        else (f"{api}.STREAM.MSG.GET.{stream}",)
+    )
     leases = (
         f"{api}.STREAM.INFO.KV_{bucket}",
         f"{api}.STREAM.CREATE.KV_{bucket}",
         f"{api}.DIRECT.GET.KV_{bucket}",
         f"$KV.{bucket}.>",
     )
-    perms = Permissions(publish=(f"{api}.STREAM.INFO.{stream}", read, *subjects, *leases), subscribe=("_INBOX.>",))
+    perms = Permissions(publish=(f"{api}.STREAM.INFO.{stream}", *read, *subjects, *leases), subscribe=("_INBOX.>",))
     return perms + registry_permissions(api=api, bucket=bucket) if registry else perms
 
 
