@@ -35,6 +35,7 @@ EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 OPERATION = "KV-Operation"
 HISTORY = 1  # values kept per key (the bucket's max_msgs_per_subject): a lease needs only its last
 MULTI_LAST_LIMIT = 1024  # keys one multi_last request may match (ADR-31); more is a 413
+UP_TO_SEQUENCE = "Nats-UpTo-Sequence"
 DUPLICATE_WINDOW_NS = 120_000_000_000  # the server's default; a bucket with a TTL takes the shorter
 _N = TypeVar("_N", int, float)
 
@@ -174,13 +175,17 @@ class KvBucket:
         operation = headers.get(OPERATION, "")
         return KvEntry(key, int(headers.get("Nats-Sequence", "0")), msg.data, operation in ("DEL", "PURGE"))
 
-    async def read_all(self, timeout: float) -> list[KvEntry]:
+    async def read_all(self, timeout: float, through: int = 0) -> list[KvEntry]:
         """The last message of every key in the bucket (delete markers included).
 
         One multi_last Direct Get while the bucket has at most ``MULTI_LAST_LIMIT`` keys; above that the server
-        refuses it (413) and the bucket is read whole, in batches (it keeps only the last value of each key)."""
+        refuses it (413) and the bucket is read whole, in batches (it keeps only the last value of each key).
+        Any replica answers a Direct Get: ``through`` (the stream's last sequence, from its leader's
+        ``STREAM.INFO``) makes a multi_last reply from a replica that does not hold it yet (its end-of-batch's
+        ``Nats-UpTo-Sequence``, the replica's last sequence, below it) an ``ApiUnavailable``; the read whole is
+        checked with the leader (``bridge.io.directget``)."""
         try:
-            return await self._read_last_per_key(timeout)
+            return await self._read_last_per_key(timeout, through)
         except _TooManyKeys:
             return await self._read_whole(timeout)
 
@@ -202,18 +207,21 @@ class KvBucket:
                 latest[key] = KvEntry(key, message.seq, message.payload, operation in ("DEL", "PURGE"))
         return list(latest.values())
 
-    async def _read_last_per_key(self, timeout: float) -> list[KvEntry]:
+    async def _read_last_per_key(self, timeout: float, through: int) -> list[KvEntry]:
         subject = f"{self.api.prefix}.DIRECT.GET.{self.stream}"
         inbox = self.nc.new_inbox()
         entries: list[KvEntry] = []
         done = asyncio.Event()
         error: list[str] = []
+        up_to: list[int] = []  # the end of batch's Nats-UpTo-Sequence: the answering replica's last sequence
 
         def take(headers: dict[str, str], payload: bytes) -> None:
             status = headers.get("Status")
             if status is not None:
                 if status not in ("204", "404"):
                     error.append(f"status {status} {headers.get('Description', '')}".rstrip())
+                elif status == "204" and headers.get(UP_TO_SEQUENCE, "").isdigit():
+                    up_to.append(int(headers[UP_TO_SEQUENCE]))
                 done.set()
                 return
             key = headers.get("Nats-Subject", "")[len(self.prefix) :]
@@ -245,6 +253,11 @@ class KvBucket:
                 raise _TooManyKeys(error[0])
             if error:
                 raise ApiUnavailable(f"reading KV bucket {self.bucket!r}: {error[0]}")
+            if up_to and up_to[0] < through:
+                raise ApiUnavailable(
+                    f"reading KV bucket {self.bucket!r}: answered by a replica behind its leader (its last sequence "
+                    f"{up_to[0]}, the leader's {through}); read again"
+                )
             return entries
         finally:
             wire.remove_handler(self.nc, sub)

@@ -48,13 +48,17 @@ class RegistryBucket:
         state = info.get("state", {})
         return int(state.get("first_seq", 0)), int(state.get("last_seq", 0)), int(state.get("messages", 0))
 
-    async def read(self, timeout: float) -> list[RegistryEntry]:
-        """Every registered source, by name (an empty list when there is no bucket)."""
+    async def read(self, timeout: float, through: int = 0) -> list[RegistryEntry]:
+        """Every registered source, by name (an empty list when there is no bucket).
+
+        ``through``: the stream's last sequence as its leader gave it (``state``); a read answered by a replica
+        that does not hold it yet raises ``ApiUnavailable`` (``KvBucket.read_all``), to be read again: else the
+        older registry would be kept until the next change."""
         if await self.kv.lookup(timeout) is None:
             return []
         entries = [
             decode_entry(entry.key[len(KEY_PREFIX) :], entry.revision, entry.value)
-            for entry in await self.kv.read_all(timeout)
+            for entry in await self.kv.read_all(timeout, through=through)
             if entry.key.startswith(KEY_PREFIX) and not entry.deleted
         ]
         return sorted(entries, key=lambda entry: entry.name)

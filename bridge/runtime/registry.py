@@ -102,7 +102,7 @@ class RegistryWatcher:
             self._missing_once = False
             if state == self._state:
                 return False
-            entries = await self.bucket.read(TIMEOUT) if state is not None else []
+            entries = await self.bucket.read(TIMEOUT, through=state[1]) if state is not None else []
         except BridgeError as exc:
             suppressed = self._throttle.allow(self.clock(), str(exc))
             if suppressed is not None:

@@ -36,7 +36,7 @@ from nats.js.client import JetStreamContext
 from bridge.core.ackreply import parse_ack_subject
 from bridge.core.modes import Mode
 from bridge.testing.configs import AGGREGATE, ORIGIN
-from bridge.testing.polling import wait_for_value, wait_until
+from bridge.testing.polling import POLL, wait_for_value, wait_until
 from bridge.testing.servers import origin_mode_expected
 
 __all__ = [
@@ -307,7 +307,23 @@ class StoredMsg:
 async def read_stream(
     nc: Client, stream: str, *, domain: str | None = None, batch: int = 500, timeout: float = 5.0
 ) -> list[StoredMsg]:
-    """Every message of ``stream`` in stream order, by batched Direct Get (the stream needs allow_direct)."""
+    """Every message of ``stream`` in stream order, by batched Direct Get (the stream needs allow_direct).
+
+    Any replica answers a Direct Get, and one that lags answers short (``bridge.io.directget``): the read is made
+    again until it holds at least as many messages as the leader's ``STREAM.INFO`` counted before it began (a
+    stream that shrinks meanwhile, by limits or deletes, gets the last read after ``4 x timeout``)."""
+    deadline = anyio.current_time() + 4 * timeout
+    while True:
+        stored = int((await stream_info(nc, stream, domain=domain))["state"]["messages"])
+        out = await _read_stream_once(nc, stream, domain=domain, batch=batch, timeout=timeout)
+        if len(out) >= stored or anyio.current_time() > deadline:
+            return out
+        await anyio.sleep(POLL)
+
+
+async def _read_stream_once(
+    nc: Client, stream: str, *, domain: str | None, batch: int, timeout: float
+) -> list[StoredMsg]:
     out: list[StoredMsg] = []
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, pending_msgs_limit=batch * 4, pending_bytes_limit=64 * 1024 * 1024)

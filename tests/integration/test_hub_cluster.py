@@ -7,28 +7,40 @@ twice, a rolling restart of every node with twin bridge processes (the lease buc
 in both positions (the bridge beside the edge, and beside the hub reaching the origin through the leaf's domain).
 Each ends with the aggregate holding every origin message exactly once, in order, and every bridge exiting 0.
 
+Four situations (``SITUATIONS``), each in both positions: CI runs a set covering every situation and both positions
+(the first three tests); ``NATS_BRIDGE_CLUSTER_MATRIX=1`` runs all eight pairs (chaos/RESULTS.md records that run;
+the chaos suite's ``--cluster`` faults repeat them at random under its own workload).
+
 What the bridge relies on, and these tests keep true: a publish whose ack was lost with a leader is sent again with
 the same ``Nats-Msg-Id`` and the aggregate's duplicate window (the default 2 minutes, rebuilt by a new leader from
-the stored messages) stores it once.
+the stored messages) stores it once. A standby's restart recovery may read the aggregate from a follower that lags
+(any replica answers a Direct Get): a read ending short is checked with the leader (``bridge.io.directget``;
+``test_lagging_replica.py`` holds a responder behind on purpose).
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 import pytest
 from nats.aio.client import Client
 
+from bridge.core.times import parse_rfc3339_ns
 from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
 from bridge.testing.jetstream import (
     Publisher,
+    StoredMsg,
     connect,
     create_aggregate,
     create_stream,
     new_leader,
+    read_stream,
     replicate_exactly,
     stream_leader,
 )
@@ -69,9 +81,10 @@ def fleet_config(cluster: HubCluster, tmp_path: Path, *, sidecar: bool) -> Path:
     )
 
 
-async def restart(cluster: HubCluster, node: NatsServer, *, kill: bool) -> None:
+async def restart(cluster: HubCluster, node: NatsServer, *, kill: bool) -> float:
     """Stop ``node`` (SIGKILL, or SIGTERM as a rolling restart does), start it again, and wait until every node is
-    current and the leaf linked."""
+    current and the leaf linked; returns the seconds that took."""
+    began = time.monotonic()
 
     def bounce() -> None:
         if kill:
@@ -83,6 +96,7 @@ async def restart(cluster: HubCluster, node: NatsServer, *, kill: bool) -> None:
         cluster.wait_current(30)
 
     await anyio.to_thread.run_sync(bounce)
+    return round(time.monotonic() - began, 2)
 
 
 async def twins(config: Path, bridge_procs: BridgeFactory, leaf_nc: Client, hub_nc: Client) -> list[BridgeProcess]:
@@ -116,48 +130,146 @@ async def owner(procs: list[BridgeProcess]) -> BridgeProcess:
     return result
 
 
+@dataclass
+class Scene:
+    """What a situation acts on while the publisher runs; ``elections`` notes each leader change it caused."""
+
+    cluster: HubCluster
+    hub_nc: Client
+    publisher: Publisher
+    procs: list[BridgeProcess]
+    elections: list[tuple[str, str, str, float]] = field(default_factory=list)
+    restarts: list[float] = field(default_factory=list)
+
+    async def restart(self, node: NatsServer, *, kill: bool) -> None:
+        self.restarts.append(await restart(self.cluster, node, kill=kill))
+
+    async def traffic(self, count: int) -> None:
+        await wait_until(past(self.publisher, count), timeout=60, what=f"{count} messages published")
+
+    async def kill_leader(self, stream: str) -> NatsServer:
+        """SIGKILL the node leading ``stream``; return it once another node leads."""
+        leader = await stream_leader(self.hub_nc, stream)
+        killed_at = time.monotonic()
+        node = self.cluster.node(leader)
+        node.kill()
+        elected = await new_leader(self.hub_nc, stream, leader)
+        self.elections.append((stream, leader, elected, round(time.monotonic() - killed_at, 2)))
+        return node
+
+
+async def aggregate_leader_killed_twice(scene: Scene) -> None:
+    for n in (1, 2):
+        await scene.traffic(3000 * n)
+        await scene.restart(await scene.kill_leader(AGGREGATE), kill=True)
+
+
+async def lease_leader_killed(scene: Scene) -> None:
+    """Renewals that fail while the lease bucket elects a leader cost at most a hand-over to the twin."""
+    await scene.traffic(3000)
+    await scene.restart(await scene.kill_leader(BUCKET), kill=True)
+
+
+async def rolling_restart(scene: Scene) -> None:
+    """Every node in turn: SIGTERM, start, current again (the leaders move with them)."""
+    for n, node in enumerate(scene.cluster.hubs, start=1):
+        await scene.traffic(1800 * n)
+        await scene.restart(node, kill=False)
+
+
+async def leader_then_owner_killed(scene: Scene) -> None:
+    """The aggregate's leader is SIGKILLed, then at once the process owning the source: the standby takes the
+    lease and recovers from the aggregate while the cluster elects and the restarted node catches up (its replica
+    lags, and answers Direct Gets once 90 % caught up). The killed process is started again, as systemd would."""
+    await scene.traffic(3000)
+    owning = await owner(scene.procs)
+    standby = next(p for p in scene.procs if p is not owning)
+    bound = standby.count(READY_EVENTS, source="edge1")
+    node = await scene.kill_leader(AGGREGATE)
+    await owning.akill()
+    await scene.restart(node, kill=True)
+    await standby.wait_event(READY_EVENTS, timeout=60, after=bound, source="edge1")
+    owning.start()
+
+
+Situation = Callable[[Scene], Awaitable[None]]
+SITUATIONS: dict[str, tuple[Situation, ...]] = {
+    "aggregate-leader-killed-twice": (aggregate_leader_killed_twice,),
+    "lease-leader-killed": (lease_leader_killed,),
+    "rolling-restart": (rolling_restart,),
+    "leader-then-owner-killed": (leader_then_owner_killed,),
+}
+
+
+async def replicated_through(
+    situations: tuple[Situation, ...],
+    cluster: HubCluster,
+    tmp_path: Path,
+    bridge_procs: BridgeFactory,
+    *,
+    sidecar: bool,
+) -> None:
+    """Twins of one configuration replicating a WorkQueue origin at ``RATE`` while ``situations`` happen in turn;
+    then exact replication and exit 0 from both."""
+    config = fleet_config(cluster, tmp_path, sidecar=sidecar)
+    async with connect(cluster.leaf.url) as leaf_nc, connect(cluster.hub_urls) as hub_nc:
+        procs = await twins(config, bridge_procs, leaf_nc, hub_nc)
+        scene = Scene(cluster, hub_nc, Publisher(leaf_nc, 3000 * len(situations) + 6000, rate=RATE), procs)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(scene.publisher.run)
+            for situation in situations:
+                await situation(scene)
+        await exactly_replicated(procs, leaf_nc, hub_nc, scene.publisher)
+        pause = longest_pause(await read_stream(hub_nc, AGGREGATE))
+    # what a node's restart costs, for README ("Hub clusters"): printed, not asserted (timings vary by machine)
+    print(
+        f"leader changes (stream, killed, elected, seconds): {scene.elections}; node restarts to current (s): "
+        f"{scene.restarts}; longest pause between two stored copies: {pause:.2f} s"
+    )
+
+
+def longest_pause(messages: list[StoredMsg]) -> float:
+    """The longest time between two consecutive stores in the aggregate (``Nats-Time-Stamp``), in seconds."""
+    stamps = [parse_rfc3339_ns(m.headers["Nats-Time-Stamp"]) for m in messages]
+    return max((b - a for a, b in itertools.pairwise(stamps)), default=0) / 1e9
+
+
 @pytest.mark.anyio
 async def test_the_aggregates_leader_killed_twice_then_the_lease_buckets_with_twins(
     cluster: HubCluster, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:
-    """Edge position, two processes of one configuration: the aggregate's stream leader is SIGKILLed, a new one
-    elected, the node restarted; twice; then the lease bucket's leader. Publishes in flight with a dead leader are
-    retried with their ids and stored once; renewals that fail while the bucket elects a leader cost at most a
-    hand-over to the twin."""
-    config = fleet_config(cluster, tmp_path, sidecar=False)
-    async with connect(cluster.leaf.url) as leaf_nc, connect(cluster.hub_urls) as hub_nc:
-        procs = await twins(config, bridge_procs, leaf_nc, hub_nc)
-        publisher = Publisher(leaf_nc, 12_000, rate=RATE)
-        elections = []
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(publisher.run)
-            for n, stream in enumerate((AGGREGATE, AGGREGATE, BUCKET), start=1):
-                await wait_until(past(publisher, 3000 * n), timeout=60, what="traffic")
-                leader = await stream_leader(hub_nc, stream)
-                killed_at = time.monotonic()
-                node = cluster.node(leader)
-                node.kill()
-                elected = await new_leader(hub_nc, stream, leader)
-                elections.append((stream, leader, elected, round(time.monotonic() - killed_at, 2)))
-                await restart(cluster, node, kill=True)
-        await exactly_replicated(procs, leaf_nc, hub_nc, publisher)
-    print(f"leader changes (stream, killed, elected, seconds): {elections}")
+    """Edge position: the aggregate's stream leader SIGKILLed, a new one elected, the node restarted; twice; then
+    the lease bucket's leader. Publishes in flight with a dead leader are retried with their ids and stored once."""
+    situations = SITUATIONS["aggregate-leader-killed-twice"] + SITUATIONS["lease-leader-killed"]
+    await replicated_through(situations, cluster, tmp_path, bridge_procs, sidecar=False)
 
 
 @pytest.mark.anyio
 async def test_a_rolling_restart_of_every_node_with_twins_in_the_sidecar_position(
     cluster: HubCluster, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:
-    """Sidecar position, two processes of one configuration: every hub node is restarted in turn (SIGTERM, start,
-    current again), the aggregate's and the lease bucket's leaders move with them; one process owns the source
-    throughout or hands it over, and nothing is lost, duplicated or reordered."""
-    config = fleet_config(cluster, tmp_path, sidecar=True)
-    async with connect(cluster.leaf.url) as leaf_nc, connect(cluster.hub_urls) as hub_nc:
-        procs = await twins(config, bridge_procs, leaf_nc, hub_nc)
-        publisher = Publisher(leaf_nc, 8000, rate=RATE)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(publisher.run)
-            for n, node in enumerate(cluster.hubs, start=1):
-                await wait_until(past(publisher, 1800 * n), timeout=60, what="traffic")
-                await restart(cluster, node, kill=False)
-        await exactly_replicated(procs, leaf_nc, hub_nc, publisher)
+    """Sidecar position: one process owns the source throughout or hands it over, and nothing is lost, duplicated or
+    reordered while every node restarts in turn."""
+    await replicated_through(SITUATIONS["rolling-restart"], cluster, tmp_path, bridge_procs, sidecar=True)
+
+
+@pytest.mark.anyio
+async def test_the_leader_killed_then_the_owner_a_standby_recovers_in_the_sidecar_position(
+    cluster: HubCluster, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """Sidecar position: the standby's recovery reads the aggregate while its leader is being elected and a replica
+    lags; it neither skips nor repeats a message."""
+    await replicated_through(SITUATIONS["leader-then-owner-killed"], cluster, tmp_path, bridge_procs, sidecar=True)
+
+
+MATRIX = os.environ.get("NATS_BRIDGE_CLUSTER_MATRIX") == "1"
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(not MATRIX, reason="the full matrix runs with NATS_BRIDGE_CLUSTER_MATRIX=1 (CI runs the set above)")
+@pytest.mark.parametrize("position", ["edge", "sidecar"])
+@pytest.mark.parametrize("situation", sorted(SITUATIONS))
+async def test_every_situation_in_every_position(
+    situation: str, position: str, cluster: HubCluster, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    await replicated_through(SITUATIONS[situation], cluster, tmp_path, bridge_procs, sidecar=position == "sidecar")

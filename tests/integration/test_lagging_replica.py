@@ -15,7 +15,7 @@ twice once the duplicate window has passed), and the Spark reader would drop row
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -23,11 +23,12 @@ from nats.aio.client import Client
 
 from bridge.core import headers as hdr
 from bridge.core.recovery import Copy, recover
-from bridge.errors import TargetUnavailable
+from bridge.errors import ApiUnavailable, TargetUnavailable
 from bridge.io import directget
 from bridge.io.aggregate import read_source_tail
 from bridge.io.directget import read_batches
 from bridge.io.jsapi import JsApi
+from bridge.io.registry import RegistryBucket
 from bridge.testing.jetstream import connect, create_aggregate, create_stream, js_request
 from bridge.testing.polling import wait_until
 from bridge.testing.servers import ServerFactory
@@ -66,18 +67,15 @@ async def lagging(servers: ServerFactory) -> AsyncIterator[Client]:
         held = [{"src": s, "dest": s} for s in ("edge.one.orders.x", "edge.orders.x")]
         await create_stream(nc, MIRROR, [], mirror={"name": "AGG", "subject_transforms": held}, mirror_direct=True)
         await wait_until(
-            lambda: mirrored(nc), timeout=20, what=f"the mirror holding {2 * HELD} copies (then it answers Direct Gets)"
+            lambda: holds(nc, MIRROR, 2 * HELD),
+            timeout=20,
+            what=f"the mirror holding {2 * HELD} copies (then it answers Direct Gets)",
         )
         for source, prefix in (("edge1", "edge.one"), ("edge2", None)):
             await publish_copies(nc, source, HELD + 1, HELD + NEWER, prefix, "y")
         newest = 2 * (HELD + NEWER)
         await wait_until(lambda: answered_short(nc, newest), timeout=20, what="a Direct Get answered by the mirror")
         yield nc
-
-
-async def mirrored(nc: Client) -> bool:
-    info = await js_request(nc, f"STREAM.INFO.{MIRROR}")
-    return bool(info["state"]["messages"] == 2 * HELD)
 
 
 async def answered_short(nc: Client, seq: int) -> bool:
@@ -136,3 +134,47 @@ async def test_without_the_check_a_read_can_end_short(lagging: Client) -> None:
         return len(seqs) < 2 * (HELD + NEWER)
 
     await wait_until(short_read, timeout=20, what="an unverified read answered short by the mirror")
+
+
+async def test_the_registry_is_never_taken_from_a_replica_behind_its_leader(servers: ServerFactory) -> None:
+    """The source registry's watcher reads the bucket when its leader's ``STREAM.INFO`` moved: a reply from a
+    replica holding two of the three sources is refused (its end of batch names its last sequence), never handed
+    over as the registry; the leader's own answer is read whole."""
+    server = servers("hub", "")
+    async with connect(server.url) as nc:
+        registry = RegistryBucket(nc, JsApi(nc, "$JS.API"), "nats-bridge")
+        await registry.ensure(1, 5.0)
+        for name in ("edge1", "edge2"):
+            await registry.put({"name": name, "servers": "nats://127.0.0.1:1"}, 0, 5.0)
+        stream = f"KV_{registry.bucket}"
+        held = [
+            {"src": f"$KV.{registry.bucket}.source.{n}", "dest": f"$KV.{registry.bucket}.source.{n}"}
+            for n in ("edge1", "edge2")
+        ]
+        await create_stream(
+            nc, "REGISTRY_READS", [], mirror={"name": stream, "subject_transforms": held}, mirror_direct=True
+        )
+        await wait_until(lambda: holds(nc, "REGISTRY_READS", 2), timeout=20, what="the mirror holding two sources")
+        await registry.put({"name": "edge3", "servers": "nats://127.0.0.1:1"}, 0, 5.0)
+        state = await registry.state(5.0)
+        assert state is not None and state[1] == 3
+
+        async def read() -> list[str] | None:
+            try:
+                return [e.name for e in await registry.read(5.0, through=state[1])]
+            except ApiUnavailable as exc:
+                assert "behind its leader" in str(exc)
+                return None
+
+        refused = await wait_until(lambda: none_yet(read), timeout=20, what="a read answered by the mirror, refused")
+        assert refused
+        whole = [names for names in [await read() for _ in range(READS)] if names is not None]
+        assert whole and all(names == ["edge1", "edge2", "edge3"] for names in whole)
+
+
+async def holds(nc: Client, stream: str, messages: int) -> bool:
+    return bool((await js_request(nc, f"STREAM.INFO.{stream}"))["state"]["messages"] == messages)
+
+
+async def none_yet(read: Callable[[], Awaitable[list[str] | None]]) -> bool:
+    return await read() is None

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from bridge.config.registry import RegistryEntry
-from bridge.errors import ApiTimeout
+from bridge.errors import ApiTimeout, ApiUnavailable
 from bridge.io.registry import RegistryBucket, State
 from bridge.runtime.registry import RegistryWatcher
 
@@ -21,6 +21,8 @@ class Bucket(RegistryBucket):
         self.current: State = None
         self.entries: list[RegistryEntry] = []
         self.failing = False
+        self.behind = False
+        self.asked_through = 0
         self.reads = 0
 
     async def state(self, timeout: float) -> State:
@@ -28,8 +30,11 @@ class Bucket(RegistryBucket):
             raise ApiTimeout("no reply to $JS.API.STREAM.INFO.KV_nats-bridge-sources within 5s")
         return self.current
 
-    async def read(self, timeout: float) -> list[RegistryEntry]:
+    async def read(self, timeout: float, through: int = 0) -> list[RegistryEntry]:
         self.reads += 1
+        self.asked_through = through
+        if self.behind:  # as RegistryBucket.read answers a reply from a replica behind ``through``
+            raise ApiUnavailable("the source registry was read from a replica behind its leader")
         return list(self.entries)
 
     def write(self, *names: str) -> None:
@@ -92,3 +97,17 @@ async def test_a_bucket_seen_is_believed_gone_only_when_missing_twice() -> None:
     assert not await watch.look()
     assert await watch.look()  # missing again: deleted
     assert handed == [["edge2"], []]
+
+
+@pytest.mark.anyio
+async def test_a_read_from_a_replica_behind_is_read_again_at_the_next_look() -> None:
+    """The state comes from the leader, the entries from whichever replica answers: a read behind the state is not
+    taken for it (else the older registry would stay until the next change)."""
+    bucket = Bucket()
+    watch, handed = watcher(bucket)
+    bucket.write("edge1")
+    bucket.behind = True
+    assert not await watch.look() and bucket.asked_through == 1
+    assert not await watch.look() and bucket.reads == 2  # the state was not taken as read: read again
+    bucket.behind = False
+    assert await watch.look() and handed == [["edge1"]]
