@@ -15,22 +15,25 @@ twice once the duplicate window has passed), and the Spark reader would drop row
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+import structlog
 from nats.aio.client import Client
 
 from bridge.core import headers as hdr
 from bridge.core.recovery import Copy, recover
 from bridge.errors import ApiUnavailable, TargetUnavailable
-from bridge.io import directget
+from bridge.io import directget, permissions
 from bridge.io.aggregate import read_source_tail
 from bridge.io.directget import read_batches
 from bridge.io.jsapi import JsApi
 from bridge.io.registry import RegistryBucket
 from bridge.testing.jetstream import connect, create_aggregate, create_stream, js_request
 from bridge.testing.polling import wait_until
+from bridge.testing.security import conf_str, permissions_block
 from bridge.testing.servers import ServerFactory
 
 pytestmark = pytest.mark.anyio
@@ -178,3 +181,42 @@ async def holds(nc: Client, stream: str, messages: int) -> bool:
 
 async def none_yet(read: Callable[[], Awaitable[list[str] | None]]) -> bool:
     return await read() is None
+
+
+async def test_without_the_leaders_permission_the_reply_is_trusted_with_one_warning(servers: ServerFactory) -> None:
+    """A user allowed Direct Get but not ``STREAM.MSG.GET`` (the permissions documented before the check): a read
+    that ends short of its range still returns (the old behaviour), and ``directget.unverified`` names the subject
+    to allow, once per process and stream."""
+    password = "reader-" + secrets.token_hex(8)
+    publish = permissions_block(["$JS.API.DIRECT.GET.AGG"], ["_INBOX.>"])
+    server = servers(
+        "hub",
+        "authorization {\n  users = [\n    {user: admin, password: admin}\n"
+        f"    {{user: reader, password: {conf_str(password)}, {publish}}}\n  ]\n}}",
+    )
+    async with connect(server.url.replace("nats://", "nats://admin:admin@")) as admin:
+        await create_aggregate(admin)
+        await publish_copies(admin, "edge1", 1, 10, "edge.one", "x")
+    directget._unverifiable.discard("AGG")
+    reader = Client()
+    record = permissions.attach(reader)  # as bridge.io.connect does: the server's denial reaches the request at once
+
+    async def errors(exc: Exception) -> None:
+        record.note(exc)
+
+    await reader.connect(server.url, user="reader", password=password, error_cb=errors)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(2):
+                seqs = [
+                    m.seq
+                    async for messages in read_batches(
+                        reader, "$JS.API", "AGG", 1, 20, error_type=TargetUnavailable, verify=True
+                    )
+                    for m in messages
+                ]
+                assert seqs == list(range(1, 11))  # the range reaches past the last message: the check is asked
+    finally:
+        await reader.close()
+    warnings = [e for e in logs if e["event"] == "directget.unverified"]
+    assert len(warnings) == 1 and "$JS.API.STREAM.MSG.GET.AGG" in warnings[0]["fix"]
