@@ -886,12 +886,32 @@ class HubCluster(Topology):
         return False
 
     def wait_current(self, timeout: float = 30.0) -> None:
-        """Block until every running hub node is current (``/healthz``) and the leaf is linked."""
+        """Block until every running hub node is current (``/healthz``), the meta leader sees every running peer
+        current (else an R3 create may be refused, ``no suitable peers for placement, peer offline``), and the leaf
+        is linked."""
         deadline = time.monotonic() + timeout
         for node in self.hubs:
             if node.is_running:
                 node.wait_current(max(0.1, deadline - time.monotonic()))
+        while not self.meta_current():
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"the meta leader did not see every running node current within {timeout}s")
+            time.sleep(_POLL_INTERVAL)
         self.wait_linked(max(0.1, deadline - time.monotonic()))
+
+    def meta_current(self) -> bool:
+        """Whether the JetStream meta group has a leader that sees every other running node current (only the
+        leader's view of its followers means anything)."""
+        running = {node.name for node in self.hubs if node.is_running}
+        try:
+            leader = next(n for n in self.hubs if n.is_running).monitor("jsz").get("meta_cluster", {}).get("leader")
+            if leader not in running:
+                return False
+            replicas = self.node(leader).monitor("jsz").get("meta_cluster", {}).get("replicas") or []
+        except (OSError, ValueError, StopIteration):
+            return False
+        current = {r.get("name") for r in replicas if r.get("current") and not r.get("offline")}
+        return running - {leader} <= current
 
 
 def start_hub_cluster(
