@@ -156,7 +156,7 @@ def daemon_view(listen: str) -> tuple[dict[str, Any] | None, str]:
 
 
 # What status shows of the daemon's /readyz entry for a source (the rest is what status reads from the servers).
-_DAEMON_KEYS = ("ready", "reasons", "mode", "mode_reason", "phase", "last_error", "stalled")
+_DAEMON_KEYS = ("ready", "reasons", "mode", "mode_reason", "phase", "last_error", "stalled", "lag_seconds")
 
 
 def daemon_source_view(daemon: dict[str, Any] | None, source: str) -> dict[str, Any] | None:
@@ -216,6 +216,7 @@ def print_status(status: dict[str, Any], as_json: bool) -> bool:
         "num_pending",
         "stored_watermark",
         "lag",
+        "lag_s",
     )
     with_owner = any("owner" in s for s in status["sources"])
     if with_owner:
@@ -249,6 +250,9 @@ def _cell(state: dict[str, Any], column: str) -> object:
     owner = state.get("owner") or {}
     if column == "mode":  # the running daemon's choice: a standby, or a daemon not reached, has none to show
         return (state.get("daemon") or {}).get("mode") or "-"
+    if column == "lag_s":  # the daemon's: the age of the oldest message it has not stored yet
+        lag = (state.get("daemon") or {}).get("lag_seconds")
+        return "-" if lag is None else lag
     if column == "owner":
         return owner.get("instance") or ("none (no process owns it now)" if "owner" in state else "-")
     if column == "host":

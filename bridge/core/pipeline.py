@@ -423,6 +423,16 @@ class PublishPipeline:
         return len(self._entries)
 
     @property
+    def oldest_unstored_origin_ns(self) -> int:
+        """The origin store time (ns) of the oldest message not yet stored; 0 when every entry is stored (the
+        stored prefix is popped, so it is the first entry held)."""
+        entries = self._entries
+        if not entries:
+            return 0
+        head = entries[0]
+        return head.message.origin_ns if head.message is not None and head.state is not EntryState.STORED else 0
+
+    @property
     def backlog(self) -> int:
         """Entries not yet stored (queued, sent or failed)."""
         return sum(1 for e in self._entries if e.state is not EntryState.STORED)

@@ -47,12 +47,13 @@ class SourceSnapshot:
     stalled: bool = False
     seconds_since_progress: float = 0.0
     last_replicated_origin_time: float | None = None  # unix seconds: origin store time of the newest copy
+    oldest_unstored_origin_time: float | None = None  # unix seconds: origin store time of the oldest message waiting
     last_error: str = ""
     mode: str = ""  # the consumer model chosen (bridge.core.modes.Mode), "" until the source has connected
     mode_reason: str = ""  # why that mode (bridge.core.modes.Choice.reason)
 
-    def to_json(self) -> dict[str, Any]:
-        """The source's part of ``/readyz`` (which ``status`` shows)."""
+    def to_json(self, now: float) -> dict[str, Any]:
+        """The source's part of ``/readyz`` (which ``status`` shows) at ``now`` (unix seconds)."""
         return {
             "mode": self.mode or None,
             "mode_reason": self.mode_reason or None,
@@ -66,8 +67,22 @@ class SourceSnapshot:
             "blocked": self.blocked_reason or None,
             "stalled": self.stalled,
             "seconds_since_progress": round(self.seconds_since_progress, 1),
+            "lag_seconds": None if (lag := self.lag(now)) is None else round(lag, 1),
             "last_error": self.last_error or None,
         }
+
+    def lag(self, now: float) -> float | None:
+        """How far behind the source is, in seconds (``nats_bridge_lag_seconds``): the age of the oldest origin
+        message not yet stored in the aggregate. With none delivered while the origin reports more (delivery held
+        up: a reconnect, a reset), the newest copy's age stands in for it, an upper bound. 0 when nothing waits;
+        None when something waits and no copy was stored yet (unknown)."""
+        if self.oldest_unstored_origin_time is not None:
+            return max(0.0, now - self.oldest_unstored_origin_time)
+        if self.origin_pending <= 0:
+            return 0.0
+        if self.last_replicated_origin_time is not None:
+            return max(0.0, now - self.last_replicated_origin_time)
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +345,13 @@ def _source_families(out: Exposition, snap: BridgeSnapshot) -> None:
             for text, s in zip(labels, src, strict=True)
             if s.last_replicated_origin_time is not None
         ),
+    )
+    out.family(
+        "nats_bridge_lag_seconds",
+        "gauge",
+        "Age of the oldest origin message not yet stored in the aggregate (with none delivered while the origin "
+        "reports more, the newest copy's age, an upper bound); 0 when nothing waits.",
+        ((text, lag) for text, s in zip(labels, src, strict=True) if (lag := s.lag(snap.now)) is not None),
     )
     gauge(
         "nats_bridge_seconds_since_progress",

@@ -72,7 +72,7 @@ def readyz(
         if src.source in suspended:
             reasons.append("lease suspended: paused until a renew of its lease succeeds (the hub answers late)")
         ready = ready and not reasons
-        sources[src.source] = {"ready": not reasons, "reasons": reasons, "role": "owner", **src.to_json()}
+        sources[src.source] = {"ready": not reasons, "reasons": reasons, "role": "owner", **src.to_json(snap.now)}
     for name, entry in sources.items():
         if provenance and name in provenance:
             entry["from"] = provenance[name]

@@ -661,6 +661,7 @@ class SourceRunner:
             last_replicated_origin_time=(
                 self._last_replicated_origin_ns / 1e9 if self._last_replicated_origin_ns is not None else None
             ),
+            oldest_unstored_origin_time=(pipeline.oldest_unstored_origin_ns / 1e9) or None,
             last_error=self.last_error,
         )
 

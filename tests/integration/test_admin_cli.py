@@ -109,6 +109,7 @@ async def test_status_adds_the_running_daemons_view_and_reset_without_seq_goes_t
             "last_error": None,
             "stalled": False,
             "mode": "flow_control",
+            "lag_seconds": 0.0,  # everything delivered is stored
         }
 
         # the running daemon adopts an operator's reset to the ack floor: nothing skipped, nothing doubled

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ async def test_oversize_message_blocks_only_its_source(topology: Topology, tmp_p
             await ljs.publish("big.x", b"b" * size)
             await ljs.publish("small.x", b"s" * 100)
 
+        started = time.time()
         bridge = Bridge(load_config(_config(topology, tmp_path), environ={}))
 
         async def scenario(b: Bridge) -> None:
@@ -120,6 +122,13 @@ async def test_oversize_message_blocks_only_its_source(topology: Topology, tmp_p
                 assert origin.state.messages >= COUNT - OVERSIZE_AT + 1
                 assert sorted(await _copies(hub, "big")) == list(range(1, OVERSIZE_AT))
                 assert b.runners[0].engine.pipeline.blocked is not None
+                # nats_bridge_lag_seconds: the blocked source is as far behind as its oldest waiting message is old
+                # (the oversize one, published before the bridge started), the finished one not at all
+                big, small = (runner.snapshot() for runner in b.runners)
+                now = time.time()
+                assert big.oldest_unstored_origin_time is not None and big.oldest_unstored_origin_time < started
+                assert (big.lag(now) or 0) >= now - started
+                assert small.lag(now) == 0
 
                 # the operator raises the limit: the source unblocks and finishes, in order, once each
                 await hjs.update_stream(

@@ -470,3 +470,19 @@ def test_markers_count_in_the_span() -> None:
     p.stored(1, 1)
     assert p.watermark == 3
     assert seqs(p.take_sendable(0.0)) == [4, 5]
+
+
+def test_the_oldest_unstored_message_s_origin_time_is_the_first_held() -> None:
+    """What ``nats_bridge_lag_seconds`` reads: the origin time of the oldest message not yet stored (a later one
+    stored first does not move it), 0 once everything is stored."""
+    p = pipeline(window=5)
+    for seq in (1, 2, 3):
+        p.add(seq, OutboundMessage(f"agg.{seq}", b"", b"", origin_ns=seq * 1_000_000_000))
+    assert p.oldest_unstored_origin_ns == 1_000_000_000
+    s = by_seq(p.take_sendable(0.0))
+    p.stored(s[2].entry.order, 1)
+    assert p.oldest_unstored_origin_ns == 1_000_000_000
+    p.stored(s[1].entry.order, 1)
+    assert p.oldest_unstored_origin_ns == 3_000_000_000
+    p.stored(s[3].entry.order, 1)
+    assert p.oldest_unstored_origin_ns == 0 and p.empty

@@ -92,9 +92,9 @@ def test_the_mode_is_a_state_set_per_source() -> None:
 
 
 def test_the_mode_and_its_reason_are_in_the_readyz_view() -> None:
-    chosen = _source("a", mode="pull", mode_reason="the durable consumer exists as a pull consumer").to_json()
+    chosen = _source("a", mode="pull", mode_reason="the durable consumer exists as a pull consumer").to_json(1000.0)
     assert (chosen["mode"], chosen["mode_reason"]) == ("pull", "the durable consumer exists as a pull consumer")
-    unknown = _source("a").to_json()  # the source has not connected yet: nothing chosen
+    unknown = _source("a").to_json(1000.0)  # the source has not connected yet: nothing chosen
     assert (unknown["mode"], unknown["mode_reason"]) == (None, None)
 
 
@@ -181,3 +181,21 @@ def test_loop_histogram_exports_what_prometheus_client_would(values: list[float]
     assert mine.keys() == theirs.keys()
     for key, value in theirs.items():
         assert mine[key] == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "lag"),
+    [
+        ({"oldest_unstored_origin_time": 970.0}, 30.0),  # the oldest message waiting in the pipeline
+        ({"origin_pending": 30}, 10.0),  # none delivered, more at the origin: the newest copy's age, an upper bound
+        ({"origin_pending": 0}, 0.0),  # nothing waits
+        ({"origin_pending": 30, "last_replicated_origin_time": None}, None),  # unknown: no series
+    ],
+)
+def test_the_lag_in_seconds_is_the_age_of_the_oldest_message_not_stored(
+    fields: dict[str, object], lag: float | None
+) -> None:
+    metrics = Metrics()
+    metrics.read_from(lambda: BridgeSnapshot(target_connected=True, sources=(_source("a", **fields),), now=1000.0))
+    assert _samples(metrics).get(("nats_bridge_lag_seconds", (("source", "a"),))) == lag
+    assert _source("a", **fields).to_json(1000.0)["lag_seconds"] == lag
