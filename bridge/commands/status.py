@@ -22,6 +22,7 @@ from bridge.commands.sources import registry_merged
 from bridge.config import BridgeConfig, SourceConfig
 from bridge.config.loading import load_file
 from bridge.config.registry import FILE
+from bridge.config.validators import format_rate
 from bridge.core.fleet import holder_in
 from bridge.core.recovery import recover, recovery_depth
 from bridge.errors import BridgeError
@@ -191,6 +192,7 @@ async def collect_status(config: BridgeConfig, origins: Mapping[str, str] | None
                 state["lag"] = max(0, int(state["origin_last_seq"]) - mark)
         elif mark is not None:
             state.setdefault("error", f"aggregate: {mark}")
+        state["rate_limit"] = src.rate_limit
         state["daemon"] = daemon_source_view(daemon, src.name)
         if isinstance(owners, dict):
             state["owner"] = owners.get(src.name)
@@ -218,6 +220,8 @@ def print_status(status: dict[str, Any], as_json: bool) -> bool:
         "lag",
         "lag_s",
     )
+    if any(s.get("rate_limit") for s in status["sources"]):
+        columns += ("rate_limit",)
     with_owner = any("owner" in s for s in status["sources"])
     if with_owner:
         columns += ("owner", "host", "since")
@@ -250,6 +254,8 @@ def _cell(state: dict[str, Any], column: str) -> object:
     owner = state.get("owner") or {}
     if column == "mode":  # the running daemon's choice: a standby, or a daemon not reached, has none to show
         return (state.get("daemon") or {}).get("mode") or "-"
+    if column == "rate_limit":
+        return format_rate(int(state.get("rate_limit") or 0))
     if column == "lag_s":  # the daemon's: the age of the oldest message it has not stored yet
         lag = (state.get("daemon") or {}).get("lag_seconds")
         return "-" if lag is None else lag

@@ -44,6 +44,7 @@ from bridge.config.validators import (
     ListenAddress,
     LiteralSubject,
     NonEmptyStr,
+    Rate,
     ReadableFile,
     Seconds,
     Servers,
@@ -230,6 +231,9 @@ class SourceConfig(BaseModel):
     ] = 30.0
     filter_subjects: FilterSubjects = Field(default_factory=list)
     subject_prefix: SubjectPrefix | None = None
+    # Bytes per second the origin sends this source at most (0: no limit), for thin links: in flow-control mode the
+    # consumer's rate_limit_bps (the server paces its deliveries). "64KiB", "50kbit" and the like are accepted.
+    rate_limit: Rate = 0
     auth: AuthConfig | None = None
     tls: TlsConfig | None = None
 
@@ -251,6 +255,16 @@ class SourceConfig(BaseModel):
             raise fail(
                 "only allowed with manage_consumer = true: the filters of a pre-created consumer are the "
                 "operator's, so set them on the consumer itself and remove filter_subjects here"
+            )
+        return value
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate_limit_needs_managed_consumer(cls, value: int, info: ValidationInfo) -> int:
+        if value and info.data.get("manage_consumer") is False:
+            raise fail(
+                "only allowed with manage_consumer = true: the bridge never changes a pre-created consumer, so set "
+                "rate_limit_bps (bits per second) on the consumer itself and remove rate_limit here"
             )
         return value
 

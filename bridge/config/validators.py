@@ -192,6 +192,55 @@ def int_between(low: int, high: int, what: str = "") -> AfterValidator:
     return AfterValidator(check)
 
 
+_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)(?:/s)?")
+_DECIMAL = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3}
+_BINARY = {"ki": 1024, "mi": 1024**2, "gi": 1024**3}
+MAX_RATE = 100 * 1000**3  # bytes per second: far above any link, below what the server's int64 bits/s holds
+RATE_HINT = 'give bytes per second as a number or with a unit, e.g. "64KiB", "1MB", "50kbit" (0: no limit)'
+
+
+def parse_rate(value: Any) -> int:
+    """A rate in bytes per second from a number or a string with a unit: bytes (``B``, ``KB``/``kB``, ``KiB``,
+    ``MB``, ``MiB``, ``GB``, ``GiB``; an uppercase B) or bits (``bit``, ``kbit``, ``Mbit``, ``Gbit``), each optionally
+    followed by ``/s``. A lowercase ``b`` alone is refused: it reads as bits to some and bytes to others."""
+    if isinstance(value, bool):
+        raise fail(f"{show(value)} is not a rate: {RATE_HINT}")
+    if isinstance(value, int | float):
+        number, factor = float(value), 1.0
+    elif isinstance(value, str) and (m := _RATE.fullmatch(value.strip())):
+        number, unit = float(m.group(1)), m.group(2)
+        if unit.lower().endswith("bit"):
+            prefix, per = unit[:-3].lower(), 1 / 8
+        elif unit == "" or unit.endswith("B"):
+            prefix, per = unit[:-1].lower(), 1.0
+        else:
+            raise fail(f"{show(value)}: unknown unit {unit!r}: B for bytes or bit for bits; {RATE_HINT}")
+        scale = _BINARY.get(prefix) or _DECIMAL.get(prefix)
+        if scale is None or (per != 1.0 and prefix in _BINARY):
+            raise fail(f"{show(value)}: unknown unit {unit!r}; {RATE_HINT}")
+        factor = scale * per
+    else:
+        raise fail(f"{show(value)} is not a rate: {RATE_HINT}")
+    rate = number * factor
+    if rate < 0:
+        raise fail(f"{show(value)} is negative; {RATE_HINT}")
+    if not math.isfinite(rate) or rate > MAX_RATE:
+        raise fail(f"{show(value)} is out of range: at most 100GB per second; {RATE_HINT}")
+    if 0 < rate < 1:
+        raise fail(f"{show(value)} is below one byte per second; {RATE_HINT}")
+    return round(rate)
+
+
+def format_rate(rate: int) -> str:
+    """A rate in bytes per second as people read it (``64KiB/s``), for logs and status."""
+    if rate == 0:
+        return "unlimited"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if rate >= size:
+            return f"{rate / size:.4g}{unit}/s"
+    return f"{rate}B/s"
+
+
 def _readable_file(path: Path) -> Path:
     path = path.expanduser()
     try:
@@ -285,3 +334,4 @@ NonEmptyStr = Annotated[str, AfterValidator(_non_empty)]
 ListenAddress = Annotated[str, AfterValidator(_listen)]
 BucketName = Annotated[str, AfterValidator(_bucket_name)]
 InstanceId = Annotated[str, AfterValidator(_instance_id)]
+Rate = Annotated[int, BeforeValidator(parse_rate)]  # bytes per second

@@ -37,6 +37,7 @@ class ConsumerSettings(Protocol):
     max_ack_pending: int
     filter_subjects: list[str]
     ack_wait: float  # seconds (pull mode)
+    rate_limit: int  # bytes per second, 0: none (flow-control mode: the consumer's rate_limit_bps)
 
 
 def _common_config(source: ConsumerSettings) -> dict[str, Any]:
@@ -60,13 +61,15 @@ def _common_config(source: ConsumerSettings) -> dict[str, Any]:
 
 
 def desired_config(source: ConsumerSettings) -> dict[str, Any]:
-    """The flow-control consumer configuration the bridge creates for a managed source."""
+    """The flow-control consumer configuration the bridge creates for a managed source: ``rate_limit`` as the
+    server's ``rate_limit_bps`` (bits per second; absent, or 0 on an update, for none)."""
     return {
         **_common_config(source),
         "deliver_subject": source.deliver_subject,
         "ack_policy": "flow_control",
         "flow_control": True,
         "idle_heartbeat": HEARTBEAT_NS,
+        "rate_limit_bps": source.rate_limit * 8,
     }
 
 

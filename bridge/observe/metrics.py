@@ -48,6 +48,7 @@ class SourceSnapshot:
     seconds_since_progress: float = 0.0
     last_replicated_origin_time: float | None = None  # unix seconds: origin store time of the newest copy
     oldest_unstored_origin_time: float | None = None  # unix seconds: origin store time of the oldest message waiting
+    rate_limit: int = 0  # bytes per second the origin may send (sources[].rate_limit; 0: none)
     last_error: str = ""
     mode: str = ""  # the consumer model chosen (bridge.core.modes.Mode), "" until the source has connected
     mode_reason: str = ""  # why that mode (bridge.core.modes.Choice.reason)
@@ -68,6 +69,7 @@ class SourceSnapshot:
             "stalled": self.stalled,
             "seconds_since_progress": round(self.seconds_since_progress, 1),
             "lag_seconds": None if (lag := self.lag(now)) is None else round(lag, 1),
+            "rate_limit": self.rate_limit,
             "last_error": self.last_error or None,
         }
 
@@ -352,6 +354,11 @@ def _source_families(out: Exposition, snap: BridgeSnapshot) -> None:
         "Age of the oldest origin message not yet stored in the aggregate (with none delivered while the origin "
         "reports more, the newest copy's age, an upper bound); 0 when nothing waits.",
         ((text, lag) for text, s in zip(labels, src, strict=True) if (lag := s.lag(snap.now)) is not None),
+    )
+    gauge(
+        "nats_bridge_rate_limit_bytes_per_second",
+        "The source's rate_limit: bytes per second the origin sends it at most (0: no limit).",
+        lambda s: s.rate_limit,
     )
     gauge(
         "nats_bridge_seconds_since_progress",

@@ -418,6 +418,13 @@ class SourceRunner:
     def _log_mode(self) -> None:
         if self.mode is not None:
             self.log.info("source.mode", mode=self.mode.mode.value, reason=self.mode.reason)
+            if self.mode.mode is Mode.PULL and self.source.rate_limit:
+                self.log.warning(
+                    "source.rate_limit_not_applied",
+                    rate_limit=self.source.rate_limit,
+                    reason="rate_limit is the flow-control consumer's rate_limit_bps; in pull mode it is not applied",
+                    fix='mode = "flow_control" (origin on nats-server 2.14+), or leave the link unlimited',
+                )
 
     async def _bind(self, stream: OriginStream) -> BoundConsumer:
         """Create or look up the consumer (``origin.bind``); a presumed mode is confirmed by it, or, refused, chosen
@@ -662,6 +669,7 @@ class SourceRunner:
                 self._last_replicated_origin_ns / 1e9 if self._last_replicated_origin_ns is not None else None
             ),
             oldest_unstored_origin_time=(pipeline.oldest_unstored_origin_ns / 1e9) or None,
+            rate_limit=self.source.rate_limit,
             last_error=self.last_error,
         )
 

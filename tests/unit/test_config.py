@@ -194,6 +194,30 @@ def test_mode_and_ack_wait_accepted(
     assert (config.sources[0].mode, config.sources[0].ack_wait) == expected
 
 
+@pytest.mark.parametrize(
+    ("rate", "expected"),
+    [
+        (0, 0),
+        (65536, 65536),
+        ("64KiB", 65536),
+        ("64 KiB/s", 65536),
+        ("1MB", 1_000_000),
+        ("1.5MiB", 1_572_864),
+        ("50kbit", 6250),
+        ("50 kbit/s", 6250),
+        ("2Mbit", 250_000),
+        ("512B", 512),
+        ("3kB", 3000),
+    ],
+)
+def test_rate_limit_takes_units_of_bytes_and_bits(
+    write: Callable[[dict[str, Any]], Path], rate: int | str, expected: int
+) -> None:
+    """In bytes per second; a number is bytes per second; ``b`` alone (bits or bytes?) is refused (RULES)."""
+    config = load_config(write(with_changes(("sources.0.rate_limit", rate))), environ={})
+    assert config.sources[0].rate_limit == expected
+
+
 def test_mode_and_ack_wait_from_the_environment(write: Callable[[dict[str, Any]], Path]) -> None:
     environ = {"NATS_BRIDGE_SOURCES__0__MODE": "pull", "NATS_BRIDGE_SOURCES__0__ACK_WAIT": "45"}
     config = load_config(write(MINIMAL), environ=environ)
@@ -304,6 +328,19 @@ RULES: list[tuple[tuple[tuple[str, Any], ...], str]] = [
     ((("target.tls", {"ca_file": "/"}),), "target.tls.ca_file: '/' is a directory, not a file"),
     ((("sources.0.auth", {"user": "u"}),), "sources[edge-a].auth.password: required when user is set"),
     ((("sources.0.tls", {"cert_file": "/nonexistent/c.pem"}),), "sources[edge-a].tls.cert_file: file '/nonexist"),
+    (
+        (("sources.0.rate_limit", "64 kb"),),
+        "sources[edge-a].rate_limit: '64 kb': unknown unit 'kb': B for bytes or bit",
+    ),
+    ((("sources.0.rate_limit", "fast"),), "sources[edge-a].rate_limit: 'fast' is not a rate: give bytes per second"),
+    ((("sources.0.rate_limit", -5),), "sources[edge-a].rate_limit: -5 is negative; give bytes per second"),
+    ((("sources.0.rate_limit", "200GB"),), "sources[edge-a].rate_limit: '200GB' is out of range: at most 100GB"),
+    ((("sources.0.rate_limit", "4bit"),), "sources[edge-a].rate_limit: '4bit' is below one byte per second"),
+    ((("sources.0.rate_limit", "2Kibit"),), "sources[edge-a].rate_limit: '2Kibit': unknown unit 'Kibit'"),
+    (
+        (("sources.0.manage_consumer", False), ("sources.0.rate_limit", "1MB")),
+        "sources[edge-a].rate_limit: only allowed with manage_consumer = true",
+    ),
 ]
 
 

@@ -48,7 +48,10 @@ def test_scrape_reads_every_source_snapshot() -> None:
     metrics = Metrics()
     snap = BridgeSnapshot(
         target_connected=True,
-        sources=(_source("a"), _source("b", origin_connected=False, blocked_reason="too large", stalled=True)),
+        sources=(
+            _source("a"),
+            _source("b", origin_connected=False, blocked_reason="too large", stalled=True, rate_limit=65536),
+        ),
         now=1000.0,
     )
     metrics.read_from(lambda: snap)
@@ -66,6 +69,8 @@ def test_scrape_reads_every_source_snapshot() -> None:
     assert s[("nats_bridge_source_blocked", b)] == 1
     assert s[("nats_bridge_source_stalled", b)] == 1
     assert s[("nats_bridge_source_stalled", a)] == 0
+    assert s[("nats_bridge_rate_limit_bytes_per_second", a)] == 0
+    assert s[("nats_bridge_rate_limit_bytes_per_second", b)] == 65536
     assert s[("nats_bridge_target_connected", ())] == 1
     bridge = __import__("bridge")
     assert ("nats_bridge_build_info", (("core", bridge.CORE_BUILD), ("version", bridge.__version__))) in s
