@@ -74,6 +74,11 @@ class OriginPort(Protocol):
     async def bind(self) -> BoundConsumer:
         """Create (managed) or look up and vet (bound) the consumer for ``mode``; raises ``ConsumerUnfit``."""
 
+    async def set_rate_limit(self, rate_limit: int) -> None:
+        """Take a new ``rate_limit`` (bytes per second, 0: none) in place: in flow-control mode the managed consumer
+        is updated (a create of the same durable: its position and deliveries are untouched); raises the
+        ``bridge.errors`` family. In pull mode nothing changes on the server."""
+
     async def reset(self, seq: int | None) -> ResetReply: ...
 
     async def first_seq_from(self, start: int) -> int:

@@ -149,6 +149,11 @@ class OriginClient:
         self._filters = consumer_filters(info)
         return bound_consumer(info)
 
+    async def set_rate_limit(self, rate_limit: int) -> None:
+        self.source = self.source.model_copy(update={"rate_limit": rate_limit})
+        if self.mode is Mode.FLOW_CONTROL and self.source.manage_consumer:
+            await self.bind()
+
     async def reset(self, seq: int | None) -> ResetReply:
         src = self.source
         reply = await self._jsapi().reset_consumer(src.stream, src.consumer, timeout=self.timeout, seq=seq)

@@ -530,6 +530,8 @@ class Bridge:
             self.provenance = merged.origins
             for name in plan.stop:
                 await self._stop_source(name)
+            for name in plan.retune:
+                await self._tasks[name].runner.retune(self._configured[name])
             for name in plan.start:
                 self._start_named(name)
             if fleet is not None:
@@ -543,6 +545,7 @@ class Bridge:
                     added=plan.added,
                     removed=plan.removed,
                     changed=plan.changed,
+                    retuned=plan.retune,
                     unchanged=len(plan.unchanged) if cause == "registry" else plan.unchanged,
                 )
             self.notifier.ready(self._status_line())

@@ -415,6 +415,25 @@ class SourceRunner:
             self._log_mode()
         return choice.mode
 
+    async def retune(self, source: SourceConfig) -> None:
+        """Take ``source``, which differs from the running configuration only in what applies in place
+        (``bridge.runtime.reload.RETUNABLE``: the rate limit), without a restart: the consumer is updated where it
+        carries it. A failure is logged and leaves the source running as it was (the next bind applies it)."""
+        self.source = source
+        try:
+            async with self._api_slot():
+                await self.origin.set_rate_limit(source.rate_limit)
+        except BridgeError as exc:
+            self.log.error(
+                "source.retune_failed",
+                rate_limit=source.rate_limit,
+                error=str(exc),
+                hint="the source keeps replicating at its former limit; the next bind (a restart) applies the new one",
+            )
+            return
+        self.log.info("source.retuned", rate_limit=source.rate_limit)
+        self._log_mode()
+
     def _log_mode(self) -> None:
         if self.mode is not None:
             self.log.info("source.mode", mode=self.mode.mode.value, reason=self.mode.reason)

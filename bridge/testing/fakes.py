@@ -228,6 +228,10 @@ class FakeOrigin:
         await self._api_request()
         return self.kind
 
+    async def set_rate_limit(self, rate_limit: int) -> None:
+        self.ops.append(f"set_rate_limit {rate_limit}")
+        await self._api_request()
+
     async def bind(self) -> BoundConsumer:
         self.ops.append("bind")
         await self._api_request()

@@ -5,6 +5,7 @@ metrics and ``/readyz``.
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from bridge.testing.jetstream import (
     create_stream,
     replicate_exactly,
 )
+from bridge.testing.polling import wait_until
+from bridge.testing.processes import BridgeFactory
 from bridge.testing.servers import Topology
 
 RATE = 16 * 1024  # bytes per second
@@ -55,3 +58,35 @@ async def test_the_origin_paces_deliveries_at_the_rate_limit_and_nothing_is_lost
         # a lower bound only (a busy machine is slower, never faster): the bytes after the first burst, at the limit
         paced = COUNT * SIZE - 2 * SIZE
         assert elapsed >= paced / RATE, f"{COUNT * SIZE} bytes in {elapsed:.1f}s: not paced at {RATE} B/s"
+
+
+@pytest.mark.anyio
+async def test_a_new_rate_limit_is_taken_by_sighup_without_restarting_the_source(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """The operator lifts a thin link's limit: the consumer is updated in place (no second bind, recovery or reset of
+    the source), traffic flows through the change, and replication stays exact."""
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")
+    spec.extra.update({"rate_limit": "16KiB", "mode": "flow_control"})
+    path = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue", max_msg_size=2 * SIZE)
+        await create_aggregate(hub_nc)
+        bridge = bridge_procs(path)
+        await bridge.wait_event("bridge.ready", timeout=30)
+        publisher = Publisher(leaf_nc, 600, rate=200)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher.run)
+            await wait_until(lambda: len(publisher.seqs) > 100, timeout=30, what="traffic before the change")
+            spec.extra["rate_limit"] = "1MB"
+            write_config(path, target_url=topology.hub.url, sources=[spec])
+            bridge.signal(signal.SIGHUP)
+            await bridge.wait_event("source.retuned", timeout=30, source="edge1")
+        info = await consumer_info(leaf_nc, ORIGIN, spec.consumer_name)
+        assert info["config"]["rate_limit_bps"] == 8_000_000
+        (applied,) = bridge.events("reload.applied")
+        assert applied["changed"] == ["edge1"] and applied["retuned"] == ["edge1"]
+        await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
+        assert bridge.count("recovery.done", source="edge1") == 1  # started once: never restarted
+        assert bridge.count("source.stopped", source="edge1") == 0
+        assert await bridge.astop(30) == 0

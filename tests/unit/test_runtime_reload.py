@@ -69,3 +69,25 @@ def test_sections_that_apply_on_restart_are_reported_not_applied(config: MakeCon
     plan = plan_reload(old, new, {"a"}, coordinated=False)
     assert plan.restart_required == ["target", "engine", "coordination"]
     assert plan.stop == plan.start == []
+
+
+def limited(name: str, rate: str, max_ack_pending: int | None = None) -> SourceSpec:
+    source = spec(name, max_ack_pending)
+    source.extra["rate_limit"] = rate
+    return source
+
+
+@pytest.mark.parametrize("coordinated", [False, True])
+def test_a_rate_limit_alone_is_taken_in_place_anything_more_restarts(config: MakeConfig, coordinated: bool) -> None:
+    """a: only its rate limit changes and it runs here: retuned, not stopped. b: the rate and more: restarted. c:
+    only its rate, but it does not run here: nothing to retune (it starts, or the fleet starts it, with the new
+    configuration)."""
+    old = config([spec("a"), spec("b"), spec("c")])
+    new = config([limited("a", "64KiB"), limited("b", "64KiB", max_ack_pending=7), limited("c", "1MB")])
+    plan = plan_reload(old, new, {"a", "b"}, coordinated=coordinated)
+    assert plan.changed == ["a", "b", "c"] and plan.retune == ["a"]
+    assert plan.stop == ["b"]
+    if coordinated:
+        assert plan.restart_if_held == ["b"] and plan.start == []
+    else:
+        assert plan.start == ["b", "c"]
