@@ -1,4 +1,5 @@
-"""A TCP proxy between a bridge and a NATS server that cuts, refuses, stalls and delays the connection on command.
+"""A TCP proxy between a bridge and a NATS server that cuts, refuses, stalls, delays and throttles the connection on
+command.
 
 The chaos runner owns one per link and drives it from its own event loop; every control method is synchronous
 and takes effect at once, so the nemesis can record exactly when a fault began.
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _CHUNK = 64 * 1024
+_SLICE = 1024  # under a rate limit, bytes are written this many at a time, each when the link would have sent it
 _DIAL_TIMEOUT = 5.0
 
 _Queue = asyncio.Queue[tuple[float, bytes]]  # (due loop time, chunk); b"" is the peer's EOF
@@ -55,6 +57,8 @@ class FaultProxy:
         self._closed = False
         self._refusing = False
         self._delay = 0.0
+        self._rate = 0.0  # bytes per second each way, the link's (every connection shares it); 0: unlimited
+        self._free_at = {True: 0.0, False: 0.0}  # per direction (up?): when the link has sent what it was given
         self._flowing = asyncio.Event()  # cleared while stalled
         self._flowing.set()
         self._pairs: dict[_Pair, asyncio.Task[None]] = {}
@@ -132,11 +136,20 @@ class FaultProxy:
             raise ValueError(f"delay must be >= 0, not {seconds}")
         self._delay = seconds
 
+    def set_rate(self, bytes_per_second: float) -> None:
+        """Let at most ``bytes_per_second`` through each way, shared by every connection, as a thin link does (a
+        satellite or cellular one); 0 for no limit. Bytes wait their turn in order, and the peers feel it as
+        backpressure."""
+        if bytes_per_second < 0:
+            raise ValueError(f"rate must be >= 0, not {bytes_per_second}")
+        self._rate = float(bytes_per_second)
+
     def heal(self) -> None:
-        """End every fault: stop refusing, stalling and delaying."""
+        """End every fault: stop refusing, stalling, delaying and throttling."""
         self.refuse(False)
         self.stall(False)
         self.set_delay(0)
+        self.set_rate(0)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=f"{self.name}-{what}")
@@ -202,6 +215,18 @@ class FaultProxy:
                 pair.abort()
                 self._pairs.pop(pair, None)
 
+    async def _paced(self, dest: asyncio.StreamWriter, data: bytes, *, up: bool) -> None:
+        """Write ``data`` a slice at a time, each once the link (this direction, all connections) is free for it."""
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(data), _SLICE):
+            piece = data[start : start + _SLICE]
+            now = loop.time()
+            begin = max(now, self._free_at[up])
+            self._free_at[up] = begin + len(piece) / (self._rate or float("inf"))
+            if begin > now:
+                await asyncio.sleep(begin - now)
+            dest.write(piece)
+
     async def _read(self, pair: _Pair, source: asyncio.StreamReader, queue: _Queue, gate: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -228,7 +253,10 @@ class FaultProxy:
             await self._flowing.wait()
             if not data:
                 return
-            dest.write(data)
+            if self._rate:
+                await self._paced(dest, data, up=up)
+            else:
+                dest.write(data)
             pair.held -= len(data)
             if up:
                 self.stats.bytes_up += len(data)

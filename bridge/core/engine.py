@@ -61,6 +61,8 @@ class SourceEngine(Replication):
     def __init__(self, settings: EngineSettings, now: float) -> None:
         super().__init__(settings, now)
         self.ledger = FlowControlLedger()
+        # the stream sequence a RESET named as the epoch's first (0: none awaited; see _renumbered)
+        self._reset_seq = 0
         self._stranded = StrandedProbe()
         self._epoch_last_sseq = 0
 
@@ -136,15 +138,29 @@ class SourceEngine(Replication):
             effects += self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
             return False
         dseq, sseq = ack.consumer_seq, ack.stream_seq
-        if dseq != self.last_dseq + 1 or sseq <= self._epoch_last_sseq:
+        if dseq != self.last_dseq + 1 and self._renumbered(dseq, sseq):
+            effects.append(Notice("delivery.renumbered", "info", {"dseq": dseq, "sseq": sseq}))
+        elif dseq != self.last_dseq + 1 or sseq <= self._epoch_last_sseq:
             effects += self._out_of_sequence(dseq, sseq, now)
             return False
+        self._reset_seq = 0
         self.last_dseq = dseq
         self._epoch_last_sseq = sseq
         self.stats.delivered += 1
         self.ledger.delivered(dseq, sseq)
         self._take(sseq, msg.subject, msg.headers, msg.payload, ack.timestamp_ns)
         return True
+
+    def _renumbered(self, dseq: int, sseq: int) -> bool:
+        """Whether the first delivery after a RESET, numbered ``dseq`` instead of 1, is the very message the reset
+        named: then no message can be missing before it, and the server's numbering is taken from it.
+
+        nats-server does this to a consumer with ``rate_limit_bps``: its delivery loop numbers a message, waits out
+        the rate limit with the consumer unlocked, and sends it with the old numbers after a RESET in that wait,
+        counting it in the new epoch's delivery sequence (the bridge had already set that message aside as the old
+        epoch's). Without this, every RESET of a rate-limited consumer with a backlog would find a gap and ask for
+        another: a storm that replicates nothing (found by the thin-link test)."""
+        return self.last_dseq == 0 and self._reset_seq > 0 and sseq == self._reset_seq and dseq > 1
 
     def flow_control(self, reply: str, now: float) -> list[Effect]:
         """A flow-control request; it covers every delivery received before it."""
@@ -227,7 +243,9 @@ class SourceEngine(Replication):
         if not self._phases.can(Event.RESET_DONE):
             return []
         self._resets.succeeded()
-        return self._new_epoch(reset_seq - 1, (0, 0), now, "reset.done", {"reset_seq": reset_seq})
+        effects = self._new_epoch(reset_seq - 1, (0, 0), now, "reset.done", {"reset_seq": reset_seq})
+        self._reset_seq = reset_seq
+        return effects
 
     def _created(self, created: str | None) -> list[Effect]:
         """The consumer's creation time as a reset's reply or look-up gives it: a new one means it was re-created."""
@@ -249,6 +267,7 @@ class SourceEngine(Replication):
         self._phases.process(Event.RESET_DONE)
         self.epoch += 1
         self.last_dseq, self._epoch_last_sseq = last
+        self._reset_seq = 0
         self.ledger.new_epoch()
         self._last_activity = now
         self._stranded.rearm(now)

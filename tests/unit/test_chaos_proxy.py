@@ -378,3 +378,26 @@ def test_negative_delay_is_rejected() -> None:
 
 def _proxy_tasks(proxy: FaultProxy) -> list[asyncio.Task[object]]:
     return [t for t in asyncio.all_tasks() if t.get_name().startswith(f"{proxy.name}-")]
+
+
+def test_a_rate_limits_throughput_each_way_and_heal_lifts_it() -> None:
+    async def body() -> None:
+        async with rig() as r:
+            reader, writer = await r.connect()
+            assert await round_trip(reader, writer, b"warm") == b"warm"
+            r.proxy.set_rate(64 * 1024)
+            payload = pattern(48 * 1024)
+            start = time.monotonic()
+            assert await round_trip(reader, writer, payload) == payload
+            # 48 KiB each way at 64 KiB/s: at least 0.75 s one way (the two directions overlap); a lower bound only
+            assert time.monotonic() - start >= 0.7
+            r.proxy.heal()
+            assert await round_trip(reader, writer, payload) == payload
+            assert r.proxy.stats.bytes_up >= 2 * len(payload)
+
+    run(body)
+
+
+def test_negative_rate_is_rejected() -> None:
+    with pytest.raises(ValueError, match="rate must be >= 0"):
+        FaultProxy("127.0.0.1", 1, name="x").set_rate(-1)

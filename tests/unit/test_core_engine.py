@@ -998,3 +998,37 @@ def test_a_blocked_publish_is_reported_when_it_blocks_then_at_most_once_per_inte
     assert notices(engine.publish_stored(retry.entry.order, retry.attempt, now + 60)) == ["publish.unblocked"]
     (send,) = of(feed(engine, [(2, 2)], now + 61), Publish)
     assert notices(engine.publish_failed(send.entry.order, send.attempt, "rejected", now + 61)) == ["publish.blocked"]
+
+
+# -- a rate-limited consumer's renumbering after a reset ----------------------------------------------------------
+
+
+def test_the_first_delivery_after_a_reset_may_be_numbered_past_1_when_it_is_the_message_the_reset_named() -> None:
+    """nats-server sends a rate-limited consumer's message numbered before a RESET after it, counting it in the new
+    epoch: the new epoch's first delivery comes as 2 (or more). It is the stream sequence the reset named, so
+    nothing can be missing before it: taken, renumbered, and the epoch goes on from there."""
+    engine = start(reset_seq=5)
+    effects = feed(engine, [(2, 5), (3, 6)])
+    assert notices(effects) == ["delivery.renumbered"]
+    assert published(effects) == [5, 6] and engine.last_dseq == 3
+    assert of(effects, RequestReset) == []
+
+
+@pytest.mark.parametrize(
+    ("first", "why"),
+    [((2, 6), "past the message the reset named: one may be missing"), ((1, 5), "numbered 1: nothing to renumber")],
+)
+def test_anything_else_at_the_start_of_an_epoch_is_judged_as_before(first: tuple[int, int], why: str) -> None:
+    engine = start(reset_seq=5)
+    effects = feed(engine, [first])
+    if first[0] == 1:
+        assert published(effects) == [5] and "delivery.renumbered" not in notices(effects), why
+    else:
+        assert published(effects) == [] and "discontinuity" in notices(effects), why
+
+
+def test_only_the_first_delivery_of_an_epoch_is_renumbered() -> None:
+    engine = start(reset_seq=5)
+    feed(engine, [(1, 5)])
+    effects = feed(engine, [(3, 6)])  # a jump within the epoch is a gap, whatever its stream sequence
+    assert published(effects) == [] and "discontinuity" in notices(effects)
