@@ -723,10 +723,11 @@ class SourceRunner:
             if not ticks % QUIET_TICKS or not self.engine.quiet:
                 self._tick()
 
-    def _tick(self) -> bool:
+    def _tick(self) -> float:
         """Feed the engine the time (every ``TICK`` seconds, from this runner's ticker or the process's; once a
-        second while the engine is quiet). True when it is quiet after: the shared ticker then calls again in a
-        second, unless ``_emit`` wakes it first."""
+        second while the engine is quiet, or less often while it has nothing due). 0 when it is busy after; when
+        it is quiet, the seconds it has nothing due for (``tick_deadline``; at least a second while paused: its
+        fence is looked at here): the shared ticker then calls again no sooner, unless ``_emit`` wakes it first."""
         if self._paused_at is not None and self._fence is not None and self._fence():
             # open again in the same term without a resumption: a renew's reply moved the fence a moment after this
             # source found it closed, before the fleet saw it pass (so it never suspended the lease)
@@ -734,9 +735,14 @@ class SourceRunner:
         now = self.clock()
         if self.origin.reading_behind():  # heartbeats not read yet are not silence (Replication.reading_behind)
             self.engine.reading_behind(now)
-        self._emit(self.engine.tick(now))
+        engine = self.engine
+        self._emit(engine.tick(now))
         self._notify()
-        return self.engine.quiet
+        if not engine.quiet:
+            return 0.0
+        if self._paused_at is not None:
+            return 1.0
+        return max(engine.tick_deadline(now) - now, TICK)
 
     # -- effects --------------------------------------------------------------------------------------------
 
