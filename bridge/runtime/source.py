@@ -229,6 +229,8 @@ class SourceRunner:
         if fence.waiting():
             if self._paused_at is None:
                 self._paused_at = self.clock()
+                if self._shared_ticker is not None:  # ticked again (``_tick`` looks at the fence)
+                    self._shared_ticker.wake(self._tick_callback)
                 self.log.warning(
                     "source.paused",
                     reason="its lease is suspended (no renew succeeded in time): nothing is published or answered "
@@ -522,8 +524,9 @@ class SourceRunner:
                 self._wake.set()
         ticker = self._shared_ticker
         if ticker is not None:
-            if not self.engine.quiet:
-                ticker.wake(self._tick_callback)  # work came: ticked ten times a second again
+            # work came, or the source waits at its fence (its tick looks at it): ticked ten times a second again
+            if not self.engine.quiet or self._paused_at is not None:
+                ticker.wake(self._tick_callback)
             else:
                 ticker.rest(self._tick_callback)  # done before a tick came (its ack was quick): once a second again
 

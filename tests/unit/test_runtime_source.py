@@ -221,6 +221,29 @@ async def test_a_source_paused_a_moment_before_a_renew_reopened_its_fence_goes_o
         await until(lambda: target.seqs("edge1") == [1, 2, 3, 4], "replicating again, in order, once")
 
 
+async def test_a_quiet_source_that_finds_its_fence_closed_is_ticked_again_each_second() -> None:
+    """A quiet source's slot passes it by until its engine has something due, seconds away; one that pauses at an
+    answer (its pipeline empty, so still quiet) is woken, so its tick looks at the fence each second again."""
+    origin, target, fence = FakeOrigin(), FakeTarget(), FakeFence()
+    ticker = Ticker(0.01, QUIET_TICKS)  # ticked by hand; its rotation is a tenth of a second of its clock
+    origin.publish(2)
+    async with running(origin, target, fence=fence, ticker=ticker) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver()
+        await until(lambda: target.seqs("edge1") == [1, 2], "both stored")
+        for _ in range(QUIET_TICKS):
+            ticker.tick()  # quiet, nothing due for seconds: passed by from here on
+        answered = len(origin.answers)
+        fence.open = False
+        origin.request_flow_control()
+        await until(lambda: runner.paused, "the runner found its fence closed at the answer")
+        await until(lambda: runner._resumed is not None, "the answer waits for the fence")
+        fence.open = True  # no resume(): the tick finds it open
+        for _ in range(QUIET_TICKS):
+            ticker.tick()
+        await until(lambda: len(origin.answers) > answered, "answered once a tick found the fence open")
+
+
 async def test_an_origin_behind_the_aggregate_blocks_setup_with_the_reason() -> None:
     origin, target = FakeOrigin(), FakeTarget()
     origin.publish(10)
