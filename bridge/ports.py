@@ -84,6 +84,11 @@ class OriginPort(Protocol):
     async def first_seq_from(self, start: int) -> int:
         """The first message at or after ``start`` within the source's filters (0: none)."""
 
+    def first_seq_soon(self, start: int, looked: Callable[[int, str | None], None]) -> bool:
+        """Ask for ``first_seq_from(start)`` without waiting: ``looked(first, None)`` once answered, ``looked(0,
+        why)`` when the origin could not say; False, and nothing asked, when not possible now (then
+        ``first_seq_from``)."""
+
     async def subscribe(self, on_messages: Callable[[Sequence[Inbound]], None]) -> bool:
         """Hand every message of the deliver subject (pull mode: of a new inbox, which ``pull`` names as the reply
         of every request until the next ``subscribe``), classified, in order, to ``on_messages``, all those of one

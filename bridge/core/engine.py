@@ -48,7 +48,7 @@ from bridge.core.ledger import FlowControlLedger
 from bridge.core.modes import Mode
 from bridge.core.phases import Event, Phase
 from bridge.core.replication import EngineSettings, EngineStats, Replication
-from bridge.core.watch import StrandedProbe
+from bridge.core.watch import STRANDED_CHECK, StrandedProbe
 
 __all__ = ["EngineSettings", "EngineStats", "Phase", "SourceEngine"]
 
@@ -337,6 +337,31 @@ class SourceEngine(Replication):
         self._pump(now, effects)
         self._watch_progress(now, effects)
         return effects
+
+    def tick_deadline(self, now: float) -> float:
+        """A quiet flow-control engine's timers: the silence (``silence_timeout`` after the last heartbeat, which
+        the server sends every second), the next look for stranded messages and, with work waiting at the origin
+        or the pipeline blocked, the stall watch; before the earliest a tick finds nothing to do. At 1 msg/s per
+        source, a tick per source per second was a tenth of the process's work per message.
+
+        ``now`` (a tick each second) while a look is out (its answer may want a confirmation within
+        ``STRANDED_CONFIRM``), while stalled (a recovery is noticed on a tick) and while degraded (the target's
+        limits are read on ticks). Every other input that brings a deadline forward either makes the engine busy
+        (a delivery, a reset) or sets it at least ``STRANDED_CHECK`` (a new epoch's or a reconnect's look) or
+        ``stalled_after`` (a stall clock starting) after it: the deadline is at most that far, so the runtime may
+        keep it across a spell of work no tick saw (at 1 msg/s, a delivery and its ack within a tenth of a
+        second, every second). An idle source's stall clock restarts at its last tick, so it may start up to
+        ``silence_timeout`` earlier than with a tick every second (against ``stalled_after``'s minute)."""
+        stall = self.stall
+        if not self.quiet or self._stranded.probing or stall.stalled or self.pipeline.degraded:
+            return now
+        horizon = now + min(STRANDED_CHECK, stall.stalled_after)
+        deadline = min(self._last_activity + self.settings.silence_timeout, horizon)
+        if self._stranded.enabled:
+            deadline = min(deadline, self._stranded.next_at)
+        if self.origin_pending or self.pipeline.blocked is not None:  # not idle: the stall clock runs
+            deadline = min(deadline, stall.since + stall.stalled_after)
+        return max(now, deadline)
 
     # -- shutdown -------------------------------------------------------------------------------------------
 

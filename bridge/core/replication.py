@@ -144,6 +144,12 @@ class Replication(ABC):
         wake-ups would be most of what the process does."""
         return self._phases.takes_deliveries and self.pipeline.empty and not self._verifying
 
+    def tick_deadline(self, now: float) -> float:
+        """The latest time the next tick of a ``quiet`` engine may come without changing what it decides, or when
+        (to the second the runtime ticks quiet engines at): ticking it any sooner changes nothing. ``now`` here,
+        for a model that cannot say (a quiet engine is then ticked once a second); ``SourceEngine`` says."""
+        return now
+
     @property
     def fc_answers(self) -> int:
         """Flow-control answers made (a metric; 0 where the model has none)."""

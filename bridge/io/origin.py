@@ -169,9 +169,23 @@ class OriginClient:
             found = [await api.first_seq_from(src.stream, start, f, self.timeout) for f in self._filters]
             return min((seq for seq in found if seq), default=0)
         # the stream's first message (STREAM.INFO, which the bridge may use anyway)
-        state = (await api.stream_info(src.stream, timeout=self.timeout)).get("state", {})
-        first = int(state.get("first_seq", 0)) if int(state.get("messages", 0)) else 0
-        return first if first >= start else 0
+        return _first_in(await api.stream_info(src.stream, timeout=self.timeout), start)
+
+    def first_seq_soon(self, start: int, looked: Callable[[int, str | None], None]) -> bool:
+        """:meth:`first_seq_from` without a task (``JsApi.stream_info_soon``): ``looked(first, None)``, or
+        ``looked(0, why)`` when the origin could not say. False, and nothing sent, when not possible now, or with
+        filters (a request per filter): then :meth:`first_seq_from`."""
+        api = self._api
+        if self._filters or api is None:
+            return False
+
+        def answered(info: dict[str, Any] | None, error: BridgeError | None) -> None:
+            if info is None:
+                looked(0, str(error))
+            else:
+                looked(_first_in(info, start), None)
+
+        return api.stream_info_soon(self.source.stream, self.timeout, answered)
 
     async def subscribe(self, on_messages: Callable[[Sequence[inbound.Inbound]], None]) -> bool:
         if self._nc is None:
@@ -333,6 +347,13 @@ class OriginClient:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
             await self._shared.leave(member)
+
+
+def _first_in(info: dict[str, Any], start: int) -> int:
+    """The stream's first message at or after ``start`` as its ``STREAM.INFO`` says (0: none)."""
+    state = info.get("state", {})
+    first = int(state.get("first_seq", 0)) if int(state.get("messages", 0)) else 0
+    return first if first >= start else 0
 
 
 def _unavailable(what: str, exc: BridgeError) -> OriginUnavailable:

@@ -8,7 +8,9 @@ Most sources of a large process are quiet (nothing in flight: their timers count
 a callback that says it is quiet only every ``quiet_every`` ticks (once a second), from a wheel of that many slots,
 and walks only the busy ones and one slot per tick: a thousand quiet sources cost a thousand calls a second, not
 ten thousand. :meth:`Ticker.wake` brings a quiet callback back to every tick at once (its source got work), and
-:meth:`Ticker.rest` returns it to its slot if its work is done before a tick came.
+:meth:`Ticker.rest` returns it to its slot if its work is done before a tick came. A quiet callback may say for how
+long it has nothing due (its engine's ``tick_deadline``): its slot then passes it by until then, a look at a number
+instead of a call (a quiet source's deadline is its silence timeout, five heartbeats away).
 
 Under overload the ticker takes at most ``share`` of the event loop's time: after a pass that took ``spent``
 seconds, the next starts no sooner than ``spent * (1 / share - 1)`` later. A starved process (a busy machine, the
@@ -30,8 +32,9 @@ from bridge.logs import get_logger
 
 __all__ = ["TickCallback", "Ticker"]
 
-# called with nothing; returns True when its source is quiet after the tick (a tick a second is enough until woken)
-TickCallback = Callable[[], bool | None]
+# called with nothing; returns something true when its source is quiet after the tick (a tick a second is enough until
+# woken): True, or the seconds it has nothing due for (it is called again no sooner, unless woken)
+TickCallback = Callable[[], float | bool | None]
 _CALLING = -2  # the slot of a callback taken for this tick and not placed again yet
 
 
@@ -57,6 +60,11 @@ class Ticker:
         self._slot: dict[TickCallback, int] = {}  # every registered callback: -1 busy, its wheel slot, or _CALLING
         # the wheel slot of each callback woken since the last tick (rest puts it back there)
         self._home: dict[TickCallback, int] = {}
+        # the clock's time before which a quiet callback's slot passes it by (it said it has nothing due); kept across
+        # a wake and a rest with no tick between (the work of that spell brings nothing due sooner: the callback's
+        # promise, see SourceEngine.tick_deadline)
+        self._later: dict[TickCallback, float] = {}
+        self._rotation = interval * self.quiet_every  # how often a quiet callback's slot comes round
         self._ticks = 0
         self._log = get_logger(component="ticker")
 
@@ -96,6 +104,7 @@ class Ticker:
 
     def _remove(self, callback: TickCallback) -> None:
         self._home.pop(callback, None)
+        self._later.pop(callback, None)
         slot = self._slot.pop(callback, None)
         if slot is None:
             return
@@ -122,10 +131,22 @@ class Ticker:
         self._ticks += 1
         index = self._ticks % self.quiet_every
         slot = self._wheel[index]
-        due = [*self._busy, *slot]
+        later = self._later
+        now = self._clock()
+        due = [*self._busy]
+        if later:
+            resting: dict[TickCallback, None] = {}
+            for callback in slot:
+                if later.get(callback, now) > now:
+                    resting[callback] = None  # nothing due yet: stays in its slot, not called
+                else:
+                    due.append(callback)
+            self._wheel[index] = slot = resting
+        else:
+            due += slot
+            slot.clear()
         self._busy = {}
         self._home.clear()  # every woken callback is called now, and placed again by what it says
-        slot.clear()
         for callback in due:
             self._slot[callback] = _CALLING
         for callback in due:
@@ -142,6 +163,10 @@ class Ticker:
             if quiet:
                 slot[callback] = None  # this slot comes round again in quiet_every ticks
                 self._slot[callback] = index
+                if quiet is not True and quiet > self._rotation:  # True: once a rotation
+                    later[callback] = now + quiet
+                elif later:
+                    later.pop(callback, None)
             else:
                 self._busy[callback] = None
                 self._slot[callback] = -1

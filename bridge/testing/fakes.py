@@ -17,6 +17,7 @@ a waiting request gets.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +106,7 @@ class FakeOrigin:
     api: ApiServer | None = None  # when set, every JetStream API request goes through it (and takes its latency)
     lost: list[int] = field(default_factory=list)  # pull mode: stream sequences delivered to a stale inbox
     behind: bool = False  # what reading_behind says: the process has a backlog on this connection
+    looks_soon: bool = False  # first_seq_soon answers (on the loop's next pass) rather than refusing
     _on_messages: Callable[[Sequence[Inbound]], None] | None = None
     _connected: bool = False
     _fc: int = 0
@@ -263,6 +265,17 @@ class FakeOrigin:
     async def first_seq_from(self, start: int) -> int:
         self.ops.append(f"probe {start}")
         await self._api_request()
+        return self._first_from(start)
+
+    def first_seq_soon(self, start: int, looked: Callable[[int, str | None], None]) -> bool:
+        if not self.looks_soon:
+            return False
+        self.ops.append(f"probe soon {start}")
+        first = self._first_from(start)
+        asyncio.get_running_loop().call_soon(looked, first, None)  # answered on the loop's next pass
+        return True
+
+    def _first_from(self, start: int) -> int:
         return min((s for s in self.messages if s >= start), default=0)
 
     async def subscribe(self, on_messages: Callable[[Sequence[Inbound]], None]) -> bool:

@@ -2,6 +2,7 @@
 
 * ``bridge_procs``: a factory of bridge child processes; every one still running is killed and reaped at teardown.
 * ``servers``: a factory of single nats-servers (started, healthy); all stopped at teardown.
+* ``origin``: one nats-server of the origins' binary (``origin_server_bin``), stopped at teardown.
 
 On failure each fixture prints the tail of the logs it holds (pytest shows them with the failure). The session-wide
 fixtures (``nats_server_bin``, ``topology``, ``spark``, ``anyio_backend``) are in ``tests/conftest.py``.
@@ -68,3 +69,17 @@ def servers(nats_server_bin: str, tmp_path: Path, request: pytest.FixtureRequest
         if _call_failed(request):
             for server in started:
                 print(f"\n----- {server.name} log ({server.log_path}) -----\n{server.log_tail(30)}")
+
+
+@pytest.fixture
+def origin(origin_server_bin: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[NatsServer]:
+    """One nats-server of the origin binary, stopped at teardown whatever happened (its log printed on failure)."""
+    server = NatsServer(tmp_path / "origin", name="origin", binary=origin_server_bin)
+    try:
+        server.start()
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+        if _call_failed(request):
+            print(f"\n----- origin log ({server.log_path}) -----\n{server.log_tail(30)}")

@@ -11,8 +11,6 @@ subscription callbacks: both must classify alike.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -46,21 +44,6 @@ def headers_of(i: int) -> dict[str, str] | None:
     if i % 2 == 0:
         return None
     return {"X-Index": str(i), "Nats-Msg-Id": f"app-{i}"} if i % 5 == 0 else {"X-Index": str(i)}
-
-
-@pytest.fixture
-def origin(origin_server_bin: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[NatsServer]:
-    """One nats-server of the origin binary, stopped at teardown whatever happened (its log printed on failure)."""
-    server = NatsServer(tmp_path / "origin", name="origin", binary=origin_server_bin)
-    try:
-        server.start()
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
-        call = getattr(request.node, "rep_call", None)
-        if call is not None and call.failed:
-            print(f"\n----- origin log ({server.log_path}) -----\n{server.log_tail(30)}")
 
 
 async def _noop() -> None:

@@ -600,14 +600,24 @@ class Sim:
             self.log("DUPLICATED on the wire")
 
     def step_heartbeat(self) -> None:
+        deadline = self.engine.tick_deadline(self.now)
         self.now += 1.0
         if self.origin.heartbeat():
             self.log("server heartbeat")
-        self.apply(self.engine.tick(self.now))
+        self.apply(self.ticked(deadline))
 
     def step_tick(self, dt: float) -> None:
+        deadline = self.engine.tick_deadline(self.now)
         self.now += dt
-        self.apply(self.engine.tick(self.now))
+        self.apply(self.ticked(deadline))
+
+    def ticked(self, deadline: float) -> list[Effect]:
+        """A tick now; ``deadline`` is what the engine said before the clock moved (``tick_deadline``): a tick
+        before it must find nothing to do, or the runtime, which passes a quiet source by until then, would miss it."""
+        effects = self.engine.tick(self.now)
+        if self.now < deadline and effects:
+            self.fail(f"a tick at {self.now} before the deadline {deadline} did {effects}")
+        return effects
 
     def step_target(self, fate: str) -> None:
         """The target handles the oldest publish: ``ok``, ``reject``, ``lost`` (no ack) or ``lost_ack``.

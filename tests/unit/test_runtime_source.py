@@ -53,6 +53,7 @@ async def running(
     clock: Clock | None = None,
     ticker: Ticker | None = None,
     engine: EngineConfig = ENGINE,
+    api: anyio.CapacityLimiter | None = None,
 ) -> AsyncIterator[tuple[SourceRunner, anyio.Event]]:
     runner = SourceRunner(
         SOURCE,
@@ -63,6 +64,7 @@ async def running(
         origin=origin,
         fence=fence,
         ticker=ticker,
+        api=api,
     )
     stop = anyio.Event()
     with anyio.fail_after(3 * DEADLINE):
@@ -219,6 +221,29 @@ async def test_a_source_paused_a_moment_before_a_renew_reopened_its_fence_goes_o
         await until(lambda: target.seqs("edge1") == [1, 2, 3, 4], "replicating again, in order, once")
 
 
+async def test_a_quiet_source_that_finds_its_fence_closed_is_ticked_again_each_second() -> None:
+    """A quiet source's slot passes it by until its engine has something due, seconds away; one that pauses at an
+    answer (its pipeline empty, so still quiet) is woken, so its tick looks at the fence each second again."""
+    origin, target, fence = FakeOrigin(), FakeTarget(), FakeFence()
+    ticker = Ticker(0.01, QUIET_TICKS)  # ticked by hand; its rotation is a tenth of a second of its clock
+    origin.publish(2)
+    async with running(origin, target, fence=fence, ticker=ticker) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver()
+        await until(lambda: target.seqs("edge1") == [1, 2], "both stored")
+        for _ in range(QUIET_TICKS):
+            ticker.tick()  # quiet, nothing due for seconds: passed by from here on
+        answered = len(origin.answers)
+        fence.open = False
+        origin.request_flow_control()
+        await until(lambda: runner.paused, "the runner found its fence closed at the answer")
+        await until(lambda: runner._resumed is not None, "the answer waits for the fence")
+        fence.open = True  # no resume(): the tick finds it open
+        for _ in range(QUIET_TICKS):
+            ticker.tick()
+        await until(lambda: len(origin.answers) > answered, "answered once a tick found the fence open")
+
+
 async def test_an_origin_behind_the_aggregate_blocks_setup_with_the_reason() -> None:
     origin, target = FakeOrigin(), FakeTarget()
     origin.publish(10)
@@ -247,17 +272,29 @@ async def test_a_blocked_source_reads_the_target_limits_again() -> None:
         assert "maximum messages" in runner.last_error and runner.snapshot().blocked_reason
 
 
-async def test_stranded_workqueue_messages_are_found_twice_then_reset_to() -> None:
-    origin, target, clock = FakeOrigin(workqueue=True), FakeTarget(), Clock()
+async def acked(runner: SourceRunner, origin: FakeOrigin) -> None:
+    """The start reset done, then what the origin holds delivered, stored and acked by a flow-control answer."""
+    await until(runner.ready.is_set, "the start reset is done")
+    origin.deliver()
+    origin.request_flow_control()
+    await until(lambda: bool(origin.answers), "everything stored and acked")
+
+
+@pytest.mark.parametrize("soon", [False, True], ids=["task", "soon"])
+async def test_stranded_workqueue_messages_are_found_twice_then_reset_to(soon: bool) -> None:
+    """Each look is asked without a task of its own when the origin can (``first_seq_soon``), within an API slot
+    it holds until the answer; else in a task, waiting for a slot."""
+    origin, target, clock = FakeOrigin(workqueue=True, looks_soon=soon), FakeTarget(), Clock()
+    api = anyio.CapacityLimiter(1)
     origin.publish(4)
-    async with running(origin, target, clock=clock) as (runner, _):
-        await until(runner.ready.is_set, "the start reset is done")
-        origin.deliver()
-        origin.request_flow_control()
-        await until(lambda: bool(origin.answers), "everything stored and acked")
+    async with running(origin, target, clock=clock, api=api) as (runner, _):
+        await acked(runner, origin)
         origin.messages[2] = ("orders.new", b"payload-2")  # a server restart lost it from the pending list
         clock.offset += STRANDED_CHECK
-        await until(lambda: "probe 1" in origin.ops, "the first look")
+        look = "probe soon 1" if soon else "probe 1"
+        await until(lambda: look in origin.ops, "the first look")
+        assert ("probe 1" in origin.ops) is not soon
+        await until(lambda: api.borrowed_tokens == 0, "its slot given back")
         clock.offset += STRANDED_CONFIRM
         await until(lambda: "reset 2" in origin.ops, "confirmed: reset to the stranded message")
         await until(lambda: origin.subscribed and runner.engine.phase is Phase.RUNNING, "taking deliveries again")
@@ -265,6 +302,21 @@ async def test_stranded_workqueue_messages_are_found_twice_then_reset_to() -> No
         origin.request_flow_control()
         await until(lambda: 2 not in origin.messages, "the stranded message is gone")
         assert target.seqs("edge1") == [1, 2, 3, 4] and runner.engine.resets["stranded"] == 1
+
+
+async def test_a_look_that_finds_every_api_slot_taken_waits_for_one_in_a_task() -> None:
+    origin, target, clock = FakeOrigin(workqueue=True, looks_soon=True), FakeTarget(), Clock()
+    api, holder = anyio.CapacityLimiter(1), object()
+    origin.publish(2)
+    async with running(origin, target, clock=clock, api=api) as (runner, _):
+        await acked(runner, origin)
+        api.acquire_on_behalf_of_nowait(holder)  # the process's requests take every slot
+        clock.offset += STRANDED_CHECK
+        await until(lambda: api.statistics().tasks_waiting == 1, "the look waits for a slot, in a task")
+        assert not any(op.startswith("probe") for op in origin.ops)
+        api.release_on_behalf_of(holder)
+        await until(lambda: "probe 1" in origin.ops, "looked once a slot was free")
+        assert "probe soon 1" not in origin.ops
 
 
 async def test_shutdown_drains_then_answers_the_held_request_with_what_is_stored() -> None:

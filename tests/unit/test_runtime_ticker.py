@@ -160,3 +160,49 @@ def test_a_callback_woken_and_quiet_again_before_a_tick_goes_back_to_its_slot_un
     ticker.rest(q)
     ticker.tick()
     assert calls == [1, 6, 7, 12] and len(ticker) == 0
+
+
+def test_a_quiet_callback_with_nothing_due_for_a_while_is_passed_by_until_then() -> None:
+    """A quiet source's engine has nothing due until its silence timeout (``tick_deadline``): its slot passes it by
+    until then, also across a wake and a rest with no tick between (a delivery and its ack); a tick while woken
+    asks it again, and what it says then stands."""
+    now = [100.0]
+    ticker = Ticker(0.1, quiet_every=10, clock=lambda: now[0])  # a rotation is a second
+    calls: list[float] = []
+    wait = [4.5]
+
+    def q() -> float:
+        calls.append(now[0])
+        return wait[0]
+
+    def rotation() -> None:
+        for _ in range(10):
+            now[0] += 0.1
+            ticker.tick()
+
+    ticker.add(q)
+    ticker.tick()  # called at once (added busy): nothing due for 4.5 s
+    assert calls == [100.0]
+    for _ in range(4):
+        rotation()
+    assert calls == [100.0]  # its slot came round four times, each under 4.5 s after the call
+    ticker.wake(q)
+    ticker.rest(q)  # a delivery and its ack between two ticks: the deadline stands
+    rotation()
+    assert len(calls) == 2 and calls[1] == pytest.approx(105.0)  # the first visit at or after 104.5
+    wait[0] = True  # once a rotation again
+    ticker.wake(q)
+    now[0] += 0.1
+    ticker.tick()  # woken and ticked: asked again
+    assert len(calls) == 3
+    rotation()
+    assert len(calls) == 4
+    wait[0] = 30.0
+    rotation()
+    rotation()
+    assert len(calls) == 5
+    ticker.discard(q)  # its deadline goes with it
+    assert not ticker._later
+    ticker.add(q)
+    ticker.tick()
+    assert len(calls) == 6
