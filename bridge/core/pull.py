@@ -115,6 +115,30 @@ class AckLedger:
         return tuple(replies)
 
 
+class Pacing:
+    """``sources[].rate_limit`` in pull mode, where the server has no rate limit: the bytes delivered are paid for
+    at ``rate`` bytes per second (``free_at``: when the last of them is), and a request is sent only once they are,
+    asking for about a second's worth of messages of the average size seen. The average rate stays at the limit;
+    a request's own messages may come faster (one second's worth at most)."""
+
+    __slots__ = ("average", "free_at", "rate")
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self.free_at = 0.0
+        self.average = 0.0  # bytes per message, moving average (0: none seen yet)
+
+    def delivered(self, size: int, now: float) -> None:
+        if not self.rate:
+            return
+        self.free_at = max(self.free_at, now) + size / self.rate
+        self.average = size if not self.average else 0.9 * self.average + 0.1 * size
+
+    def batch(self) -> int:
+        """Messages one request may ask for: a second's worth at the average size (one before any was seen)."""
+        return max(1, int(self.rate / self.average)) if self.average else 1
+
+
 class PullCredits:
     """Messages asked for and not yet delivered, counted as ADR-37's continuous consume does (no per-request
     bookkeeping: a delivery takes one, a request's end gives back what it had left)."""
@@ -161,10 +185,14 @@ class PullEngine(Replication):
         self._held: list[Data] = []  # deliveries that arrived while a fill reads the stream: taken after it
         self._gap_fill = False  # the fill under way checks a gap within the epoch (not a resync's)
         self._last_pull_at = -math.inf
+        self._paced = Pacing(settings.rate_limit)
 
     @property
     def mode(self) -> Mode:
         return Mode.PULL
+
+    def rate_limited(self, rate_limit: int) -> None:
+        self._paced.rate = rate_limit
 
     @property
     def quiet(self) -> bool:
@@ -207,6 +235,7 @@ class PullEngine(Replication):
         self.stats.last_delivered = ack.stream_seq
         self.origin_pending = ack.pending
         self.credits.delivered()
+        self._paced.delivered(len(msg.payload) + len(msg.subject), now)
         return self._deliver(msg, now, effects)
 
     def _deliver(self, msg: Data, now: float, effects: list[Effect]) -> bool:
@@ -473,6 +502,11 @@ class PullEngine(Replication):
         free = capacity - self.credits.requested - len(self.pipeline)
         if free < max(1, capacity // 2):
             return
+        if self._paced.rate:
+            # paced: what the link may carry in a second at the limit, and only once what came is paid for
+            if self.credits.requested or now < self._paced.free_at:
+                return
+            free = min(free, self._paced.batch())
         if not self.credits.requested:
             self._last_activity = now  # silence is counted from the first request that should bring something
         self.credits.pulled(free, now, self.settings.pull_expires)

@@ -64,6 +64,8 @@ class EngineSettings:
     # window bound it), and how long one pull request lives
     pull_capacity: int = 1000
     pull_expires: float = 30.0
+    # pull mode: bytes per second the requests may bring on average (sources[].rate_limit; 0: no limit)
+    rate_limit: int = 0
 
 
 @dataclass(slots=True)
@@ -175,6 +177,11 @@ class Replication(ABC):
         return self.stall.is_stalled(now)
 
     # -- start ----------------------------------------------------------------------------------------------
+
+    def rate_limited(self, rate_limit: int) -> None:
+        """A new ``rate_limit`` (bytes per second, 0: none) taken in place (``SourceRunner.retune``): pull mode
+        paces its requests by it; flow-control mode has the server do it (the consumer's ``rate_limit_bps``)."""
+        return
 
     def consumer_bound(self, created: str | None) -> None:
         """The consumer was created or looked up at start; ``created`` tells a later re-creation apart."""

@@ -111,6 +111,7 @@ def engine_settings(
         stalled_after=stalled_after,
         # pull mode: never more asked for or unstored than the server lets be pending, or the window can send
         pull_capacity=max(1, min(source.max_ack_pending, target.publish_window)),
+        rate_limit=source.rate_limit,
     )
 
 
@@ -424,6 +425,7 @@ class SourceRunner:
         (``bridge.runtime.reload.RETUNABLE``: the rate limit), without a restart: the consumer is updated where it
         carries it. A failure is logged and leaves the source running as it was (the next bind applies it)."""
         self.source = source
+        self.engine.rate_limited(source.rate_limit)
         try:
             async with self._api_slot():
                 await self.origin.set_rate_limit(source.rate_limit)
@@ -436,18 +438,10 @@ class SourceRunner:
             )
             return
         self.log.info("source.retuned", rate_limit=source.rate_limit)
-        self._log_mode()
 
     def _log_mode(self) -> None:
         if self.mode is not None:
             self.log.info("source.mode", mode=self.mode.mode.value, reason=self.mode.reason)
-            if self.mode.mode is Mode.PULL and self.source.rate_limit:
-                self.log.warning(
-                    "source.rate_limit_not_applied",
-                    rate_limit=self.source.rate_limit,
-                    reason="rate_limit is the flow-control consumer's rate_limit_bps; in pull mode it is not applied",
-                    fix='mode = "flow_control" (origin on nats-server 2.14+), or leave the link unlimited',
-                )
 
     async def _bind(self, stream: OriginStream) -> BoundConsumer:
         """Create or look up the consumer (``origin.bind``); a presumed mode is confirmed by it, or, refused, chosen

@@ -32,12 +32,15 @@ COUNT = 24  # 96 KiB: six seconds of the limit
 
 
 @pytest.mark.anyio
-async def test_the_origin_paces_deliveries_at_the_rate_limit_and_nothing_is_lost(
-    topology: Topology, tmp_path: Path
+@pytest.mark.parametrize("mode", ["flow_control", "pull"])
+async def test_deliveries_are_paced_at_the_rate_limit_and_nothing_is_lost(
+    topology: Topology, tmp_path: Path, mode: str
 ) -> None:
+    """Flow-control mode: the server paces (the consumer's rate_limit_bps). Pull mode: the bridge does, asking for a
+    second's worth once what came is paid for at the limit."""
     spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")
     spec.extra["rate_limit"] = "16KiB"
-    spec.extra["mode"] = "flow_control"
+    spec.extra["mode"] = mode
     config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
         # the server lets one burst of the origin stream's max_msg_size through at once (else of max_payload: 1 MiB,
@@ -49,14 +52,16 @@ async def test_the_origin_paces_deliveries_at_the_rate_limit_and_nothing_is_lost
         began = time.monotonic()
         async with running_bridge(config, tmp_path / "bridge.log") as bridge:
             info = await consumer_info(leaf_nc, ORIGIN, spec.consumer_name)
-            assert info["config"]["rate_limit_bps"] == RATE * 8  # the server's unit is bits per second
+            # the server's unit is bits per second; a pull consumer has no rate limit of its own
+            assert info["config"].get("rate_limit_bps", 0) == (RATE * 8 if mode == "flow_control" else 0)
             snapshot = bridge.runners[0].snapshot()
             assert snapshot.rate_limit == RATE and snapshot.to_json(time.time())["rate_limit"] == RATE
             with anyio.fail_after(60):
                 await replicate_exactly(leaf_nc, hub_nc, {"edge1": publisher})
             elapsed = time.monotonic() - began
-        # a lower bound only (a busy machine is slower, never faster): the bytes after the first burst, at the limit
-        paced = COUNT * SIZE - 2 * SIZE
+        # a lower bound only (a busy machine is slower, never faster): the bytes after the first burst (the server's:
+        # the stream's max_msg_size; the bridge's: one message, then a second's worth per request), at the limit
+        paced = COUNT * SIZE - (2 * SIZE if mode == "flow_control" else SIZE + RATE)
         assert elapsed >= paced / RATE, f"{COUNT * SIZE} bytes in {elapsed:.1f}s: not paced at {RATE} B/s"
 
 

@@ -263,3 +263,39 @@ def test_an_ack_floor_above_what_was_taken_is_adopted_as_a_skip() -> None:
     assert [p.entry.stream_seq for p in publishes] == [11, 12]
     message = publishes[0].entry.message
     assert message is not None and message.headers["Bridge-Skipped"] == "4-10"
+
+
+def paced(rate: int) -> tuple[PullEngine, list[Effect]]:
+    engine = PullEngine(replace(PULL_SETTINGS, rate_limit=rate, pull_capacity=100), 0.0)
+    engine.recovered(0, [], 0.0)
+    return engine, engine.resynced(PullAnchor(0, 0), 0.0)
+
+
+def big(dseq: int, size: int = 92) -> Data:
+    """A delivery of ``size`` + its subject's 8 bytes (what pacing counts)."""
+    info = AckInfo(STREAM, CONSUMER, 1, dseq, dseq, 1000 * dseq, 0)
+    return Data(info, f"orders.{dseq % 10}", None, b"x" * size, reply(dseq, dseq))
+
+
+def test_a_rate_limit_in_pull_mode_paces_the_requests_by_the_bytes_delivered() -> None:
+    """rate_limit 1,000 B/s, 100-byte messages: one message first (no size seen yet), then no request until what
+    came is paid for at the limit, each asking for a second's worth (10 messages)."""
+    engine, effects = paced(1000)
+    assert [p.batch for p in of(effects, Pull)] == [1]
+    effects = engine.data(big(1), 0.0)
+    store_all(engine, effects, 0.05)
+    assert of(engine.tick(0.05), Pull) == []  # 100 bytes take 0.1 s at the limit
+    assert [p.batch for p in of(engine.tick(0.1), Pull)] == [10]
+    effects = []
+    for dseq in range(2, 12):
+        effects += engine.data(big(dseq), 0.2)
+    store_all(engine, effects, 0.3)
+    assert of(engine.tick(1.0), Pull) == []  # 1,000 bytes from 0.2 s: paid for at 1.2 s
+    assert [p.batch for p in of(engine.tick(1.2), Pull)] == [10]
+
+
+def test_a_rate_limit_taken_in_place_changes_the_pace() -> None:
+    engine, _ = paced(1000)
+    engine.rate_limited(0)
+    # no limit: the ordinary threshold (half the capacity free) decides, at once: 99 free beside the one unstored
+    assert [p.batch for p in of(engine.data(big(1), 0.0), Pull)] == [99]
