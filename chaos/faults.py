@@ -320,10 +320,14 @@ async def aggregate_full(ctx: FaultContext, rng: random.Random) -> None:
 # -- the bridge's connections, through the proxies -------------------------------------------------------------
 
 
+THIN_LINK = 50_000 // 8  # bytes per second: a 50 kbit/s link
+
+
 def link_fault(side: str, mode: str, long: bool) -> Fault:
     """``mode``: ``cut`` (connections aborted, new ones refused for the hold), ``stall`` (bytes held, sockets
-    open) or ``delay`` (every chunk forwarded late); ``long`` holds it past the bridge's silence timeout, short
-    for under 2 s."""
+    open), ``delay`` (every chunk forwarded late) or ``thin`` (the link carries ``THIN_LINK`` bytes a second each
+    way, a satellite or cellular one: the workload's traffic queues behind it); ``long`` holds it past the bridge's
+    silence timeout, short for under 2 s."""
 
     async def fault(ctx: FaultContext, rng: random.Random) -> None:
         name = link_fault_name(side, mode, long)
@@ -335,6 +339,11 @@ def link_fault(side: str, mode: str, long: bool) -> Fault:
             ctx.record(name, "inject", delay_seconds=delay, seconds=hold)
             await asyncio.sleep(hold)
             proxy.set_delay(0.0)
+        elif mode == "thin":
+            proxy.set_rate(THIN_LINK)
+            ctx.record(name, "inject", bytes_per_second=THIN_LINK, seconds=hold)
+            await asyncio.sleep(hold)
+            proxy.set_rate(0)
         elif mode == "cut":
             proxy.refuse(True)
             cut = proxy.cut()
@@ -466,7 +475,7 @@ def _registry() -> dict[str, Fault]:
         "aggregate-full": aggregate_full,
     }
     for side in ("leaf", "hub"):
-        for mode in ("cut", "stall", "delay"):
+        for mode in ("cut", "stall", "delay", "thin"):
             for long in (False, True):
                 faults[link_fault_name(side, mode, long)] = link_fault(side, mode, long)
     for kind in ("empty", "backward", "forward", "beyond"):
