@@ -24,8 +24,9 @@ keeps (docs/design.md) and how:
    silence longer than ``silence_timeout`` leads to a RESET (throttled: at least ``reset_min_interval`` apart,
    backing off after failures). FC requests are never left unanswered while the target accepts writes.
 5. **Adopting resets.** After every RESET (own or, via the discontinuity it causes, someone else's) a new epoch
-   starts at delivery sequence 1 (or past it for the very message the reset named: ``_renumbered``) and ``reset_seq - 1`` (the ack floor; never the reply's ``delivered``, see
-   docs/protocol.md 4.3) above ``accepted`` is adopted as an intentional skip. A consumer found at rest
+   starts at delivery sequence 1 (or past it for the very message the reset named: ``_renumbered``) and
+   ``reset_seq - 1`` (the ack floor; never the reply's ``delivered``, see docs/protocol.md 4.3) above ``accepted``
+   is adopted as an intentional skip. A consumer found at rest
    (``consumer_at_rest``) needs no RESET: the new epoch goes on after its last delivery, its ack floor adopted the
    same way.
 """
