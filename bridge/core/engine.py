@@ -62,7 +62,8 @@ class SourceEngine(Replication):
     def __init__(self, settings: EngineSettings, now: float) -> None:
         super().__init__(settings, now)
         self.ledger = FlowControlLedger()
-        # the stream sequence a RESET named as the epoch's first (0: none awaited; see _renumbered)
+        # the stream sequence the last RESET named as its epoch's first (0: the epoch did not begin with one); it
+        # matters only while the epoch has no delivery yet (see _renumbered)
         self._reset_seq = 0
         self._stranded = StrandedProbe()
         self._epoch_last_sseq = 0
@@ -139,12 +140,11 @@ class SourceEngine(Replication):
             effects += self.unrecognised(Unrecognised(f"delivery from {ack.stream}/{ack.consumer}"))
             return False
         dseq, sseq = ack.consumer_seq, ack.stream_seq
-        if dseq != self.last_dseq + 1 and self._renumbered(dseq, sseq):
+        if dseq != self.last_dseq + 1 or sseq <= self._epoch_last_sseq:
+            if not self._renumbered(dseq, sseq):
+                effects += self._out_of_sequence(dseq, sseq, now)
+                return False
             effects.append(Notice("delivery.renumbered", "info", {"dseq": dseq, "sseq": sseq}))
-        elif dseq != self.last_dseq + 1 or sseq <= self._epoch_last_sseq:
-            effects += self._out_of_sequence(dseq, sseq, now)
-            return False
-        self._reset_seq = 0
         self.last_dseq = dseq
         self._epoch_last_sseq = sseq
         self.stats.delivered += 1

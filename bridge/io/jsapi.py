@@ -223,10 +223,14 @@ async def request_json(
         except NatsTimeoutError as exc:
             raise ApiTimeout(f"no reply to {subject} within {timeout:g}s") from exc
         except NoRespondersError as exc:
-            raise ApiUnavailable(f"no JetStream responder for {subject} (is JetStream enabled, domain right?)") from exc
+            raise _no_responder(subject) from exc
         except Exception as exc:  # connection closed/reconnecting and friends
             raise ApiUnavailable(f"{subject}: {describe(exc)}") from exc
     return reply_document(subject, msg.data)
+
+
+def _no_responder(subject: str) -> ApiUnavailable:
+    return ApiUnavailable(f"no JetStream responder for {subject} (is JetStream enabled, domain right?)")
 
 
 def reply_document(subject: str, data: bytes) -> dict[str, Any]:
@@ -278,7 +282,7 @@ def request_soon(nc: Any, subject: str, timeout: float, answered: Answered) -> b
             return
         msg = done.result()
         if (msg.headers or {}).get("Status") == NO_RESPONDERS:
-            answered(None, ApiUnavailable(f"no JetStream responder for {subject}"))
+            answered(None, _no_responder(subject))
             return
         try:
             document = reply_document(subject, msg.data)
