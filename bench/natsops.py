@@ -83,7 +83,8 @@ async def create_origin(leaf: Client, retention: str) -> None:
 
 
 def aggregate_config(native: bool) -> dict[str, Any]:
-    """The aggregate stream on the hub, the same for both paths except the native source.
+    """The aggregate stream on the hub, the same for both paths except the native source (and ``allow_batched``,
+    which a stream with sources does not need: the server sources itself).
 
     The native source names a user-managed durable ``flow_control`` consumer (docs/protocol.md 4.1/4.3) on the leaf's
     origin, reached through the leaf's JetStream domain.
@@ -96,6 +97,8 @@ def aggregate_config(native: bool) -> dict[str, Any]:
         "num_replicas": 1,
         "allow_direct": True,
     }
+    if not native:
+        config["allow_batched"] = True  # as setup creates it: the bridge publishes its windows as fast batches
     if native:
         config["sources"] = [
             {

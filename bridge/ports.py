@@ -24,15 +24,16 @@ from bridge.core.effects import (
 )
 from bridge.core.inbound import Inbound
 from bridge.core.modes import ConsumerKind, Mode
-from bridge.core.pipeline import OutboundMessage, TargetLimits
+from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy
-from bridge.core.targetwire import AckOutcome
+from bridge.core.targetwire import AckOutcome, Publication
 
 # what a connection reports: lost, back (no argument), or an error nats-py met on it
 Callback = Callable[[], Awaitable[None]]
 ErrorCallback = Callable[[Exception], Awaitable[None]]
-# (message, order, attempt) for each publish; (order, attempt, why) for each one that could not be sent
-Sends = Sequence[tuple[OutboundMessage, int, int]]
+# each publish (``targetwire.Publication``: message, order, attempt, batch, batch seq, op); (order, attempt, why)
+# for each one that could not be sent
+Sends = Sequence[Publication]
 Failures = list[tuple[int, int, str]]
 
 

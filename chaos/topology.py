@@ -233,6 +233,7 @@ class ChaosTopology:
                 storage=StorageType.FILE,
                 discard=DiscardPolicy.NEW,
                 allow_direct=True,
+                allow_batched=True,  # as setup creates it: order kept across leader moves (--cluster)
                 num_replicas=len(self.hubs),
             )
         )

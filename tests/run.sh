@@ -48,7 +48,7 @@ done
 
 # the unit tests that drive bridge/core (engines and their property tests, pipeline, fleet and lease tables)
 PURE_CORE_TESTS="tests/unit/test_core_*.py tests/unit/test_pull_properties.py tests/unit/test_lease_table.py
-    tests/unit/test_pipeline_size_limit.py"
+    tests/unit/test_pipeline_size_limit.py tests/unit/test_pipeline_batches.py"
 
 mkdir -p .cache
 rm -f .cache/verdicts-a .cache/verdicts-b .cache/lane-a.done .cache/lane-b.done

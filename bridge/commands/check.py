@@ -107,7 +107,9 @@ async def _check_target(config: BridgeConfig, config_path: str) -> bool:
     window = int(cfg.get("duplicate_window", 0)) / 1e9
     detail = (
         f"retention {cfg.get('retention')}, discard {cfg.get('discard')}, duplicate_window {window:g}s, "
-        f"allow_direct {bool(cfg.get('allow_direct'))}, {info.get('state', {}).get('messages', 0)} messages"
+        f"allow_direct {bool(cfg.get('allow_direct'))}, allow_batched {bool(cfg.get('allow_batched'))} (order kept "
+        f"across leader moves: {'yes' if cfg.get('allow_batched') else 'no'}), "
+        f"{info.get('state', {}).get('messages', 0)} messages"
     )
     _print(ok, f"target stream {target.stream}", detail)
     return ok

@@ -130,7 +130,12 @@ async def _demo(topology: Topology, config: BridgeConfig, messages: int, size: i
         )
         await hub.jetstream().add_stream(
             StreamConfig(
-                name=AGGREGATE, subjects=["edge.>"], storage=StorageType.FILE, allow_direct=True, duplicate_window=120
+                name=AGGREGATE,
+                subjects=["edge.>"],
+                storage=StorageType.FILE,
+                allow_direct=True,
+                allow_batched=True,  # as setup creates it
+                duplicate_window=120,
             )
         )
         state: dict[str, Any] = {"acked": 0, "done": False, "ok": False}

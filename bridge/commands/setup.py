@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from nats.aio.client import Client as NATS
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig, exposed_secrets
@@ -53,6 +54,7 @@ MISSING = "missing"
 FAIL = "FAIL"
 PROBLEMS = frozenset({DIFFERS, MISSING, FAIL})
 NS = 1_000_000_000
+FAST_BATCH_SERVER = (2, 14)  # fast batch publishing (allow_batched) came with nats-server 2.14
 
 
 # --- what the bridge needs (pure) ------------------------------------------------------------------------
@@ -100,10 +102,20 @@ def copy_subjects(source: SourceConfig, origin_subjects: Sequence[str] | None) -
     return list(origin_subjects)
 
 
-def aggregate_config(target: TargetConfig, subjects: Sequence[str], replicas: int) -> dict[str, Any]:
+def fast_batches(nc: NATS) -> bool:
+    """The connected server takes fast batch publishing (``allow_batched``: nats-server 2.14+)."""
+    version = nc.connected_server_version
+    return bool((version.major, version.minor) >= FAST_BATCH_SERVER)
+
+
+def aggregate_config(
+    target: TargetConfig, subjects: Sequence[str], replicas: int, batched: bool = True
+) -> dict[str, Any]:
     """The aggregate stream setup creates: the copies' subjects, Limits, discard old, file, ``allow_direct`` (restart
-    recovery reads copies back with batched Direct Get), a duplicate window that fits ``target.ack_timeout``."""
-    return {
+    recovery reads copies back with batched Direct Get), a duplicate window that fits ``target.ack_timeout``, and
+    with ``batched`` (the server takes it) ``allow_batched``: the bridge then publishes its windows as fast batches,
+    which keep origin order while the stream's leader moves."""
+    config: dict[str, Any] = {
         "name": target.stream,
         "description": "nats-bridge aggregate (created by nats-bridge setup)",
         "subjects": minimal_subjects(subjects),
@@ -114,6 +126,9 @@ def aggregate_config(target: TargetConfig, subjects: Sequence[str], replicas: in
         "allow_direct": True,
         "duplicate_window": int(duplicate_window(target.ack_timeout) * NS),
     }
+    if batched:
+        config["allow_batched"] = True
+    return config
 
 
 def setup_command(config_path: str) -> str:
@@ -138,16 +153,18 @@ def describe_aggregate(cfg: Mapping[str, Any]) -> str:
     window = go_duration(int(cfg.get("duplicate_window", 0)) / NS)
     return (
         f"subjects {', '.join(cfg.get('subjects') or [])}, "
-        f"{'allow_direct' if cfg.get('allow_direct') else 'no allow_direct'}, duplicate window {window}, "
+        f"{'allow_direct' if cfg.get('allow_direct') else 'no allow_direct'}, "
+        f"{'allow_batched' if cfg.get('allow_batched') else 'no allow_batched'}, duplicate window {window}, "
         f"{cfg.get('storage')}, {_replicas(int(cfg.get('num_replicas', 1)))}"
     )
 
 
 def aggregate_differences(
-    cfg: Mapping[str, Any], target: TargetConfig, needs: Mapping[str, Sequence[str] | None]
+    cfg: Mapping[str, Any], target: TargetConfig, needs: Mapping[str, Sequence[str] | None], batched: bool = False
 ) -> list[str]:
     """What in an existing aggregate's configuration differs from what the bridge needs, one text per difference
-    (what it is; why it matters: the fix). ``needs`` maps each source to its copies' subjects (None: unknown)."""
+    (what it is; why it matters: the fix). ``needs`` maps each source to its copies' subjects (None: unknown);
+    ``batched``: the server takes fast batches, so a stream without ``allow_batched`` is reported."""
     out: list[str] = []
     subjects = list(cfg.get("subjects") or [])
     if cfg.get("mirror"):
@@ -170,6 +187,12 @@ def aggregate_differences(
         out.append(
             "allow_direct is false; the bridge reads copies back with Direct Get (restart recovery, the audit): "
             "set allow_direct = true"
+        )
+    if batched and not cfg.get("allow_batched") and not cfg.get("mirror"):
+        out.append(
+            "allow_batched is false; while the stream's leader moves (a hub node restarted or upgraded) a copy "
+            "refused in the move can be stored after copies pipelined behind it, out of origin order: set "
+            "allow_batched = true (nats stream edit; the bridge then publishes windows as fast batches)"
         )
     window = int(cfg.get("duplicate_window", 0)) / NS
     if duplicate_window_short(window, target.ack_timeout):
@@ -410,7 +433,9 @@ async def _setup_aggregate(
                         "source's line); run setup again once they can be read, or give each a subject_prefix",
                     )
                 ]
-            desired = aggregate_config(target, [s for subjects in needs.values() for s in subjects or []], replicas)
+            batched = fast_batches(nc)
+            wanted = [s for subjects in needs.values() for s in subjects or []]
+            desired = aggregate_config(target, wanted, replicas, batched)
             if dry_run:
                 return [Line(WOULD_CREATE, what, describe_aggregate(desired))]
             try:
@@ -427,7 +452,7 @@ async def _setup_aggregate(
         return [Line(FAIL, what, str(exc))]
     finally:
         await close_connection(nc)
-    differences = aggregate_differences(info.get("config", {}), target, needs)
+    differences = aggregate_differences(info.get("config", {}), target, needs, fast_batches(nc))
     if differences:
         return [Line(DIFFERS, what, text) for text in differences]
     unchecked = [name for name, subjects in needs.items() if subjects is None]

@@ -10,6 +10,16 @@ blocks its source (and only its source), retried with backoff, reported by ``blo
 
 Each entry carries a per-attempt token (``order``, ``attempt``). An ack for any attempt proves the message stored
 (a late success of an earlier attempt is still a success); a failure counts only for the current attempt.
+
+Order across a stream leader move. Publishes pipelined on one connection are each judged alone: while the
+aggregate's leadership moves, one can be refused (no responders, not leader) while those behind it are stored, and
+its re-send lands after them. When the aggregate allows fast batch publishing (``allow_batched``, nats-server 2.14+)
+a window goes out as one *batch* in gap-fail mode instead: the server stores a batch's members only as a contiguous
+prefix, so a member refused or lost ends the batch and nothing after it is stored; the pipeline fails it and every
+later member (they are re-sent, in order, in a new batch), and acks are cumulative per batch. A lone message with
+nothing in flight is published plainly (a batch of one would cost a commit and a server-side batch); a batch starts
+only when nothing plain is in flight, and is committed (end-of-batch, no message) once everything it carried is
+stored and nothing waits to be sent.
 """
 
 from __future__ import annotations
@@ -28,11 +38,12 @@ from bridge.core.subjects import SubjectSet
 @dataclass(frozen=True, slots=True)
 class TargetLimits:
     """What the target takes, as read from it: the server's ``max_payload``, and the aggregate stream's
-    ``max_msg_size`` and subjects (``None`` where the stream could not be read)."""
+    ``max_msg_size``, subjects (``None`` where the stream could not be read) and whether it takes fast batches."""
 
     max_payload: int
     max_msg_size: int | None = None
     subjects: tuple[str, ...] | None = None
+    batched: bool = False  # the stream allows fast batch publishing (``allow_batched``, nats-server 2.14+)
 
     @property
     def size_limit(self) -> int:
@@ -113,17 +124,99 @@ class Entry:
         return self.order < other.order
 
 
+# fast batch operations (the last token before ``$FI`` of a batch member's reply subject), nats-server 2.14+
+BATCH_START = 0
+BATCH_APPEND = 1
+BATCH_COMMIT_EOB = 3  # commit what the batch holds; carries no message
+
+BATCH_UNKNOWN = 10208  # err_code: the server holds no such batch (ended, cleaned up, or on another leader)
+BATCH_TOO_MANY = 10211  # err_code: too many fast batches in flight on the stream (nats-server's limit: 1,000)
+BATCH_DISABLED = 10205  # err_code: the stream does not allow batched publishes (any more)
+PLAIN_AFTER_TOO_MANY = 10.0  # seconds of plain publishing after the server refused a batch for its in-flight limit
+
+
 @dataclass(slots=True, init=False)  # per message: a written __init__ compiles (mypyc)
 class Send:
     """Publish ``entry.message`` now; its ack comes back with ``(entry.order, attempt)``. It is also the engine's
-    ``Publish`` effect (``bridge.core.effects``), handed on as the pipeline made it."""
+    ``Publish`` effect (``bridge.core.effects``), handed on as the pipeline made it.
+
+    ``batch`` is 0 for a plain publish; otherwise the message is member ``bseq`` of the pipeline's fast batch
+    ``batch``, with operation ``op`` (``BATCH_START``, ``BATCH_APPEND``, or ``BATCH_COMMIT_EOB``: then no message
+    is sent, ``entry`` is only the batch's last member, for its subject)."""
 
     entry: Entry
     attempt: int
+    batch: int
+    bseq: int
+    op: int
 
-    def __init__(self, entry: Entry, attempt: int) -> None:
+    def __init__(self, entry: Entry, attempt: int, batch: int = 0, bseq: int = 0, op: int = 0) -> None:
         self.entry = entry
         self.attempt = attempt
+        self.batch = batch
+        self.bseq = bseq
+        self.op = op
+
+
+@dataclass(slots=True, init=False)  # per message: a written __init__ compiles (mypyc)
+class AckOutcome:
+    """What the target answered to one publish attempt (``batch`` 0), or about a fast batch's members.
+
+    A batch reply names the member whose reply subject it came on (``order``, ``attempt``, ``bseq``) and says
+    that members ``1..through`` are stored (cumulative), or (``stored`` False) that member ``bseq`` was refused or
+    lost, and so, in gap-fail mode, is every member after it. ``ended``: the server ended the batch (committed it),
+    nothing after ``through`` will be stored. ``code`` is the server's ``err_code`` (0: none)."""
+
+    order: int
+    attempt: int
+    stored: bool
+    duplicate: bool
+    error: str
+    batch: int
+    bseq: int
+    through: int
+    ended: bool
+    code: int
+
+    def __init__(
+        self,
+        order: int,
+        attempt: int,
+        stored: bool,
+        duplicate: bool = False,
+        error: str = "",
+        batch: int = 0,
+        bseq: int = 0,
+        through: int = 0,
+        ended: bool = False,
+        code: int = 0,
+    ) -> None:
+        self.order = order
+        self.attempt = attempt
+        self.stored = stored
+        self.duplicate = duplicate
+        self.error = error
+        self.batch = batch
+        self.bseq = bseq
+        self.through = through
+        self.ended = ended
+        self.code = code
+
+
+@dataclass(slots=True, eq=False)
+class Batch:
+    """A fast batch this pipeline published: its members as ``(entry, attempt)`` by batch sequence - 1."""
+
+    number: int
+    members: list[tuple[Entry, int]] = field(default_factory=list)
+    acked: int = 0  # members 1..acked are known stored
+    failed_from: int = 0  # members from this one on are known not stored (0: none)
+    closed: bool = False  # no member is added any more (committed, ended by a failure, or the pipeline degraded)
+
+    @property
+    def settled(self) -> bool:
+        """Every member is known stored or failed: replies about it change nothing more."""
+        return self.acked >= (self.failed_from - 1 if self.failed_from else len(self.members))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +256,20 @@ class PublishPipeline:
     _barrier: Entry | None = None
     _unverified: int = 0  # generation of ambiguous failures not yet checked against the target (0: none)
     _generation: int = 0
+    batching: bool = False  # windows go out as fast batches (the target stream allows them)
+    batches: int = 0  # fast batches opened
+    _batch: Batch | None = None  # the open batch, taking members
+    _batches: dict[int, Batch] = field(default_factory=dict)  # batches whose members may still get replies
+    _commit: Send | None = None  # an end-of-batch for a batch closed early, to go out with the next sends
+    _plain_until: float = 0.0  # the server refused a batch for its in-flight limit: plain publishes until then
 
     def limit(self, limits: TargetLimits) -> None:
-        """Take the target's limits: larger messages are not sent, uncaptured subjects are sent alone."""
+        """Take the target's limits: larger messages are not sent, uncaptured subjects are sent alone, windows go
+        out as fast batches where the stream allows them."""
         self.size_limit = limits.size_limit
         if limits.subjects is not None:
             self.subjects = SubjectSet(limits.subjects)
+        self.batching = limits.batched
 
     # -- feeding --------------------------------------------------------------------------------------------
 
@@ -199,6 +300,9 @@ class PublishPipeline:
         the target must refuse would otherwise let the ones behind it be stored first.
         """
         out: list[Send] = []
+        if self._commit is not None:
+            out.append(self._commit)
+            self._commit = None
         if self._degraded:
             if self._unverified:
                 return out  # an ambiguous failure must be checked against the target before anything is re-sent
@@ -214,11 +318,16 @@ class PublishPipeline:
                 out.append(self._send(self._probe, now))
             return out
         if not (self._retry or self._fresh):
+            if self._batch is not None and not self._in_flight:
+                commit = self._close_batch()  # all it carried is stored and nothing waits: commit it
+                if commit is not None:
+                    out.append(commit)
             return out
         # the window is a span from the oldest message not yet stored, not a count of un-acked ones: a publish
         # whose ack is late (or lost) must not be overtaken by more than a window of copies
         window_end = self._entries[0].order + self.window
         captures, retry, fresh = self.subjects.captures, self._retry, self._fresh
+        batching = self.batching and now >= self._plain_until
         while self._barrier is None and (retry or fresh):
             queue = retry if retry else fresh
             entry = queue[0]
@@ -229,6 +338,17 @@ class PublishPipeline:
             barrier = not captures(message.subject)
             if barrier and self._in_flight:
                 break  # let everything before it be acked first
+            batch = self._batch
+            if barrier and batch is not None:
+                commit = self._close_batch()  # everything it carried is stored; the barrier goes alone
+                if commit is not None:
+                    out.append(commit)
+                batch = None
+            elif batching and batch is None and not barrier:
+                if self._in_flight:
+                    break  # a batch started now could be stored before an unresolved plain publish is refused
+                if len(retry) + len(fresh) > 1 and entry.order + 1 < window_end:
+                    batch = self._open_batch()
             if queue is retry:
                 retry.pop(0)
             else:
@@ -238,7 +358,7 @@ class PublishPipeline:
                 message.unsendable or (limit and len(message.header_block) + len(message.payload) > limit)
             ) and self._unsendable(entry, now):
                 return out
-            out.append(self._send(entry, now))
+            out.append(self._send(entry, now, batch))
             if barrier:
                 # it may well be refused (no stream captures it): nothing after it goes out until it is stored,
                 # so a refusal cannot let later messages overtake it. If the guess was wrong (an account mapping
@@ -260,14 +380,100 @@ class PublishPipeline:
         self._fail(entry, f"message of {size} bytes exceeds the target's limit of {self.size_limit} bytes", now)
         return True
 
-    def _send(self, entry: Entry, now: float) -> Send:
+    def _send(self, entry: Entry, now: float, batch: Batch | None = None) -> Send:
         entry.state = EntryState.SENT
         if entry.attempt:  # a retry: to the end of the in-flight order
             self._in_flight.pop(entry.order, None)
         entry.attempt += 1
         entry.deadline = now + self.ack_timeout
         self._in_flight[entry.order] = entry
-        return Send(entry, entry.attempt)
+        if batch is None:
+            return Send(entry, entry.attempt)
+        batch.members.append((entry, entry.attempt))
+        bseq = len(batch.members)
+        return Send(entry, entry.attempt, batch.number, bseq, BATCH_START if bseq == 1 else BATCH_APPEND)
+
+    # -- fast batches -------------------------------------------------------------------------------------
+
+    def _open_batch(self) -> Batch:
+        self.batches += 1
+        batch = Batch(self.batches)
+        self._batch = batch
+        self._batches[batch.number] = batch
+        return batch
+
+    def _close_batch(self) -> Send | None:
+        """Close the open batch: no member is added any more; returns its end-of-batch commit (no message: the
+        server commits what it stored and frees the batch rather than holding it until its idle timeout), None
+        when it has no member (nothing was sent in it)."""
+        batch = self._batch
+        assert batch is not None
+        self._batch = None
+        batch.closed = True
+        if batch.settled:
+            del self._batches[batch.number]
+        if not batch.members:
+            return None
+        last, attempt = batch.members[-1]
+        return Send(last, attempt, batch.number, len(batch.members) + 1, BATCH_COMMIT_EOB)
+
+    def expand(self, outcomes: Sequence[AckOutcome], now: float) -> Sequence[AckOutcome]:
+        """The outcomes of one read with each batch reply turned into one outcome per member it settles, in
+        order: the stored ones (``through``), then the refused member and every later one (gap-fail: none of them
+        is stored). Plain outcomes pass as they are (the common read: the same sequence back). Replies about a
+        batch no longer held (every member settled) are dropped. Changes only the batches' bookkeeping."""
+        for outcome in outcomes:
+            if outcome.batch:
+                break
+        else:
+            return outcomes
+        out: list[AckOutcome] = []
+        for outcome in outcomes:
+            if not outcome.batch:
+                out.append(outcome)
+                continue
+            if outcome.code == BATCH_TOO_MANY:
+                self._plain_until = now + PLAIN_AFTER_TOO_MANY
+            elif outcome.code == BATCH_DISABLED:
+                self.batching = False  # until the limits are read again (while degraded, they are)
+            batch = self._batches.get(outcome.batch)
+            if batch is None:
+                continue
+            members = batch.members
+            through = min(outcome.through, len(members))
+            if through > batch.acked:
+                # a member failed before (a gap report) and stored after all is a late success, like any other
+                for entry, attempt in members[batch.acked : through]:
+                    out.append(AckOutcome(entry.order, attempt, True))
+                batch.acked = through
+            first = 0  # the first member that will not be stored (0: none said)
+            if not outcome.stored:
+                first = outcome.bseq
+                reason = outcome.error
+            elif outcome.ended and through < len(members):
+                first = through + 1
+                reason = f"the server ended the batch after member {through}"
+            if first:
+                end = batch.failed_from - 1 if batch.failed_from else len(members)  # past it: failed already
+                for bseq in range(max(first, batch.acked + 1), end + 1):
+                    entry, attempt = members[bseq - 1]
+                    why = reason if bseq == first else f"not stored: member {first} before it was not ({reason})"
+                    out.append(AckOutcome(entry.order, attempt, False, error=why))
+                batch.failed_from = min(first, batch.failed_from or first)
+                if batch is self._batch:
+                    # nothing more can be stored in it; committed all the same, as the server may still hold it
+                    # (a member lost on its way ends it only when the next one arrives)
+                    commit = self._close_batch()
+                    if commit is not None:
+                        self._commit = commit
+            if batch.closed and batch.settled:
+                self._batches.pop(batch.number, None)
+        return out
+
+    @property
+    def batch_open(self) -> bool:
+        """A fast batch is taking members."""
+        return self._batch is not None
 
     def entry(self, order: int) -> Entry | None:
         """The entry with this order token, while the pipeline still holds it (for metrics; never changes it)."""
@@ -334,6 +540,12 @@ class PublishPipeline:
             self._unverified = self._generation
         entry.state = EntryState.FAILED
         entry.last_error = reason
+        if self._batch is not None:
+            # what follows a failure goes in a new batch, after the probe: the server may already have ended this
+            # one, and its commit frees it there either way
+            commit = self._close_batch()
+            if commit is not None:
+                self._commit = commit
         if entry is self._barrier:
             self._barrier = None
         self._in_flight.pop(entry.order, None)
@@ -410,7 +622,19 @@ class PublishPipeline:
             if entry.stream_seq > self.watermark:
                 self.watermark = entry.stream_seq
                 advanced = True
+        if advanced and self._batches:
+            self._forget_batches()
         return advanced
+
+    def _forget_batches(self) -> None:
+        """Drop closed batches whose members are all stored and gone (a member failed without a reply, then stored
+        by another attempt, leaves its batch unsettled)."""
+        head = self._entries[0].order if self._entries else self._next_order
+        for number in list(self._batches):
+            batch = self._batches[number]
+            if not batch.closed or batch.members[-1][0].order >= head:
+                break
+            del self._batches[number]
 
     # -- views --------------------------------------------------------------------------------------------
 

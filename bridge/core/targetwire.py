@@ -9,29 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from bridge.core.frames import Frame
 from bridge.core.headers import parse_header_block
-from bridge.core.pipeline import OutboundMessage, Send
+from bridge.core.pipeline import BATCH_COMMIT_EOB, OutboundMessage, Send
+from bridge.core.pipeline import AckOutcome as AckOutcome  # where the runtime finds it
 
-
-@dataclass(slots=True, init=False)  # per message: a written __init__ compiles (mypyc)
-class AckOutcome:
-    """What the target answered to one publish attempt."""
-
-    order: int
-    attempt: int
-    stored: bool
-    duplicate: bool
-    error: str
-
-    def __init__(self, order: int, attempt: int, stored: bool, duplicate: bool = False, error: str = "") -> None:
-        self.order = order
-        self.attempt = attempt
-        self.stored = stored
-        self.duplicate = duplicate
-        self.error = error
+BATCH_SUFFIX = ".$FI"  # what makes a reply subject a fast batch member's (nats-server 2.14+)
+_FLOW_ACK = b'{"type":"ack","seq":'
 
 
 def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:
@@ -42,6 +27,8 @@ def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] |
         tail = subject_tail.decode("ascii")
     except UnicodeDecodeError:
         return None
+    if tail.endswith(BATCH_SUFFIX):
+        return parse_batch_reply(tail, data, headers)
     order_s, dot, attempt_s = tail.partition(".")
     if not (dot and order_s.isdigit() and attempt_s.isdigit()):
         return None
@@ -73,6 +60,60 @@ def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] |
     return AckOutcome(order, attempt, True, duplicate=bool(body.get("duplicate")))
 
 
+def parse_batch_reply(tail: str, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:
+    """Interpret what the server sent to a fast batch member's reply subject, ``tail`` being
+    ``<order>.<attempt>.<base>-<batch>.<flow>.fail.<batch seq>.<op>.$FI``: a cumulative flow ack, the commit's
+    publish ack (``count``), a gap or error report, or a refusal of the member itself (see ``AckOutcome``)."""
+    parts = tail.split(".")
+    if len(parts) != 8:
+        return None
+    order_s, attempt_s, batch_id, _, _, bseq_s, _, _ = parts
+    batch_s = batch_id.rpartition("-")[2]
+    if not (order_s.isdigit() and attempt_s.isdigit() and batch_s.isdigit() and bseq_s.isdigit()):
+        return None
+    order, attempt, batch, bseq = int(order_s), int(attempt_s), int(batch_s), int(bseq_s)
+    if data.startswith(_FLOW_ACK):
+        # the common case, one per stored member: members up to seq are stored
+        end = data.find(b",", len(_FLOW_ACK))
+        digits = data[len(_FLOW_ACK) : end if end >= 0 else len(data) - 1]
+        if digits.isdigit():
+            return AckOutcome(order, attempt, True, batch=batch, bseq=bseq, through=int(digits))
+    if not data:
+        status = headers.get("Status", "") if headers else ""
+        why = "no responders: the target stream does not exist here" if status == "503" else "empty publish ack"
+        return AckOutcome(order, attempt, False, error=f"{why} (status {status or 'none'})", batch=batch, bseq=bseq)
+    try:
+        body = json.loads(data)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        error = f"undecodable batch reply {data[:80]!r}"
+        return AckOutcome(order, attempt, False, error=error, batch=batch, bseq=bseq)
+    kind = body.get("type")
+    if kind == "ack":
+        return AckOutcome(order, attempt, True, batch=batch, bseq=bseq, through=int(body.get("seq") or 0))
+    if kind == "gap":
+        # members from last_seq on were lost on their way: in gap-fail mode the server ended the batch there
+        first = int(body.get("last_seq") or bseq)
+        return AckOutcome(
+            order, attempt, False, error=f"batch member {first} lost on its way", batch=batch, bseq=first, ended=True
+        )
+    err = body.get("error")
+    if err:
+        if not isinstance(err, dict):
+            err = {}
+        code = int(err.get("err_code") or 0)
+        text = f"{err.get('description', 'error')} (code {err.get('code')}, err_code {code})"
+        first = int(body.get("seq") or bseq) if kind == "err" else bseq
+        return AckOutcome(order, attempt, False, error=text, batch=batch, bseq=first, ended=True, code=code)
+    if "count" in body:  # the commit's publish ack: members 1..count are stored, none after
+        count = int(body.get("count") or 0)
+        duplicate = bool(body.get("duplicate"))
+        return AckOutcome(order, attempt, True, duplicate, batch=batch, bseq=bseq, through=count, ended=True)
+    error = f"unexpected batch reply: {body!r}"[:200]
+    return AckOutcome(order, attempt, False, error=error, batch=batch, bseq=bseq)
+
+
 def parse_pub_acks(frames: Sequence[Frame], prefix_len: int) -> list[AckOutcome]:
     """What the acks of one read say, in order, each subject being ``<inbox>.<order>.<attempt>`` with an inbox of
     ``prefix_len - 1`` bytes (replies that are not acks are left out)."""
@@ -102,26 +143,45 @@ def outcome_runs(outcomes: Sequence[AckOutcome]) -> list[tuple[list[tuple[int, i
     return runs
 
 
-def publish_sends(batch: Sequence[Send]) -> list[tuple[OutboundMessage, int, int]]:
-    """What the publisher takes for each send: the message, its order token and the attempt."""
-    sends: list[tuple[OutboundMessage, int, int]] = []
+# one publish as the publisher takes it: the message, its order token, the attempt, and (0 for a plain publish) the
+# fast batch, the member's batch sequence and the batch operation (``Send``)
+Publication = tuple[OutboundMessage, int, int, int, int, int]
+
+
+def publish_sends(batch: Sequence[Send]) -> list[Publication]:
+    """What the publisher takes for each send."""
+    sends: list[Publication] = []
     for send in batch:
         message = send.entry.message
         assert message is not None  # markers (no message) are never published
-        sends.append((message, send.entry.order, send.attempt))
+        sends.append((message, send.entry.order, send.attempt, send.batch, send.bseq, send.op))
     return sends
 
 
+def reply_subject(inbox: str, batch_base: str, publication: Publication) -> str:
+    """The reply subject of one publication: ``<inbox>.<order>.<attempt>``, a fast batch member's with its batch
+    id (``<batch_base>-<batch>``, unique on the stream as long as ``batch_base`` is), flow 1 (an ack for every
+    stored member), gap mode ``fail``, batch sequence and operation."""
+    _, order, attempt, batch, bseq, op = publication
+    if not batch:
+        return f"{inbox}.{order}.{attempt}"
+    return f"{inbox}.{order}.{attempt}.{batch_base}-{batch}.1.fail.{bseq}.{op}{BATCH_SUFFIX}"
+
+
 def encode_publishes(
-    inbox: bytes, batch: Sequence[tuple[OutboundMessage, int, int]], limit: int
+    inbox: bytes, batch: Sequence[Publication], limit: int, batch_base: bytes = b""
 ) -> tuple[bytes, list[tuple[int, int, str]]]:
-    """The ``HPUB`` commands of ``(message, order, attempt)`` publishes, replying to ``<inbox>.<order>.<attempt>``,
-    as one write and exactly as nats-py would write each; and ``(order, attempt, why)`` for those larger than
-    ``limit`` (the server's ``max_payload``), which are left out."""
+    """The ``HPUB`` commands of the publications, replying as :func:`reply_subject` says, as one write and exactly
+    as nats-py would write each; and ``(order, attempt, why)`` for those larger than ``limit`` (the server's
+    ``max_payload``), which are left out. A batch commit (end of batch) is a ``PUB`` with no payload."""
     failures: list[tuple[int, int, str]] = []
     commands: list[bytes] = []
-    for message, order, attempt in batch:
+    for message, order, attempt, number, bseq, op in batch:
         payload = message.payload
+        if number and op == BATCH_COMMIT_EOB:
+            reply = b"%s.%d.%d.%s-%d.1.fail.%d.%d.$FI" % (inbox, order, attempt, batch_base, number, bseq, op)
+            commands.append(b"PUB %s %s 0\r\n\r\n" % (message.subject.encode(), reply))
+            continue
         if len(payload) > limit:  # nats-py's check (the pipeline has already checked headers + payload)
             failures.append(
                 (order, attempt, f"message of {len(payload)} bytes exceeds the target server's max_payload")
@@ -129,8 +189,27 @@ def encode_publishes(
             continue
         block = message.header_block
         size = len(block)
+        if not number:  # one format for the common command (this runs once per replicated message)
+            commands.append(
+                b"HPUB %s %s.%d.%d %d %d\r\n%s%s\r\n"
+                % (message.subject.encode(), inbox, order, attempt, size, size + len(payload), block, payload)
+            )
+            continue
         commands.append(
-            b"HPUB %s %s.%d.%d %d %d\r\n%s%s\r\n"
-            % (message.subject.encode(), inbox, order, attempt, size, size + len(payload), block, payload)
+            b"HPUB %s %s.%d.%d.%s-%d.1.fail.%d.%d.$FI %d %d\r\n%s%s\r\n"
+            % (
+                message.subject.encode(),
+                inbox,
+                order,
+                attempt,
+                batch_base,
+                number,
+                bseq,
+                op,
+                size,
+                size + len(payload),
+                block,
+                payload,
+            )
         )
     return (commands[0] if len(commands) == 1 else b"".join(commands)), failures

@@ -136,7 +136,12 @@ class TargetSide:
             config = (await self._info(anyio.current_time() - LIMITS_FRESH)).get("config", {})
         except BridgeError:
             return TargetLimits(max_payload)
-        return TargetLimits(max_payload, int(config.get("max_msg_size", -1)), tuple(config.get("subjects") or ()))
+        return TargetLimits(
+            max_payload,
+            int(config.get("max_msg_size", -1)),
+            tuple(config.get("subjects") or ()),
+            batched=bool(config.get("allow_batched")),
+        )
 
     async def read_tail(
         self, source: str, subject_filter: str, floor: int, depth: int, slot: Gate | None = None

@@ -18,8 +18,8 @@ from nats.aio.subscription import Subscription
 
 from bridge.core.frames import Frame
 from bridge.core.headers import encode_header_block
-from bridge.core.pipeline import OutboundMessage
-from bridge.core.targetwire import AckOutcome, encode_publishes, parse_pub_acks
+from bridge.core.pipeline import BATCH_COMMIT_EOB
+from bridge.core.targetwire import AckOutcome, Publication, encode_publishes, parse_pub_acks, reply_subject
 from bridge.errors import TargetUnavailable
 from bridge.io import wire
 from bridge.io.connect import describe
@@ -34,6 +34,9 @@ class SourcePublisher:
         self._arrived: list[Frame] = []  # the acks of the read being parsed (wire.add_sink)
         self._inbox = nc.new_inbox()
         self._inbox_bytes = self._inbox.encode()
+        # fast batch ids are <this>-<number>: the inbox's own unique token (nuid) keeps them unique on the stream
+        self._batch_base = self._inbox.rpartition(".")[2]
+        self._batch_base_bytes = self._batch_base.encode()
         self._prefix_len = len(self._inbox) + 1
         self._sub: Subscription | None = None
         self._raw = wire.has_raw_writes(nc)
@@ -97,7 +100,7 @@ class SourcePublisher:
             if outcomes:
                 self._on_outcomes(outcomes)
 
-    async def publish(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]]:
+    async def publish(self, batch: Sequence[Publication]) -> list[tuple[int, int, str]]:
         """Send ``(message, order, attempt)`` publishes, in order; return ``(order, attempt, why)`` for each one
         that could not be handed to the connection (the rest are on their way; their acks come to ``on_outcomes``).
         """
@@ -107,16 +110,19 @@ class SourcePublisher:
         if self._raw:
             return await self._publish_buffered(batch)
         failures: list[tuple[int, int, str]] = []
-        for message, order, attempt in batch:
+        for publication in batch:
+            message, order, attempt, number, _, op = publication
+            reply = reply_subject(self._inbox, self._batch_base, publication)
             try:
-                await self._nc.publish(
-                    message.subject, message.payload, reply=f"{self._inbox}.{order}.{attempt}", headers=message.headers
-                )
+                if number and op == BATCH_COMMIT_EOB:
+                    await self._nc.publish(message.subject, b"", reply=reply)
+                else:
+                    await self._nc.publish(message.subject, message.payload, reply=reply, headers=message.headers)
             except Exception as exc:  # MaxPayload, not connected, closed, bad header: the engine retries all alike
                 failures.append((order, attempt, _send_failure(exc, len(message.payload))))
         return failures
 
-    def write_now(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]] | None:
+    def write_now(self, batch: Sequence[Publication]) -> list[tuple[int, int, str]] | None:
         """Like :meth:`publish`, without waiting: None when that is not possible now (nats-py's internals are not
         the expected ones), and then nothing was sent."""
         if not self._raw:
@@ -124,7 +130,7 @@ class SourcePublisher:
         nc: Any = self._nc
         why = "target connection closed" if nc.is_closed else "" if nc.is_connected else "target not connected"
         if why:
-            return [(order, attempt, why) for _, order, attempt in batch]
+            return [(order, attempt, why) for _, order, attempt, _, _, _ in batch]
         if nc._transport is None:
             return None
         # into the socket at the end of this event-loop pass, behind whatever nats-py has not written yet, sooner
@@ -134,7 +140,7 @@ class SourcePublisher:
             wire.write_soon(nc, data)  # with every other source's of this read: one write
         return failures
 
-    async def _publish_buffered(self, batch: Sequence[tuple[OutboundMessage, int, int]]) -> list[tuple[int, int, str]]:
+    async def _publish_buffered(self, batch: Sequence[Publication]) -> list[tuple[int, int, str]]:
         # behind whatever nats-py still has to write: appended to its buffer, written by its flusher task
         nc: Any = self._nc
         data, failures = self._encode(batch, nc.max_payload)
@@ -147,17 +153,17 @@ class SourcePublisher:
             except Exception as exc:  # e.g. the outbound buffer is full while reconnecting: the engine retries
                 why = _send_failure(exc, len(data))
                 sent = {(order, attempt) for order, attempt, _ in failures}
-                failures += [(order, attempt, why) for _, order, attempt in batch if (order, attempt) not in sent]
+                failures += [
+                    (order, attempt, why) for _, order, attempt, _, _, _ in batch if (order, attempt) not in sent
+                ]
         return failures
 
-    def _encode(
-        self, batch: Sequence[tuple[OutboundMessage, int, int]], limit: int
-    ) -> tuple[bytes, list[tuple[int, int, str]]]:
+    def _encode(self, batch: Sequence[Publication], limit: int) -> tuple[bytes, list[tuple[int, int, str]]]:
         # nats-py's own publish does what this does plus, per message, subject validation and a regex check,
         # strip and translate of every header: about a sixth of the bridge's CPU per message. Our subjects and
         # headers are valid by construction (they came off the wire or from the validated configuration), and the
         # header block was encoded once, by the engine. A batch becomes one write.
-        return encode_publishes(self._inbox_bytes, batch, limit)
+        return encode_publishes(self._inbox_bytes, batch, limit, self._batch_base_bytes)
 
 
 def _send_failure(exc: Exception, size: int) -> str:

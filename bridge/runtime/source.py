@@ -631,7 +631,7 @@ class SourceRunner:
         """The acks one read of the target connection brought, in order."""
         now = self.clock()
         engine = self.engine
-        for stored, failed in targetwire.outcome_runs(outcomes):
+        for stored, failed in targetwire.outcome_runs(engine.pipeline.expand(outcomes, now)):
             if stored:  # in order: what was stored before a failure first
                 self._observe_stored(stored)
                 self._emit(engine.publish_stored_many(stored, now))

@@ -116,8 +116,13 @@ async def create_stream(
     return await js_request(nc, f"STREAM.CREATE.{name}", config, domain=domain)
 
 
-async def create_aggregate(nc: Client, *, name: str = AGGREGATE, duplicate_window: float = 120, **extra: Any) -> None:
-    """The aggregate on the hub: Limits, file, Direct Get allowed, every subject under ``edge.>``."""
+async def create_aggregate(
+    nc: Client, *, name: str = AGGREGATE, duplicate_window: float = 120, allow_batched: bool = True, **extra: Any
+) -> None:
+    """The aggregate on the hub as ``setup`` creates it: Limits, file, Direct Get and fast batches allowed (the
+    bridge publishes windows as batches; ``allow_batched=False`` for its plain publishes), subjects ``edge.>``."""
+    if allow_batched:
+        extra["allow_batched"] = True
     await create_stream(nc, name, ["edge.>"], allow_direct=True, duplicate_window=int(duplicate_window * 1e9), **extra)
 
 
@@ -140,6 +145,14 @@ async def new_leader(nc: Client, name: str, old: str, *, timeout: float = 20.0) 
 
     found: str = await wait_until(elected, timeout=timeout, what=f"a new leader of {name}", retry_on=(Exception,))
     return found
+
+
+async def step_down(nc: Client, name: str, *, timeout: float = 20.0) -> tuple[str, str]:
+    """Ask the stream's leader to step down (``STREAM.LEADER.STEPDOWN``: what a rolling upgrade's drain does) and
+    wait until another node leads; returns (old, new)."""
+    old = await stream_leader(nc, name)
+    await js_request(nc, f"STREAM.LEADER.STEPDOWN.{name}")
+    return old, await new_leader(nc, name, old, timeout=timeout)
 
 
 async def stream_messages(nc: Client, name: str, *, domain: str | None = None) -> int:

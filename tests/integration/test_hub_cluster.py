@@ -42,7 +42,9 @@ from bridge.testing.jetstream import (
     new_leader,
     read_stream,
     replicate_exactly,
+    step_down,
     stream_leader,
+    stream_messages,
 )
 from bridge.testing.polling import wait_until
 from bridge.testing.processes import BridgeFactory, BridgeProcess, fleet_instance
@@ -260,6 +262,39 @@ async def test_the_leader_killed_then_the_owner_a_standby_recovers_in_the_sideca
     """Sidecar position: the standby's recovery reads the aggregate while its leader is being elected and a replica
     lags; it neither skips nor repeats a message."""
     await replicated_through(SITUATIONS["leader-then-owner-killed"], cluster, tmp_path, bridge_procs, sidecar=True)
+
+
+STEPDOWNS = 12
+BACKLOG = 60_000
+
+
+@pytest.mark.anyio
+async def test_origin_order_is_kept_while_the_aggregates_leader_moves_under_a_full_window(
+    cluster: HubCluster, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    """A backlog drained at full speed (a whole publish window in flight) while the aggregate's leader steps down
+    again and again: each move refuses or drops some publishes while later ones reach the new leader. Plain
+    publishes would store those later ones first (the chaos suite's hub-rolling-restart found it); the aggregate
+    allows fast batches (``allow_batched``, as ``setup`` creates it), so nothing after a refused member is stored
+    and the re-sends land in origin order: exact, in order, once each."""
+    config = fleet_config(cluster, tmp_path, sidecar=False)
+    async with connect(cluster.leaf.url) as leaf_nc, connect(cluster.hub_urls) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(hub_nc, num_replicas=3)  # allow_batched, as setup creates it
+        publisher = Publisher(leaf_nc, BACKLOG, batch=500)
+        await publisher.run()  # the backlog first: the bridge then keeps its window full
+        procs = [fleet_instance(bridge_procs, config, "p0"), fleet_instance(bridge_procs, config, "p1")]
+        moves = []
+        for n in range(1, STEPDOWNS + 1):
+            grown = BACKLOG * n // (STEPDOWNS + 2)
+
+            async def stored(floor: int = grown) -> bool:
+                return await stream_messages(hub_nc, AGGREGATE) >= floor
+
+            await wait_until(stored, timeout=120, what=f"{grown} copies stored", retry_on=(Exception,))
+            moves.append(await step_down(hub_nc, AGGREGATE))
+        await exactly_replicated(procs, leaf_nc, hub_nc, publisher)
+    print(f"aggregate leader moves under load: {moves}")
 
 
 MATRIX = os.environ.get("NATS_BRIDGE_CLUSTER_MATRIX") == "1"

@@ -83,8 +83,8 @@ async def test_setup_creates_what_is_missing_once_and_dry_run_only_says_so(topol
         dry = await setup_cli(config, "--dry-run")
         assert dry.returncode == 0, dry.stdout + dry.stderr
         assert lines_of(dry) == [
-            "would create aggregate stream AGG (subjects b.>, edge.one.>, allow_direct, duplicate window 2m0s, file, "
-            "1 replica)",
+            "would create aggregate stream AGG (subjects b.>, edge.one.>, allow_direct, allow_batched, duplicate "
+            "window 2m0s, file, 1 replica)",
             "would create coordination bucket nats-bridge (stream KV_nats-bridge, lease ttl 3s, history 1, 1 replica)",
             "would create consumer ORDERS/nats-bridge-edge1 on edge1 (ack_policy flow_control, deliver "
             "nats-bridge.deliver.edge1, max_ack_pending 1000, deliver_policy all)",

@@ -9,7 +9,11 @@
   the floors, else sets the floors verbatim and the WorkQueue deletes every sequence <= ``Nats-Last-Stream``
   (future ones via pre-ack); a Limits stream keeps them, and a RESET makes the consumer walk them again.
 * ``Target``: the aggregate: stores by ``Nats-Msg-Id`` (duplicates are acked as stored), can reject or lose a
-  publish or its ack, hands acks back in any order, and answers the engine's ``VerifyStored`` reads.
+  publish or its ack, hands acks back in any order, and answers the engine's ``VerifyStored`` reads. With
+  ``SimConfig.batched`` it takes fast batches as nats-server 2.14+ does in gap-fail mode (server/stream.go,
+  ``processJetStreamFastBatchMsg``): a member is stored only right after the previous one; a gap ends the batch with
+  a gap report and the commit's ack; an unknown batch is refused (10208); acks are cumulative. The copies of one
+  life are then checked to be stored in origin order, none passed over (ORDER).
 * ``Sim``: wires both to an engine through the seam ``bridge.runtime.source`` uses (the engine's input methods fed
   with what the runtime reads: classified deliveries, ``ResetReply``, probe results, target limits; every effect
   performed as the runner performs it: unsubscribe -> RESET -> subscribe), checks docs/design.md's invariants on
@@ -45,8 +49,9 @@ from bridge.core.effects import (
 )
 from bridge.core.engine import Phase, SourceEngine
 from bridge.core.inbound import Inbound, classify
-from bridge.core.pipeline import TargetLimits
+from bridge.core.pipeline import BATCH_COMMIT_EOB, BATCH_UNKNOWN, AckOutcome, OutboundMessage, TargetLimits
 from bridge.core.recovery import Copy, Recovery, recover, recovery_depth
+from bridge.core.targetwire import outcome_runs
 from bridge.testing.engines import engine_settings
 
 STREAM = "ORDERS"
@@ -300,8 +305,9 @@ class Target:
     copies: dict[str, StoredCopy] = field(default_factory=dict)  # Nats-Msg-Id -> first stored copy
     store_order: list[int] = field(default_factory=list)
     inbox: deque[tuple[int, Publish]] = field(default_factory=deque)  # (life, publish) not yet processed
-    acks: list[tuple[int, int, bool, str]] = field(default_factory=list)  # (order, attempt, stored, error)
+    acks: list[AckOutcome] = field(default_factory=list)  # replies on their way to the bridge
     next_fault: str = ""  # the fate of the next publish, armed by a fault step while nothing was waiting
+    batches: dict[tuple[int, int], int] = field(default_factory=dict)  # (life, batch) -> last member stored
 
     def has(self, seq: int) -> bool:
         return hdr.msg_id(SOURCE, STREAM, seq) in self.copies
@@ -320,6 +326,7 @@ class SimConfig:
     v2: bool = False
     limits: bool = False  # origin retention: WorkQueue (acked messages deleted) or Limits (kept)
     recovery_cap: int = 0  # copies above the ack floor a restart reads at most (0: the runtime's recovery_depth)
+    batched: bool = False  # the aggregate allows fast batches (allow_batched)
 
 
 class Sim:
@@ -403,6 +410,9 @@ class Sim:
         self.last_reset_request = -1e9
         self.log(f"life {self.life}: recovered watermark={watermark} present={sorted(present)}")
         self.apply(self.engine.recovered(watermark, present, self.now, workqueue=not self.config.limits))
+        if self.config.batched:  # the runtime reads the target's limits once it has recovered (SourceRunner)
+            limits = TargetLimits(max_payload=1024 * 1024, batched=True)
+            self.apply(self.engine.target_limits(limits, self.now))
 
     def crash(self, reset_applied: bool) -> None:
         """The bridge dies and restarts: volatile state, subscription and publish acks are gone."""
@@ -469,7 +479,8 @@ class Sim:
                     self.verify_op = effect
                 case ReadTargetLimits():
                     self.log("target limits read")
-                    self.apply(self.engine.target_limits(TargetLimits(max_payload=1024 * 1024), self.now))
+                    limits = TargetLimits(max_payload=1024 * 1024, batched=self.config.batched)
+                    self.apply(self.engine.target_limits(limits, self.now))
                 case ProbeStranded():
                     self.log(f"stranded probe from {effect.start}")
                     if self.probe_op is not None:
@@ -485,6 +496,12 @@ class Sim:
     def _on_publish(self, effect: Publish) -> None:
         entry = effect.entry
         seq = entry.stream_seq
+        if effect.batch and not self.config.batched:
+            self.fail(f"a batch publish to a target that does not allow batches: {effect}")
+        if effect.op == BATCH_COMMIT_EOB:
+            self.log(f"commit batch {effect.batch} at member {effect.bseq}")
+            self.target.inbox.append((self.life, effect))
+            return
         message = entry.message
         if message is None:
             self.fail(f"Publish of a marker entry without a message (seq {seq})")
@@ -631,34 +648,99 @@ class Sim:
         if fate == "ok" and self.target.next_fault:
             fate, self.target.next_fault = self.target.next_fault, ""
         life, publish = self.target.inbox.popleft()
+        if publish.batch:
+            self._batch_member(life, publish, fate)
+            return
         entry = publish.entry
         message = entry.message
         assert message is not None
         if self.target.reject_all and fate in ("ok", "lost_ack"):
             fate = "reject"
         if fate in ("ok", "lost_ack"):
-            mid = message.headers[hdr.MSG_ID]
-            if mid not in self.target.copies:
-                self._check_store_order(entry.stream_seq, life)
-                self.target.copies[mid] = StoredCopy(
-                    entry.stream_seq,
-                    int(message.headers[hdr.PREV]),
-                    message.subject,
-                    dict(message.headers),
-                    message.payload,
-                    life,
-                )
-                self.target.store_order.append(entry.stream_seq)
+            self._store(entry.stream_seq, message, life)
         self.log(f"target {fate} seq={entry.stream_seq} attempt={publish.attempt} (life {life})")
         if life != self.life or fate in ("lost", "lost_ack"):
             return
-        self.target.acks.append((entry.order, publish.attempt, fate == "ok", "" if fate == "ok" else "rejected"))
+        error = "" if fate == "ok" else "rejected"
+        self.target.acks.append(AckOutcome(entry.order, publish.attempt, fate == "ok", error=error))
+
+    def _store(self, seq: int, message: OutboundMessage, life: int) -> None:
+        mid = message.headers[hdr.MSG_ID]
+        if mid not in self.target.copies:
+            self._check_store_order(seq, life)
+            self.target.copies[mid] = StoredCopy(
+                seq, int(message.headers[hdr.PREV]), message.subject, dict(message.headers), message.payload, life
+            )
+            self.target.store_order.append(seq)
+
+    def _batch_member(self, life: int, publish: Publish, fate: str) -> None:
+        """A fast batch member (or commit) reaches the server: gap-fail mode, as nats-server 2.14+ handles it."""
+        entry, key, bseq = publish.entry, (life, publish.batch), publish.bseq
+        replies: list[AckOutcome] = []
+
+        def reply(stored: bool, error: str = "", through: int = 0, ended: bool = False, code: int = 0) -> None:
+            replies.append(
+                AckOutcome(
+                    entry.order,
+                    publish.attempt,
+                    stored,
+                    error=error,
+                    batch=publish.batch,
+                    bseq=bseq,
+                    through=through,
+                    ended=ended,
+                    code=code,
+                )
+            )
+
+        if self.target.reject_all and fate in ("ok", "lost_ack"):
+            fate = "reject"
+        last = self.target.batches.get(key)
+        if fate == "lost":
+            pass  # never reached the stream: the next member finds the gap
+        elif fate == "reject":
+            reply(False, error="rejected", ended=True)  # e.g. not the leader: the batch's state is not touched
+        elif publish.op == BATCH_COMMIT_EOB:
+            if last is None:
+                reply(False, error="batch publish ID unknown", ended=True, code=BATCH_UNKNOWN)
+            else:
+                del self.target.batches[key]
+                reply(True, through=last, ended=True)
+        elif last is None and bseq != 1:
+            reply(False, error="batch publish ID unknown", ended=True, code=BATCH_UNKNOWN)
+        elif last is not None and bseq != last + 1:
+            del self.target.batches[key]  # gap-fail: the batch is committed with what it stored
+            replies.append(
+                AckOutcome(entry.order, publish.attempt, False, error="gap", batch=publish.batch, bseq=last + 1)
+            )
+            reply(True, through=last, ended=True)
+        else:
+            assert entry.message is not None
+            self._store(entry.stream_seq, entry.message, life)
+            self.target.batches[key] = bseq
+            reply(True, through=bseq)
+        self.log(
+            f"target {fate} batch {publish.batch} member {bseq} op {publish.op} seq={entry.stream_seq} (life {life})"
+        )
+        if life != self.life or fate in ("lost", "lost_ack"):
+            return
+        self.target.acks.extend(replies)
 
     def _check_store_order(self, seq: int, life: int) -> None:
         # nothing below a stored copy was silently passed over: every missing earlier message was published by
         # this life (it is being retried); and (the span the recovery fallback relies on) the copy was first
         # published less than a window after it
         if life != self.life:
+            return
+        if self.config.batched:
+            for earlier in range(1, seq):
+                if (
+                    self.origin.is_message(earlier)
+                    and not self.target.has(earlier)
+                    and earlier not in self.origin.skipped
+                    and earlier > self.engine.watermark
+                ):
+                    self.fail(f"ORDER: seq {seq} stored while seq {earlier} is not (batched target, life {life})")
             return
         window = self.config.publish_window
         for earlier in range(1, seq):
@@ -677,35 +759,31 @@ class Sim:
     def step_ack(self, index: int) -> None:
         if not self.target.acks:
             return
-        order, attempt, stored, error = self.target.acks.pop(index % len(self.target.acks))
-        self.log(f"publish ack order={order} attempt={attempt} stored={stored}")
-        if stored:
-            entry = next((e for e in self.engine.pipeline if e.order == order), None)
-            if entry is not None:
-                self.acked_to_engine.add(entry.stream_seq)
-            self.apply(self.engine.publish_stored(order, attempt, self.now))
-        else:
-            self.apply(self.engine.publish_failed(order, attempt, error, self.now))
+        self._hand_over([self.target.acks.pop(index % len(self.target.acks))])
 
     def step_ack_many(self, k: int) -> None:
         """The oldest ``k`` publish acks reach the bridge in one read, handed over as the runner does: the stored
         ones together (``publish_stored_many``), a failure after what was stored before it."""
-        stored: list[tuple[int, int]] = []
-        for _ in range(min(k, len(self.target.acks))):
-            order, attempt, ok, error = self.target.acks.pop(0)
-            self.log(f"publish ack order={order} attempt={attempt} stored={ok} (in a read)")
-            if ok:
-                entry = next((e for e in self.engine.pipeline if e.order == order), None)
+        replies = self.target.acks[:k]
+        del self.target.acks[:k]
+        self._hand_over(replies)
+
+    def _hand_over(self, replies: list[AckOutcome]) -> None:
+        """Replies of one read, as ``SourceRunner._on_outcomes`` hands them to the engine (batch replies expanded)."""
+        for reply in replies:
+            self.log(
+                f"publish ack order={reply.order} attempt={reply.attempt} stored={reply.stored} (batch {reply.batch})"
+            )
+        pipeline = self.engine.pipeline
+        for stored, failed in outcome_runs(pipeline.expand(replies, self.now)):
+            for order, _ in stored:
+                entry = pipeline.entry(order)
                 if entry is not None:
                     self.acked_to_engine.add(entry.stream_seq)
-                stored.append((order, attempt))
-                continue
             if stored:
                 self.apply(self.engine.publish_stored_many(stored, self.now))
-                stored = []
-            self.apply(self.engine.publish_failed(order, attempt, error, self.now))
-        if stored:
-            self.apply(self.engine.publish_stored_many(stored, self.now))
+            if failed is not None:
+                self.apply(self.engine.publish_failed(failed.order, failed.attempt, failed.error, self.now))
 
     def step_answer_arrives(self) -> None:
         """The server processes the oldest FC answer or RESET request sent on the source connection."""

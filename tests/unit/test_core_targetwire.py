@@ -74,17 +74,25 @@ def test_raw_publish_encodes_exactly_as_nats_py(
 
     from bridge.core.headers import encode_header_block
     from bridge.core.pipeline import OutboundMessage
-    from bridge.core.targetwire import encode_publishes
+    from bridge.core.targetwire import encode_publishes, reply_subject
 
     block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     assert encode_header_block(headers) == block.encode()
     message = OutboundMessage("agg.s.x", encode_header_block(headers), payload)
-    batch = [(message, order, attempt) for order, attempt in tokens]
+    batch = [(message, order, attempt, 0, 0, 0) for order, attempt in tokens]
     data, failures = encode_publishes(b"_INBOX.a", batch, limit=len(payload))
     assert failures == []
     assert data == b"".join(
         hpub_cmd("agg.s.x", f"_INBOX.a.{order}.{attempt}", block.encode(), payload) for order, attempt in tokens
     )
+    # as members of fast batch 7 (start, then appends): the same, replying to the member's batch subject
+    members = [(message, order, attempt, 7, i, 0 if i == 1 else 1) for i, (order, attempt) in enumerate(tokens, 1)]
+    data, failures = encode_publishes(b"_INBOX.a", members, limit=len(payload), batch_base=b"B")
+    assert failures == []
+    assert data == b"".join(
+        hpub_cmd("agg.s.x", reply_subject("_INBOX.a", "B", m), block.encode(), payload) for m in members
+    )
+    assert not members or reply_subject("_INBOX.a", "B", members[0]).endswith(".B-7.1.fail.1.0.$FI")
     # over the server's max_payload: left out, reported
     data, failures = encode_publishes(b"_INBOX.a", batch, limit=len(payload) - 1)
     assert (data, [f[:2] for f in failures]) == (b"", tokens) if payload else True
@@ -111,3 +119,55 @@ def test_the_order_and_attempt_are_read_as_bytes_of_ascii_digits(tail: bytes) ->
     expected = (int(order), int(attempt)) if dot and order.isdigit() and attempt.isdigit() else None
     outcome = parse_pub_ack(tail, b'{"stream":"AGG","seq":5}', None)
     assert (None if outcome is None else (outcome.order, outcome.attempt)) == expected
+
+
+# -- fast batch replies (nats-server 2.14+: server/stream.go, BatchFlowAck / BatchFlowGap / BatchFlowErr) ----------
+
+BATCH_TAIL = b"12.1.Bx-3.1.fail.5.1.$FI"  # order 12, attempt 1, batch 3, member 5, append
+
+
+def test_a_flow_ack_stores_the_batch_through_its_sequence() -> None:
+    from bridge.core.targetwire import parse_pub_ack
+
+    outcome = parse_pub_ack(BATCH_TAIL, b'{"type":"ack","seq":5,"msgs":1}', None)
+    assert outcome is not None
+    assert (outcome.order, outcome.attempt, outcome.stored, outcome.batch, outcome.bseq, outcome.through) == (
+        12,
+        1,
+        True,
+        3,
+        5,
+        5,
+    )
+    assert not outcome.ended
+
+
+def test_batch_refusals_gaps_and_commits_say_where_the_batch_ends() -> None:
+    from bridge.core.targetwire import parse_pub_ack
+
+    refused = parse_pub_ack(
+        BATCH_TAIL,
+        b'{"error":{"code":400,"err_code":10208,"description":"batch publish ID unknown"},"stream":"A"}',
+        None,
+    )
+    assert refused is not None and not refused.stored and refused.bseq == 5 and refused.code == 10208
+    assert "batch publish ID unknown" in refused.error
+    gap = parse_pub_ack(BATCH_TAIL, b'{"type":"gap","last_seq":4,"seq":5}', None)
+    assert gap is not None and not gap.stored and gap.bseq == 4 and gap.ended
+    err = parse_pub_ack(
+        BATCH_TAIL, b'{"type":"err","seq":5,"error":{"code":400,"err_code":10071,"description":"bad"}}', None
+    )
+    assert err is not None and not err.stored and err.bseq == 5 and err.code == 10071
+    no_responders = parse_pub_ack(BATCH_TAIL, b"", {"Status": "503"})
+    assert no_responders is not None and not no_responders.stored and no_responders.bseq == 5
+    commit = parse_pub_ack(BATCH_TAIL, b'{"stream":"A","seq":90,"batch":"Bx-3","count":4}', None)
+    assert commit is not None and commit.stored and commit.through == 4 and commit.ended
+    # the commit's ack is not mistaken for a plain publish's (it would store member 5 by its order token)
+    assert commit.batch == 3
+
+
+def test_a_batch_reply_subject_that_is_not_ours_is_left_out() -> None:
+    from bridge.core.targetwire import parse_pub_ack
+
+    assert parse_pub_ack(b"12.1.Bx.1.fail.5.1.$FI", b'{"type":"ack","seq":5,"msgs":1}', None) is None
+    assert parse_pub_ack(b"x.1.Bx-3.1.fail.5.1.$FI", b'{"type":"ack","seq":5,"msgs":1}', None) is None

@@ -105,21 +105,31 @@ def test_the_aggregate_captures_each_sources_copies_without_overlaps() -> None:
         "storage": "file",
         "num_replicas": 3,
         "allow_direct": True,
+        "allow_batched": True,
         "duplicate_window": 120 * NS,
     }
     assert describe_aggregate(aggregate_config(target(), ["edge.>"], 1)) == (
-        "subjects edge.>, allow_direct, duplicate window 2m0s, file, 1 replica"
+        "subjects edge.>, allow_direct, allow_batched, duplicate window 2m0s, file, 1 replica"
     )
 
 
 def test_the_aggregate_setup_creates_has_no_differences() -> None:
     needs = {"edge1": ["edge.one.>"], "edge2": ["orders.>"]}
     cfg = aggregate_config(target(), ["edge.one.>", "orders.>"], 1)
-    assert aggregate_differences(cfg, target(), needs) == []
+    assert aggregate_differences(cfg, target(), needs, batched=True) == []
     # the demo's aggregate (bridge/commands/demo.py: server defaults for retention and discard) fits its source
     demo = {"subjects": ["edge.>"], "storage": "file", "allow_direct": True, "duplicate_window": 120 * NS}
-    demo |= {"retention": "limits", "discard": "old"}
-    assert aggregate_differences(demo, target(), {"leaf1": ["edge.leaf1.>"]}) == []
+    demo |= {"retention": "limits", "discard": "old", "allow_batched": True}
+    assert aggregate_differences(demo, target(), {"leaf1": ["edge.leaf1.>"]}, batched=True) == []
+
+
+def test_fast_batches_are_asked_for_only_where_the_server_has_them() -> None:
+    needs = {"edge1": ["edge.one.>"]}
+    older = aggregate_config(target(), ["edge.one.>"], 1, batched=False)  # a hub older than 2.14
+    assert "allow_batched" not in older
+    assert aggregate_differences(older, target(), needs, batched=False) == []
+    (line,) = aggregate_differences(older, target(), needs, batched=True)
+    assert line.startswith("allow_batched is false;") and line.endswith("publishes windows as fast batches)")
 
 
 def test_each_difference_of_an_existing_aggregate_is_one_line_with_its_fix() -> None:
