@@ -142,6 +142,7 @@ class SourceRunner:
         self.source = source
         self.engine_cfg = engine
         self._shared_ticker = ticker  # the process's one clock; None: a ticker task of this runner's own
+        self._wheel = ticker.wheel if ticker is not None else None  # (woken and rested by ``_emit``, compiled)
         self._api = api  # the process's JetStream API requests in flight (None: unbounded)
         self.target = target
         self.origin: OriginPort = (
@@ -537,18 +538,20 @@ class SourceRunner:
     # -- inputs ---------------------------------------------------------------------------------------------
 
     def _emit(self, effects: list[Effect]) -> None:
+        """Queue ``effects`` and perform what needs no waiting; then tell the process's ticker whether the source is
+        busy."""
         if effects:
             self._effects.extend(effects)
             self._perform_ready()
             if self._effects:
                 self._wake.set()
-        ticker = self._shared_ticker
-        if ticker is not None:
+        wheel = self._wheel
+        if wheel is not None:
             # work came, or the source waits at its fence (its tick looks at it): ticked ten times a second again
             if not self.engine.quiet or self._paused_at is not None:
-                ticker.wake(self._tick_callback)
+                wheel.wake(self._tick_callback)
             else:
-                ticker.rest(self._tick_callback)  # done before a tick came (its ack was quick): once a second again
+                wheel.rest(self._tick_callback)  # done before a tick came (its ack was quick): once a second again
 
     def _perform_ready(self) -> None:
         """Perform now, in order, the effects at the head of the queue that need no waiting, when the executor is
@@ -763,13 +766,14 @@ class SourceRunner:
         if self.origin.reading_behind():  # heartbeats not read yet are not silence (Replication.reading_behind)
             self.engine.reading_behind(now)
         engine = self.engine
-        self._emit(engine.tick(now))
+        effects = engine.tick(now)
+        if effects:  # (else no _emit: within a tick the ticker places the source by what this returns)
+            self._emit(effects)
         self._notify()
-        if not engine.quiet:
-            return 0.0
-        if self._paused_at is not None:
+        rest = engine.rests_for(now, TICK)
+        if rest and self._paused_at is not None:
             return 1.0
-        return max(engine.tick_deadline(now) - now, TICK)
+        return rest
 
     # -- effects --------------------------------------------------------------------------------------------
 
