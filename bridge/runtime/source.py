@@ -694,8 +694,7 @@ class SourceRunner:
         if origins:
             self._last_replicated_origin_ns = max(self._last_replicated_origin_ns or 0, max(origins))
             if self.observers is not None:
-                wall_ns = time.time_ns()
-                self.observers.latency.observe_many([max(0.0, (wall_ns - ns) / 1e9) for ns in origins])
+                self.observers.latency.observe_ages(origins, time.time_ns())
 
     def _publish_error(self, error: str) -> None:
         self.last_error = f"publish: {error}"
