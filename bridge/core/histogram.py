@@ -19,7 +19,7 @@ class LoopHistogram:
     __slots__ = ("_bounds", "_counts", "_sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self._bounds = list(bounds)
+        self._bounds = bounds  # shared by every source's histogram of one metric
         self._counts = [0] * (len(bounds) + 1)  # the last one is +Inf
         self._sum = 0.0
 
