@@ -403,6 +403,13 @@ class Fleet:
         lease = self.lease_of(source)
         return lease is not None and lease.holds(now)
 
+    def term_holds(self, source: str, lease: Lease | None, term: int, now: float) -> bool:
+        """The fence of one term (the runtime's ``Fence``): ``lease`` is still the lease of ``source``, in ``term``,
+        and holds at ``now``. One compiled call: a source looks at its fence before every publish and answer."""
+        if lease is None or lease.term != term or self.lease_of(source) is not lease:
+            return False
+        return lease.machine.owned and now < lease.valid_until
+
     def owned(self) -> list[str]:
         """Sources whose lease is this process's now."""
         return [name for lease in self.leases.values() if lease.machine.owned for name in lease.sources]

@@ -152,6 +152,13 @@ class Replication(ABC):
         for a model that cannot say (a quiet engine is then ticked once a second); ``SourceEngine`` says."""
         return now
 
+    def rests_for(self, now: float, at_least: float) -> float:
+        """After a tick: 0 while busy (not ``quiet``), else the seconds it has nothing due for (``tick_deadline``),
+        at least ``at_least``: what the runtime's tick callback tells the ticker, in one call."""
+        if not self.quiet:
+            return 0.0
+        return max(self.tick_deadline(now) - now, at_least)
+
     @property
     def fc_answers(self) -> int:
         """Flow-control answers made (a metric; 0 where the model has none)."""

@@ -8,14 +8,14 @@ replication latency of every stored message, the flow-control answer latency, pu
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from bridge import CORE_BUILD, __version__
+from bridge.core.histogram import LoopHistogram
 from bridge.core.modes import Mode
 from bridge.observe.exposition import Exposition, label
 
@@ -150,43 +150,6 @@ _REASONS = (
     ("permission", ("permission",)),
     ("rejected", ("code ",)),
 )
-
-
-class LoopHistogram:
-    """A histogram observed from the event loop only, exported by :class:`Metrics` at scrape time.
-
-    prometheus-client's ``Histogram.observe`` takes a lock and walks the buckets: about 1.5 us, paid for every
-    replicated message. Every observation and every scrape here runs on the one event loop thread, so plain
-    counters are enough.
-    """
-
-    __slots__ = ("_bounds", "_counts", "_sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self._bounds = bounds
-        self._counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self._sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self._counts[bisect_left(self._bounds, value)] += 1
-        self._sum += value
-
-    def observe_many(self, values: Iterable[float]) -> None:
-        """:meth:`observe` each of ``values`` (one call for what one read of acks stored)."""
-        counts, bounds, total = self._counts, self._bounds, 0.0
-        for value in values:
-            counts[bisect_left(bounds, value)] += 1
-            total += value
-        self._sum += total
-
-    @property
-    def counts(self) -> list[int]:
-        """Observations per bucket (not cumulative), the last above every bound (+Inf)."""
-        return self._counts
-
-    @property
-    def sum(self) -> float:
-        return self._sum
 
 
 class _Histograms:

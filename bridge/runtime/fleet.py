@@ -82,8 +82,7 @@ class Fence:
         self.term = lease.term if lease is not None else -1
 
     def __call__(self) -> bool:
-        lease = self._term()
-        return lease is not None and lease.holds(self._clock())
+        return self._fleet.term_holds(self.source, self._lease, self.term, self._clock())
 
     def waiting(self) -> bool:
         """The same lease in the same term, kept (not lost, not being given up): a closed fence may open again

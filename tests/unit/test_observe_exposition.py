@@ -11,8 +11,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from bridge.core.histogram import LoopHistogram
 from bridge.observe.exposition import Exposition, label, value_text
-from bridge.observe.metrics import LATENCY_BUCKETS, LoopHistogram
+from bridge.observe.metrics import LATENCY_BUCKETS
 
 
 class _Families(Collector):

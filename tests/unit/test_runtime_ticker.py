@@ -136,7 +136,7 @@ def test_a_callback_woken_and_quiet_again_before_a_tick_goes_back_to_its_slot_un
     calls: list[int] = []
 
     def q() -> bool:
-        calls.append(ticker._ticks)
+        calls.append(ticker.wheel.ticks)
         return True
 
     ticker.add(q)
@@ -202,7 +202,7 @@ def test_a_quiet_callback_with_nothing_due_for_a_while_is_passed_by_until_then()
     rotation()
     assert len(calls) == 5
     ticker.discard(q)  # its deadline goes with it
-    assert not ticker._later
+    assert not ticker.wheel.resting()
     ticker.add(q)
     ticker.tick()
     assert len(calls) == 6
