@@ -732,6 +732,8 @@ class Bridge:
             retention=cfg.get("retention"),
             discard=cfg.get("discard"),
             allow_direct=cfg.get("allow_direct"),
+            # fast batches keep origin order while the stream's leader moves (README, Order)
+            allow_batched=bool(cfg.get("allow_batched")),
         )
 
     async def _target_disconnected(self) -> None:
