@@ -158,11 +158,15 @@ async def test_what_differs_is_reported_with_its_fix_and_left_as_it_is(topology:
         done = await setup_cli(config)
         assert done.returncode == 1, done.stdout + done.stderr
         lines = lines_of(done)
-        assert lines[:8] == [
+        assert lines[:9] == [
             "differs  aggregate stream AGG: subjects [edge.>] do not capture source edge2's copies (other.two.>); its "
             "publishes would be refused: add other.two.> to the stream's subjects",
             "differs  aggregate stream AGG: allow_direct is false; the bridge reads copies back with Direct Get "
             "(restart recovery, the audit): set allow_direct = true",
+            "differs  aggregate stream AGG: allow_batched is false; while the stream's leader moves (a hub node "
+            "restarted or upgraded) a copy refused in the move can be stored after copies pipelined behind it, out of "
+            "origin order: set allow_batched = true (nats stream edit; the bridge then publishes windows as fast "
+            "batches)",
             "differs  aggregate stream AGG: duplicate window 5s is shorter than 2 x target.ack_timeout (10s); a "
             "publish retried after an ack timeout may be stored twice: set duplicate_window = 2m0s",
             "differs  coordination bucket nats-bridge: max_age is 30s, coordination.lease_ttl 3s; the bucket's wins (a "
@@ -179,7 +183,7 @@ async def test_what_differs_is_reported_with_its_fix_and_left_as_it_is(topology:
             "deliver_subject nats-bridge.deliver.edge3, no inactive_threshold (or set manage_consumer = true and run "
             "setup again)",
         ]
-        assert lines[8:] == ["some objects differ or could not be set up"]
+        assert lines[9:] == ["some objects differ or could not be set up"]
         # nothing that existed changed, and the bound consumer was not created
         for name, before in ((AGGREGATE, aggregate_before), (BUCKET_STREAM, bucket_before)):
             after = await stream_info(hub_nc, name)
