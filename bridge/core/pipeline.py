@@ -18,8 +18,8 @@ a window goes out as one *batch* in gap-fail mode instead: the server stores a b
 prefix, so a member refused or lost ends the batch and nothing after it is stored; the pipeline fails it and every
 later member (they are re-sent, in order, in a new batch), and acks are cumulative per batch. A lone message with
 nothing in flight is published plainly (a batch of one would cost a commit and a server-side batch); a batch starts
-only when nothing plain is in flight, and is committed (end-of-batch, no message) once everything it carried is
-stored and nothing waits to be sent.
+only when nothing is in flight, and is committed (end-of-batch, no message) as soon as nothing waits to be sent: the
+server acks members every ``BATCH_FLOW`` at most, and the commit's ack settles the rest.
 """
 
 from __future__ import annotations
@@ -132,7 +132,11 @@ BATCH_COMMIT_EOB = 3  # commit what the batch holds; carries no message
 BATCH_UNKNOWN = 10208  # err_code: the server holds no such batch (ended, cleaned up, or on another leader)
 BATCH_TOO_MANY = 10211  # err_code: too many fast batches in flight on the stream (nats-server's limit: 1,000)
 BATCH_DISABLED = 10205  # err_code: the stream does not allow batched publishes (any more)
-PLAIN_AFTER_TOO_MANY = 10.0  # seconds of plain publishing after the server refused a batch for its in-flight limit
+PLAIN_AFTER_TOO_MANY = 10.0  # seconds of plain publishes after the server refused a batch for its in-flight limit
+# members per flow ack the pipeline allows the server (it starts lower and ramps up, sharing 500 among a stream's
+# open batches): one ack per 16 stored messages instead of one each; kept well inside the window, whose tail only
+# the commit acks
+BATCH_FLOW = 16
 
 
 @dataclass(slots=True, init=False)  # per message: a written __init__ compiles (mypyc)
@@ -141,21 +145,24 @@ class Send:
     ``Publish`` effect (``bridge.core.effects``), handed on as the pipeline made it.
 
     ``batch`` is 0 for a plain publish; otherwise the message is member ``bseq`` of the pipeline's fast batch
-    ``batch``, with operation ``op`` (``BATCH_START``, ``BATCH_APPEND``, or ``BATCH_COMMIT_EOB``: then no message
-    is sent, ``entry`` is only the batch's last member, for its subject)."""
+    ``batch``, acked by the server every ``flow`` members at most, with operation ``op`` (``BATCH_START``,
+    ``BATCH_APPEND``, or ``BATCH_COMMIT_EOB``: then no message is sent, ``entry`` is only the batch's last member, for
+    its subject)."""
 
     entry: Entry
     attempt: int
     batch: int
     bseq: int
     op: int
+    flow: int  # the most members per flow ack the server may use (the reply subject's flow token)
 
-    def __init__(self, entry: Entry, attempt: int, batch: int = 0, bseq: int = 0, op: int = 0) -> None:
+    def __init__(self, entry: Entry, attempt: int, batch: int = 0, bseq: int = 0, op: int = 0, flow: int = 0) -> None:
         self.entry = entry
         self.attempt = attempt
         self.batch = batch
         self.bseq = bseq
         self.op = op
+        self.flow = flow
 
 
 @dataclass(slots=True, init=False)  # per message: a written __init__ compiles (mypyc)
@@ -318,8 +325,10 @@ class PublishPipeline:
                 out.append(self._send(self._probe, now))
             return out
         if not (self._retry or self._fresh):
-            if self._batch is not None and not self._in_flight:
-                commit = self._close_batch()  # all it carried is stored and nothing waits: commit it
+            if self._batch is not None:
+                # nothing waits: commit it (its publish ack settles the members no flow ack covered yet); what comes
+                # next waits for it (a new batch never starts while a member of the old one is unresolved)
+                commit = self._close_batch()
                 if commit is not None:
                     out.append(commit)
             return out
@@ -391,7 +400,8 @@ class PublishPipeline:
             return Send(entry, entry.attempt)
         batch.members.append((entry, entry.attempt))
         bseq = len(batch.members)
-        return Send(entry, entry.attempt, batch.number, bseq, BATCH_START if bseq == 1 else BATCH_APPEND)
+        op = BATCH_START if bseq == 1 else BATCH_APPEND
+        return Send(entry, entry.attempt, batch.number, bseq, op, self.batch_flow)
 
     # -- fast batches -------------------------------------------------------------------------------------
 
@@ -415,7 +425,13 @@ class PublishPipeline:
         if not batch.members:
             return None
         last, attempt = batch.members[-1]
-        return Send(last, attempt, batch.number, len(batch.members) + 1, BATCH_COMMIT_EOB)
+        return Send(last, attempt, batch.number, len(batch.members) + 1, BATCH_COMMIT_EOB, self.batch_flow)
+
+    @property
+    def batch_flow(self) -> int:
+        """Members per flow ack the server may use: ``BATCH_FLOW``, at most a quarter of the window (the members no
+        flow ack covers yet must leave room to send more)."""
+        return max(1, min(BATCH_FLOW, self.window // 4))
 
     def expand(self, outcomes: Sequence[AckOutcome], now: float) -> Sequence[AckOutcome]:
         """The outcomes of one read with each batch reply turned into one outcome per member it settles, in
@@ -442,9 +458,12 @@ class PublishPipeline:
             members = batch.members
             through = min(outcome.through, len(members))
             if through > batch.acked:
-                # a member failed before (a gap report) and stored after all is a late success, like any other
-                for entry, attempt in members[batch.acked : through]:
-                    out.append(AckOutcome(entry.order, attempt, True))
+                if through == batch.acked + 1 and outcome.stored and outcome.bseq == through:
+                    out.append(outcome)  # the common ack: the member it came for, and no other (no new outcome)
+                else:
+                    # a member failed before (a gap report) and stored after all is a late success, like any other
+                    for entry, attempt in members[batch.acked : through]:
+                        out.append(AckOutcome(entry.order, attempt, True))
                 batch.acked = through
             first = 0  # the first member that will not be stored (0: none said)
             if not outcome.stored:

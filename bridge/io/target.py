@@ -111,7 +111,7 @@ class SourcePublisher:
             return await self._publish_buffered(batch)
         failures: list[tuple[int, int, str]] = []
         for publication in batch:
-            message, order, attempt, number, _, op = publication
+            message, order, attempt, number, _, op, _ = publication
             reply = reply_subject(self._inbox, self._batch_base, publication)
             try:
                 if number and op == BATCH_COMMIT_EOB:
@@ -130,7 +130,7 @@ class SourcePublisher:
         nc: Any = self._nc
         why = "target connection closed" if nc.is_closed else "" if nc.is_connected else "target not connected"
         if why:
-            return [(order, attempt, why) for _, order, attempt, _, _, _ in batch]
+            return [(order, attempt, why) for _, order, attempt, _, _, _, _ in batch]
         if nc._transport is None:
             return None
         # into the socket at the end of this event-loop pass, behind whatever nats-py has not written yet, sooner
@@ -154,7 +154,7 @@ class SourcePublisher:
                 why = _send_failure(exc, len(data))
                 sent = {(order, attempt) for order, attempt, _ in failures}
                 failures += [
-                    (order, attempt, why) for _, order, attempt, _, _, _ in batch if (order, attempt) not in sent
+                    (order, attempt, why) for _, order, attempt, _, _, _, _ in batch if (order, attempt) not in sent
                 ]
         return failures
 

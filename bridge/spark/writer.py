@@ -387,7 +387,7 @@ async def publish_all(
             batch = []
             for offset, (msg_id, message) in enumerate(chunk):
                 acks.pending[sent + offset] = (msg_id, message.subject)
-                batch.append((message, sent + offset, 0, 0, 0, 0))  # plain publishes (batch 0)
+                batch.append((message, sent + offset, 0, 0, 0, 0, 0))  # plain publishes (batch 0)
             sent += len(chunk)
             for order, _, why in await publisher.publish(batch):
                 acks.failed.append((acks.pending.pop(order, ("?", "?")), why))

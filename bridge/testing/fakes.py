@@ -426,7 +426,7 @@ class FakeTarget:
         self.written += len(sends)
         if self.lose_writes:
             return
-        for message, order, attempt, _, _, _ in sends:  # a plain target: its limits never allow batches
+        for message, order, attempt, _, _, _, _ in sends:  # a plain target: its limits never allow batches
             if self.reject:
                 outcome = AckOutcome(order, attempt, False, error=self.reject)
             else:

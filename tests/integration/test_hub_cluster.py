@@ -9,8 +9,9 @@ Each ends with the aggregate holding every origin message exactly once, in order
 
 Four situations (``SITUATIONS``), each in both positions: CI runs a set covering every situation and both positions
 (the first three tests), and a backlog drained with a full publish window while the aggregate's leader steps down
-twelve times (origin order kept by fast batches: plain publishes reorder there); ``NATS_BRIDGE_CLUSTER_MATRIX=1`` runs all eight pairs (chaos/RESULTS.md records that run;
-the chaos suite's ``--cluster`` faults repeat them at random under its own workload).
+twelve times (origin order kept by fast batches: plain publishes reorder there); ``NATS_BRIDGE_CLUSTER_MATRIX=1``
+runs all eight pairs (chaos/RESULTS.md records that run; the chaos suite's ``--cluster`` faults repeat them at random
+under its own workload).
 
 What the bridge relies on, and these tests keep true: a publish whose ack was lost with a leader is sent again with
 the same ``Nats-Msg-Id`` and the aggregate's duplicate window (the default 2 minutes, rebuilt by a new leader from

@@ -12,7 +12,8 @@
   publish or its ack, hands acks back in any order, and answers the engine's ``VerifyStored`` reads. With
   ``SimConfig.batched`` it takes fast batches as nats-server 2.14+ does in gap-fail mode (server/stream.go,
   ``processJetStreamFastBatchMsg``): a member is stored only right after the previous one; a gap ends the batch with
-  a gap report and the commit's ack; an unknown batch is refused (10208); acks are cumulative. The copies of one
+  a gap report and the commit's ack; an unknown batch is refused (10208); acks are cumulative, one every ``flow``
+  members (the members after the last one wait for the commit's ack). The copies of one
   life are then checked to be stored in origin order, none passed over (ORDER).
 * ``Sim``: wires both to an engine through the seam ``bridge.runtime.source`` uses (the engine's input methods fed
   with what the runtime reads: classified deliveries, ``ResetReply``, probe results, target limits; every effect
@@ -718,7 +719,8 @@ class Sim:
             assert entry.message is not None
             self._store(entry.stream_seq, entry.message, life)
             self.target.batches[key] = bseq
-            reply(True, through=bseq)
+            if bseq % max(1, publish.flow) == 0:  # a flow ack every `flow` members: the tail waits for the commit
+                reply(True, through=bseq)
         self.log(
             f"target {fate} batch {publish.batch} member {bseq} op {publish.op} seq={entry.stream_seq} (life {life})"
         )

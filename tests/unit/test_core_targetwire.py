@@ -79,20 +79,20 @@ def test_raw_publish_encodes_exactly_as_nats_py(
     block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     assert encode_header_block(headers) == block.encode()
     message = OutboundMessage("agg.s.x", encode_header_block(headers), payload)
-    batch = [(message, order, attempt, 0, 0, 0) for order, attempt in tokens]
+    batch = [(message, order, attempt, 0, 0, 0, 0) for order, attempt in tokens]
     data, failures = encode_publishes(b"_INBOX.a", batch, limit=len(payload))
     assert failures == []
     assert data == b"".join(
         hpub_cmd("agg.s.x", f"_INBOX.a.{order}.{attempt}", block.encode(), payload) for order, attempt in tokens
     )
     # as members of fast batch 7 (start, then appends): the same, replying to the member's batch subject
-    members = [(message, order, attempt, 7, i, 0 if i == 1 else 1) for i, (order, attempt) in enumerate(tokens, 1)]
+    members = [(message, order, attempt, 7, i, 0 if i == 1 else 1, 16) for i, (order, attempt) in enumerate(tokens, 1)]
     data, failures = encode_publishes(b"_INBOX.a", members, limit=len(payload), batch_base=b"B")
     assert failures == []
     assert data == b"".join(
         hpub_cmd("agg.s.x", reply_subject("_INBOX.a", "B", m), block.encode(), payload) for m in members
     )
-    assert not members or reply_subject("_INBOX.a", "B", members[0]).endswith(".B-7.1.fail.1.0.$FI")
+    assert not members or reply_subject("_INBOX.a", "B", members[0]).endswith(".B-7.16.fail.1.0.$FI")
     # over the server's max_payload: left out, reported
     data, failures = encode_publishes(b"_INBOX.a", batch, limit=len(payload) - 1)
     assert (data, [f[:2] for f in failures]) == (b"", tokens) if payload else True

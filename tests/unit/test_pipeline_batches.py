@@ -122,3 +122,24 @@ def test_too_many_batches_on_the_stream_turns_to_plain_publishes_for_a_while() -
     probe = p.take_sendable(1.0)
     p.stored(probe[0].entry.order, probe[0].attempt)
     assert [s.batch for s in p.take_sendable(1.0)] == [0]  # plain, as before batches
+
+
+def test_a_batch_is_committed_once_nothing_waits_and_the_next_waits_for_its_ack() -> None:
+    p = batched(window=100)
+    fill(p, 1, 2, 3)
+    sends = p.take_sendable(0.0)
+    assert {s.flow for s in sends} == {16}  # the server may ack every 16th member only
+    commit = p.take_sendable(0.0)
+    assert shape(commit) == [(3, 1, 4, BATCH_COMMIT_EOB)]  # nothing waits: committed with members in flight
+    fill(p, 4, 5)
+    assert p.take_sendable(0.0) == []  # a new batch would race the old one's unresolved members
+    # the commit's publish ack settles every member no flow ack covered
+    commit_ack = AckOutcome(commit[0].entry.order, 1, True, batch=1, bseq=4, through=3, ended=True)
+    assert settle(p, commit_ack) == [(1, True), (2, True), (3, True)]
+    assert shape(p.take_sendable(0.0)) == [(4, 2, 1, BATCH_START), (5, 2, 2, BATCH_APPEND)]
+
+
+def test_the_flow_stays_well_inside_a_small_window() -> None:
+    assert batched(window=4).batch_flow == 1
+    assert batched(window=40).batch_flow == 10
+    assert batched(window=1000).batch_flow == 16
