@@ -111,9 +111,11 @@ async def create_stream(
     domain: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """Create a file-backed stream (``extra`` are raw config fields, e.g. ``allow_direct=True``)."""
+    """Create a file-backed stream (``extra`` are raw config fields, e.g. ``allow_direct=True``). A replicated one
+    on a cluster that has just formed can take seconds while its routes settle (seen past 3 s on a busy machine):
+    10 s allowed."""
     config = {"name": name, "subjects": list(subjects), "retention": retention, "storage": "file", **extra}
-    return await js_request(nc, f"STREAM.CREATE.{name}", config, domain=domain)
+    return await js_request(nc, f"STREAM.CREATE.{name}", config, domain=domain, timeout=10)
 
 
 async def create_aggregate(
