@@ -307,9 +307,7 @@ class PublishPipeline:
         the target must refuse would otherwise let the ones behind it be stored first.
         """
         out: list[Send] = []
-        if self._commit is not None:
-            out.append(self._commit)
-            self._commit = None
+        self._take_commit(out)
         if self._degraded:
             if self._unverified:
                 return out  # an ambiguous failure must be checked against the target before anything is re-sent
@@ -328,9 +326,8 @@ class PublishPipeline:
             if self._batch is not None:
                 # nothing waits: commit it (its publish ack settles the members no flow ack covered yet); what comes
                 # next waits for it (a new batch never starts while a member of the old one is unresolved)
-                commit = self._close_batch()
-                if commit is not None:
-                    out.append(commit)
+                self._close_batch()
+                self._take_commit(out)
             return out
         # the window is a span from the oldest message not yet stored, not a count of un-acked ones: a publish
         # whose ack is late (or lost) must not be overtaken by more than a window of copies
@@ -349,9 +346,8 @@ class PublishPipeline:
                 break  # let everything before it be acked first
             batch = self._batch
             if barrier and batch is not None:
-                commit = self._close_batch()  # everything it carried is stored; the barrier goes alone
-                if commit is not None:
-                    out.append(commit)
+                self._close_batch()  # everything it carried is stored; the barrier goes alone
+                self._take_commit(out)
                 batch = None
             elif batching and batch is None and not barrier:
                 if self._in_flight:
@@ -412,20 +408,25 @@ class PublishPipeline:
         self._batches[batch.number] = batch
         return batch
 
-    def _close_batch(self) -> Send | None:
-        """Close the open batch: no member is added any more; returns its end-of-batch commit (no message: the
-        server commits what it stored and frees the batch rather than holding it until its idle timeout), None
-        when it has no member (nothing was sent in it)."""
+    def _close_batch(self) -> None:
+        """Close the open batch: no member is added any more; its end-of-batch commit (no message: the server commits
+        what it stored and frees the batch rather than holding it until its idle timeout) goes out with the next
+        sends (none when nothing was sent in it)."""
         batch = self._batch
         assert batch is not None
         self._batch = None
         batch.closed = True
         if batch.settled:
             del self._batches[batch.number]
-        if not batch.members:
-            return None
-        last, attempt = batch.members[-1]
-        return Send(last, attempt, batch.number, len(batch.members) + 1, BATCH_COMMIT_EOB, self.batch_flow)
+        if batch.members:
+            last, attempt = batch.members[-1]
+            self._commit = Send(last, attempt, batch.number, len(batch.members) + 1, BATCH_COMMIT_EOB, self.batch_flow)
+
+    def _take_commit(self, out: list[Send]) -> None:
+        """Append the pending end-of-batch commit, if any, to ``out``."""
+        if self._commit is not None:
+            out.append(self._commit)
+            self._commit = None
 
     @property
     def batch_flow(self) -> int:
@@ -482,9 +483,7 @@ class PublishPipeline:
                 if batch is self._batch:
                     # nothing more can be stored in it; committed all the same, as the server may still hold it
                     # (a member lost on its way ends it only when the next one arrives)
-                    commit = self._close_batch()
-                    if commit is not None:
-                        self._commit = commit
+                    self._close_batch()
             if batch.closed and batch.settled:
                 self._batches.pop(batch.number, None)
         return out
@@ -562,9 +561,7 @@ class PublishPipeline:
         if self._batch is not None:
             # what follows a failure goes in a new batch, after the probe: the server may already have ended this
             # one, and its commit frees it there either way
-            commit = self._close_batch()
-            if commit is not None:
-                self._commit = commit
+            self._close_batch()
         if entry is self._barrier:
             self._barrier = None
         self._in_flight.pop(entry.order, None)

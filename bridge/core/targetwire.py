@@ -172,7 +172,15 @@ def reply_subject(inbox: str, batch_base: str, publication: Publication) -> str:
     _, order, attempt, batch, bseq, op, flow = publication
     if not batch:
         return f"{inbox}.{order}.{attempt}"
-    return f"{inbox}.{order}.{attempt}.{batch_base}-{batch}.{flow}.fail.{bseq}.{op}{BATCH_SUFFIX}"
+    return _batch_reply(inbox.encode(), batch_base.encode(), order, attempt, batch, bseq, op, flow).decode()
+
+
+def _batch_reply(
+    inbox: bytes, batch_base: bytes, order: int, attempt: int, batch: int, bseq: int, op: int, flow: int
+) -> bytes:
+    """A fast batch member's reply subject (nats-server parses it from the end: ``<prefix>.<batch id>.<flow>.<gap
+    mode>.<batch seq>.<op>.$FI``; the prefix carries the order token and the attempt, as a plain publish's does)."""
+    return b"%s.%d.%d.%s-%d.%d.fail.%d.%d.$FI" % (inbox, order, attempt, batch_base, batch, flow, bseq, op)
 
 
 def encode_publishes(
@@ -186,7 +194,7 @@ def encode_publishes(
     for message, order, attempt, number, bseq, op, flow in batch:
         payload = message.payload
         if number and op == BATCH_COMMIT_EOB:
-            reply = b"%s.%d.%d.%s-%d.%d.fail.%d.%d.$FI" % (inbox, order, attempt, batch_base, number, flow, bseq, op)
+            reply = _batch_reply(inbox, batch_base, order, attempt, number, bseq, op, flow)
             commands.append(b"PUB %s %s 0\r\n\r\n" % (message.subject.encode(), reply))
             continue
         if len(payload) > limit:  # nats-py's check (the pipeline has already checked headers + payload)
@@ -202,22 +210,9 @@ def encode_publishes(
                 % (message.subject.encode(), inbox, order, attempt, size, size + len(payload), block, payload)
             )
             continue
+        reply = _batch_reply(inbox, batch_base, order, attempt, number, bseq, op, flow)
         commands.append(
-            b"HPUB %s %s.%d.%d.%s-%d.%d.fail.%d.%d.$FI %d %d\r\n%s%s\r\n"
-            % (
-                message.subject.encode(),
-                inbox,
-                order,
-                attempt,
-                batch_base,
-                number,
-                flow,
-                bseq,
-                op,
-                size,
-                size + len(payload),
-                block,
-                payload,
-            )
+            b"HPUB %s %s %d %d\r\n%s%s\r\n"
+            % (message.subject.encode(), reply, size, size + len(payload), block, payload)
         )
     return (commands[0] if len(commands) == 1 else b"".join(commands)), failures
