@@ -154,7 +154,7 @@ class SharedConnection:
     async def _flush_once(self) -> None:
         nc = self.nc
         if nc is not None and nc.is_connected:
-            await nc.flush(timeout=FLUSH_TIMEOUT)
+            await wire.flush(nc, FLUSH_TIMEOUT)
 
     async def _connection(self) -> NATS:
         if self.nc is not None and not self.nc.is_closed:

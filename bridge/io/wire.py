@@ -352,6 +352,24 @@ def install(nc: Any) -> WireParser | None:
     return parser
 
 
+async def flush(nc: Any, timeout: float = 10.0) -> None:
+    """nats-py's ``flush`` made the barrier its name promises: returns once the server has read everything written
+    on ``nc`` before the call (``asyncio.TimeoutError`` after ``timeout`` seconds, as nats-py's).
+
+    nats-py writes the PING straight to the socket, while what waits in its buffer (``nc._pending``, written by its
+    flusher task a moment later) and in this module's outbox (:func:`write_soon`) follows it: the PONG could come
+    back before the server had read a SUB sent just before, and a publish from another connection right after the
+    flush found no subscriber (seen on a loaded machine). Both are written first, in order."""
+    if has_raw_writes(nc) and nc.is_connected and nc._transport is not None:
+        flush_writes(nc)
+        pending = nc._pending
+        if pending:
+            nc._pending = []
+            nc._pending_data_size = 0
+            nc._transport.writelines(pending)
+    await nc.flush(timeout=timeout)
+
+
 def _socket_transport(nc: Any) -> Any:
     """The asyncio transport under nats-py's TCP transport (None for another kind)."""
     return getattr(getattr(getattr(nc, "_transport", None), "_io_writer", None), "transport", None)

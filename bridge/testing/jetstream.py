@@ -35,6 +35,7 @@ from nats.js.client import JetStreamContext
 
 from bridge.core.ackreply import parse_ack_subject
 from bridge.core.modes import Mode
+from bridge.io import wire
 from bridge.testing.configs import AGGREGATE, ORIGIN
 from bridge.testing.polling import POLL, wait_for_value, wait_until
 from bridge.testing.servers import origin_mode_expected
@@ -523,7 +524,7 @@ class OriginTap(ABC):
     async def running(self) -> AsyncIterator[Self]:
         for subject in self.subjects():
             self._subs.append(await self.nc.subscribe(subject, cb=self._on_msg, pending_msgs_limit=100_000))
-        await self.nc.flush()
+        await wire.flush(self.nc)  # the server has every SUB before the watched traffic starts
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._audit)
             try:

@@ -18,6 +18,7 @@ from nats.aio.client import Client
 
 from bridge.audit.job import read_stream
 from bridge.errors import AuditError
+from bridge.io import wire
 from bridge.spark.options import ReadOptions
 from bridge.spark.read import read_range
 from bridge.spark.rows import payload_hash
@@ -147,7 +148,7 @@ async def test_a_range_read_stops_when_the_end_of_batch_says_nothing_follows(top
         for seq in range(91, 101):  # the stream's last sequence stays 100
             await js_request(nc, "STREAM.MSG.DELETE.TAIL", {"seq": seq})
         requests = await watcher.subscribe("$JS.API.DIRECT.GET.TAIL")
-        await watcher.flush()
+        await wire.flush(watcher)
         opts = ReadOptions.parse({"servers": topology.hub.url, "stream": "TAIL", "batch": "64"})
         with anyio.fail_after(30):
             batches = [[m.seq for m in messages] async for messages in read_range(opts, 1, 100)]

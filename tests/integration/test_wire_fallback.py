@@ -84,7 +84,7 @@ async def test_a_sink_subscription_makes_no_task_and_hands_over_first_what_nats_
 
             # what a read between SUB and the sink's registration leaves: messages in nats-py's own queue
             sub = await nc.subscribe("early.test")
-            await nc.flush()  # the server has the SUB before the other connection publishes
+            await wire.flush(nc)  # the server has the SUB before the other connection publishes
             for i in range(5):
                 await pub.publish("early.test", str(i).encode())
             await pub.flush()
@@ -104,7 +104,7 @@ async def test_a_sink_subscription_makes_no_task_and_hands_over_first_what_nats_
             tasks = len(asyncio.all_tasks())
             second = await wire.subscribe_sink(nc, "sink.test", sink, on_read, no_callback, lambda msgs: None)
             assert len(asyncio.all_tasks()) == tasks, "subscribing made a task"
-            await nc.flush()
+            await wire.flush(nc)
             await pub.publish("sink.test", b"x")
             await pub.flush()
             await wait_until(lambda: taken[-1:] == [b"x"], timeout=10, what="the second sink's message")

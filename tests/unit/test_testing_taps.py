@@ -57,7 +57,7 @@ class FakeConnection:
         self.subs.append(sub)
         return sub
 
-    async def flush(self) -> None:
+    async def flush(self, timeout: float = 10.0) -> None:
         pass
 
     async def deliver(self, subject: str, data: bytes = b"", headers: dict[str, str] | None = None) -> int:
