@@ -422,6 +422,15 @@ class PublishPipeline:
             last, attempt = batch.members[-1]
             self._commit = Send(last, attempt, batch.number, len(batch.members) + 1, BATCH_COMMIT_EOB, self.batch_flow)
 
+    def commit_open(self) -> list[Send]:
+        """For a stop (nothing more will be sent): close the open batch and return its commit with any pending one,
+        so that the members no flow ack covered yet are acked by the commit rather than timed out."""
+        if self._batch is not None:
+            self._close_batch()
+        out: list[Send] = []
+        self._take_commit(out)
+        return out
+
     def _take_commit(self, out: list[Send]) -> None:
         """Append the pending end-of-batch commit, if any, to ``out``."""
         if self._commit is not None:

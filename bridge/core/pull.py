@@ -470,7 +470,11 @@ class PullEngine(Replication):
         if not self._phases.process(Event.SHUTDOWN):
             return []
         self.credits.clear()
-        return [Notice("stopping", fields={"in_flight": self.pipeline.in_flight, "watermark": self.watermark})]
+        effects: list[Effect] = [
+            Notice("stopping", fields={"in_flight": self.pipeline.in_flight, "watermark": self.watermark})
+        ]
+        self._pump(now, effects)
+        return effects
 
     def final_answer(self) -> list[Effect]:
         """Nothing is held back in pull mode: every stored message was acked as the watermark passed it."""

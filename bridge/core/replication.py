@@ -586,6 +586,7 @@ class Replication(ABC):
 
     def _pump(self, now: float, effects: list[Effect]) -> None:
         if not self._phases.publishes:
+            effects += self.pipeline.commit_open()  # stopping: what is in a batch is settled by its commit
             return
         generation = self.pipeline.unverified
         if generation and not self._verifying and now >= self._verify_due:

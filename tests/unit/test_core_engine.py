@@ -25,7 +25,7 @@ from bridge.core.effects import (
 )
 from bridge.core.engine import Phase, SourceEngine
 from bridge.core.inbound import Data, Heartbeat, Unrecognised
-from bridge.core.pipeline import TargetLimits
+from bridge.core.pipeline import BATCH_COMMIT_EOB, TargetLimits
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CHECK_MAX, STRANDED_CONFIRM
 from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
 from tests.unit.sim import Sim, SimConfig
@@ -705,6 +705,22 @@ def test_shutdown_with_a_failed_publish_sends_no_probe() -> None:
     engine.publish_failed(of(sent, Publish)[0].entry.order, 1, "x", 0.0)
     engine.begin_shutdown(0.1)
     assert published(engine.tick(10.0)) == []
+
+
+def test_shutdown_commits_an_open_batch_so_its_members_are_acked_not_timed_out() -> None:
+    """A batch's members are acked every ``flow`` members and by its commit: at a stop no further member goes out,
+    so the open batch is committed at once (found by the pull-mode chaos smoke: a stop waited the 5 s ack timeout
+    for members whose commit never left)."""
+    engine = start(publish_window=8)
+    engine.target_limits(TargetLimits(1024 * 1024, -1, ("agg.>",), batched=True), 0.0)
+    first = feed(engine, [(1, 1)], 0.0)
+    feed(engine, [(n, n) for n in range(2, 12)], 0.0)  # wait behind the plain publish of 1
+    sent = of(store(engine, first), Publish)
+    assert [p.entry.stream_seq for p in sent] == list(range(2, 10))  # one batch, 10 and 11 beyond the window
+    assert {p.batch for p in sent} == {1} and BATCH_COMMIT_EOB not in {p.op for p in sent}
+    commits = of(engine.begin_shutdown(0.5), Publish)
+    assert [(p.entry.stream_seq, p.bseq, p.op) for p in commits] == [(9, 9, BATCH_COMMIT_EOB)]
+    assert of(engine.tick(1.0), Publish) == []  # once
 
 
 # -- regressions and limitations -------------------------------------------------------------------------

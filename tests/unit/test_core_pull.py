@@ -21,6 +21,7 @@ from bridge.core.effects import (
 )
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, PullStatus
 from bridge.core.phases import Phase
+from bridge.core.pipeline import BATCH_COMMIT_EOB, TargetLimits
 from bridge.core.pull import AckLedger, PullCredits, PullEngine, pull_heartbeat
 from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
 
@@ -230,6 +231,21 @@ def test_shutdown_stops_pulling_and_acks_what_gets_stored() -> None:
     stored = store_all(engine, effects)
     assert acked(stored) == [1] and of(stored, Pull) == []
     assert engine.final_answer() == []
+
+
+def test_shutdown_commits_an_open_batch() -> None:
+    """As in flow-control mode: a stop sends no more members, so the open batch's commit goes out at once."""
+    engine, _ = running()
+    engine.pipeline.window = 4
+    engine.target_limits(TargetLimits(1024 * 1024, -1, ("agg.>",), batched=True), 0.0)
+    first = engine.data(data(1, 1), 0.1)
+    for n in range(2, 8):
+        engine.data(data(n, n), 0.1)
+    publish = of(first, Publish)[0]
+    sent = of(engine.publish_stored(publish.entry.order, publish.attempt, 0.2), Publish)
+    assert [p.entry.stream_seq for p in sent] == [2, 3, 4, 5] and {p.batch for p in sent} == {1}
+    commits = of(engine.begin_shutdown(0.3), Publish)
+    assert [(p.entry.stream_seq, p.op) for p in commits] == [(5, BATCH_COMMIT_EOB)]
 
 
 def test_ack_ledger_and_credits() -> None:
