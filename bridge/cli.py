@@ -13,15 +13,18 @@ import sys
 from collections.abc import Sequence
 
 from bridge import CORE_BUILD, __version__
-from bridge.commands import audit as audit_command
-from bridge.commands import ingest as ingest_command
-from bridge.commands import sources as sources_command
 from bridge.commands.common import EXIT_CONFIG, EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded
+from bridge.runtime.signals import hold_stop_signals
 
 __all__ = ["EXIT_CONFIG", "EXIT_OK", "EXIT_PROBLEM", "EXIT_UNAUDITED", "main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    # imported here, not at the top: ``run`` holds its stop signals before anything heavy is imported (main)
+    from bridge.commands import audit as audit_command
+    from bridge.commands import ingest as ingest_command
+    from bridge.commands import sources as sources_command
+
     parser = argparse.ArgumentParser(
         prog="nats-bridge",
         description="Replicate NATS JetStream streams from edge servers into an aggregate stream, losing nothing.",
@@ -90,6 +93,8 @@ def _replicas(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script and ``python -m bridge``."""
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["run"]:
+        hold_stop_signals()  # a SIGTERM while starting is a stop like any other (bridge.runtime.signals)
     args = _parser().parse_args(argv)
     return guarded(lambda: _dispatch(args))
 
@@ -116,10 +121,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return reset(args.config, args.source, args.seq, args.yes)
     if args.command == "sources":
+        from bridge.commands import sources as sources_command
+
         return sources_command.sources(args)
     if args.command == "audit":
+        from bridge.commands import audit as audit_command
+
         return audit_command.audit(args.config, args.origin_too, args.out, args.master, args.json)
     if args.command == "ingest":
+        from bridge.commands import ingest as ingest_command
+
         return ingest_command.ingest(
             args.config, args.to, args.checkpoint, args.trigger, args.master, args.max_messages_per_trigger
         )

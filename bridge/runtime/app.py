@@ -56,6 +56,7 @@ from bridge.runtime.readiness import readyz, status_line, waiting_for
 from bridge.runtime.registry import RegistryWatcher
 from bridge.runtime.reload import plan_reload
 from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
+from bridge.runtime.signals import take_held
 from bridge.runtime.source import QUIET_TICKS, TICK, SourceRunner
 from bridge.runtime.ticker import Ticker
 from bridge.runtime.waits import WaitLog
@@ -287,19 +288,24 @@ class Bridge:
 
     async def _receive_signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
+            for signum in take_held():  # a stop asked for before the receiver was there (bridge.runtime.signals)
+                self._stop_signal(signum)
             async for signum in received:
                 if signum == signal.SIGHUP:
                     self.log.info("bridge.reloading", signal="SIGHUP", config=str(self.config_path))
                     await self.reload()
                     continue
-                if self.stop.is_set():
-                    # keep the handler installed while draining: the default action would kill us mid-drain
-                    self.log.info("bridge.already_stopping", signal=signal.Signals(signum).name)
-                    continue
-                name = signal.Signals(signum).name
-                self.log.info("bridge.stopping", signal=name)
-                self.stop_reason = f"signal {name}"
-                self.stop.set()
+                # the handler stays installed while draining: the default action would kill us mid-drain
+                self._stop_signal(signum)
+
+    def _stop_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.stop.is_set():
+            self.log.info("bridge.already_stopping", signal=name)
+            return
+        self.log.info("bridge.stopping", signal=name)
+        self.stop_reason = f"signal {name}"
+        self.stop.set()
 
     # -- sources ------------------------------------------------------------------------------------------
 

@@ -348,7 +348,7 @@ class BridgeProcess:
         return [str(s) for s in fleet.get("owned", [])]
 
 
-BridgeFactory = Callable[..., BridgeProcess]  # (config_path, env=None) -> a started BridgeProcess
+BridgeFactory = Callable[..., BridgeProcess]  # (config_path, env=None, interpreter_args=()) -> a started BridgeProcess
 
 # the name a bridge writes into its leases and presence (default: <host>-<pid>, which no scenario can predict)
 INSTANCE_ID_ENV = "NATS_BRIDGE_COORDINATION__INSTANCE_ID"

@@ -10,7 +10,7 @@ fixtures (``nats_server_bin``, ``topology``, ``spark``, ``anyio_backend``) are i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,10 @@ def bridge_procs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Bri
     """
     procs: list[BridgeProcess] = []
 
-    def start(config_path: Path, env: Mapping[str, str] | None = None) -> BridgeProcess:
-        proc = BridgeProcess(config_path, tmp_path / f"bridge-{len(procs)}.log", env)
+    def start(
+        config_path: Path, env: Mapping[str, str] | None = None, interpreter_args: Sequence[str] = ()
+    ) -> BridgeProcess:
+        proc = BridgeProcess(config_path, tmp_path / f"bridge-{len(procs)}.log", env, interpreter_args)
         procs.append(proc)
         return proc.start()
 

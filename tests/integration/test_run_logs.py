@@ -80,6 +80,37 @@ async def test_an_http_port_in_use_stops_the_start_with_exit_2_and_the_fix(
     assert "Traceback" not in bridge.log_text()
 
 
+# ``python -c`` this ``-m bridge run -c CONFIG``: the command as ``nats-bridge run`` runs it, with a SIGTERM arriving
+# after ``main`` began and before anything of the bridge runs (as a stop does while a loaded machine still imports)
+STOP_WHILE_STARTING = """
+import os, signal, sys
+from bridge import cli
+from bridge.commands import run as command
+
+def run(path):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return started(path)
+
+started, command.run = command.run, run
+sys.exit(cli.main(sys.argv[-3:]))
+"""
+
+
+async def test_a_sigterm_while_starting_is_a_stop_like_any_other(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+) -> None:
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+    bridge = bridge_procs(config, interpreter_args=("-c", STOP_WHILE_STARTING))
+    await wait_until(lambda: not bridge.is_running, timeout=30, what="the bridge to exit by itself")
+    assert await bridge.astop(1) == 0  # not -15: Python's default action for SIGTERM
+    (stopping,) = bridge.events("bridge.stopping")
+    assert stopping["signal"] == "SIGTERM", stopping
+    stopped = the_stop_line(bridge)
+    assert stopped["exit_code"] == 0 and stopped["reason"] == "signal SIGTERM", stopped
+    assert "Traceback" not in bridge.log_text()
+
+
 async def test_target_down_at_start_waits_without_disconnects_and_stops_with_a_summary(
     topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:
