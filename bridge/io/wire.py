@@ -65,10 +65,10 @@ RawHandler = Callable[[bytes, bytes, bytes | None, bytes], None]
 _CRLF = b"\r\n"
 QUIET_AFTER = 1.0  # seconds of nothing but quiet reads before a read waits (a busy connection never does)
 QUIET_SHARE = 0.05  # a quiet read waits at most this share of the quiet spell so far (and at most quiet_wait)
-# A busy read on a connection of at least CROWDED hot subscriptions (sources) that brought fewer than SMALL_READ of
-# their frames, less than twice CROWDED_LINGER after the one before, lets CROWDED_LINGER pass before the next read
+# A busy read on a connection of at least CROWDED hot subscriptions (sources) smaller than FULL_READ bytes (it left
+# the socket empty), less than twice CROWDED_LINGER after the one before, lets CROWDED_LINGER pass before the next read
 CROWDED = 32
-SMALL_READ = 8
+FULL_READ = 16 * 1024
 CROWDED_LINGER = 0.005
 # A connection is behind when this much it received is not parsed yet: more than a quiet read's wait gathers (2,000
 # quiet sources' heartbeats in 100 ms are about 40 KiB), less than a stalled process leaves (a second of those is
@@ -203,11 +203,8 @@ class WireParser(Parser):
             # unless reset() ran meanwhile: then the rest of this input belongs to a connection that is gone
             if self._epoch == epoch:
                 self._keep(buf[pos:] if pos else buf)
-        frames_read = 0
         if self.filled:
             filled, self.filled = self.filled, []
-            for sid in filled:
-                frames_read += len(sinks.get(sid, ()))
             if quiet and (self.quiet_wait or self.linger):
                 quiet = all(not frame[1] for sid in filled for frame in sinks.get(sid, ()))
             on_read = self.on_read
@@ -230,7 +227,7 @@ class WireParser(Parser):
         if not quiet:
             self._busy_at = now
             since, self._read_at = now - self._read_at, now
-            if crowded_read_lingers(len(sinks), frames_read, since, self.linger):
+            if crowded_read_lingers(len(sinks), len(data), since, self.linger):
                 await self._wait_quietly(self.linger)
                 self._read_at = time.monotonic()
         elif self.quiet_wait:
@@ -405,22 +402,23 @@ def quiet_read_wait(quiet_for: float, most: float) -> float:
     return min(most, quiet_for * QUIET_SHARE)
 
 
-def crowded_read_lingers(sinks: int, frames: int, since: float, linger: float) -> bool:
+def crowded_read_lingers(sinks: int, size: int, since: float, linger: float) -> bool:
     """Whether the socket of a connection with ``sinks`` hot subscriptions waits ``linger`` seconds before its next
-    read, after a busy read (deliveries, acks, requests) that brought ``frames`` of their frames ``since`` seconds
-    after the busy read before.
+    read, after a busy read (deliveries, acks, requests) of ``size`` bytes ``since`` seconds after the busy read
+    before.
 
     Why: a thousand sources at 1 msg/s each on one connection are a thousand deliveries a second, and each read
     costs an event-loop pass, a ``recv``, nats-py's read loop, the parse and the publishes' write whatever it brings:
     read as they come, most reads brought one or two frames and the passes, not the messages, were most of the
     process's CPU. So on a crowded connection (``CROWDED`` subscriptions or more: the shared origin connection of
-    many sources) a small read (fewer than ``SMALL_READ`` frames) that
-    came soon after the last (within twice ``linger``) lets the next wait ``linger``: what arrives meanwhile comes
-    in one read, and its publishes and answers leave in one write. The price is latency, at most ``linger`` (5 ms)
-    per connection a message crosses, and only while the connection is busy: the first read after a lull never
-    waits, nor a connection of a few sources (a single busy source keeps its latency), nor a read of many frames
-    (a backlog is read as fast as it comes)."""
-    return linger > 0.0 and sinks >= CROWDED and frames < SMALL_READ and since < 2 * linger
+    many sources) a busy read that came soon after the last (within twice ``linger``) lets the next wait ``linger``:
+    what arrives meanwhile comes in one read, and its publishes and answers leave in one write. The price is latency,
+    at most ``linger`` (5 ms) per connection a message crosses, and only while the connection is busy: the first
+    read after a lull never waits, nor a connection of a few sources (a single busy source keeps its latency), nor
+    a read of ``FULL_READ`` bytes or more (it may have left more in the socket: a backlog is read as fast as it
+    comes). Measured by bytes, not frames: a rule of fewer than 8 frames lingered only every other read at 1,000
+    sources (a lingered read brought more than 8, so the next came at once and brought one or two)."""
+    return linger > 0.0 and sinks >= CROWDED and size < FULL_READ and since < 2 * linger
 
 
 def coalesce_reads(nc: Any, wait: float, linger: float = CROWDED_LINGER) -> bool:

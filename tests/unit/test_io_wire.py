@@ -491,21 +491,21 @@ async def test_a_flow_control_answer_is_encoded_exactly_as_nats_py_publishes_it(
 
 
 @pytest.mark.parametrize(
-    ("sinks", "frames", "since", "lingers"),
+    ("sinks", "size", "since", "lingers"),
     [
-        (wire.CROWDED, 1, 0.001, True),  # a trickle on a crowded connection
-        (wire.CROWDED, 0, 0.001, True),  # an API reply among them
-        (wire.CROWDED - 1, 1, 0.001, False),  # a connection of a few sources keeps its latency
-        (wire.CROWDED, wire.SMALL_READ, 0.001, False),  # a read of many frames: a backlog is read as it comes
-        (wire.CROWDED, 1, 2 * wire.CROWDED_LINGER, False),  # the first read after a lull
-        (1000, 1, 2 * wire.CROWDED_LINGER - 0.0001, True),
+        (wire.CROWDED, 300, 0.001, True),  # a trickle on a crowded connection
+        (wire.CROWDED, wire.FULL_READ - 1, 0.001, True),  # many frames, and the socket left empty
+        (wire.CROWDED - 1, 300, 0.001, False),  # a connection of a few sources keeps its latency
+        (wire.CROWDED, wire.FULL_READ, 0.001, False),  # a read that may have left more: a backlog is read as it comes
+        (wire.CROWDED, 300, 2 * wire.CROWDED_LINGER, False),  # the first read after a lull
+        (1000, 300, 2 * wire.CROWDED_LINGER - 0.0001, True),
     ],
 )
-def test_a_small_busy_read_on_a_crowded_connection_lingers(
-    sinks: int, frames: int, since: float, lingers: bool
+def test_a_busy_read_that_emptied_the_socket_of_a_crowded_connection_lingers(
+    sinks: int, size: int, since: float, lingers: bool
 ) -> None:
-    assert crowded_read_lingers(sinks, frames, since, wire.CROWDED_LINGER) is lingers
-    assert not crowded_read_lingers(sinks, frames, since, 0.0)  # 0: never
+    assert crowded_read_lingers(sinks, size, since, wire.CROWDED_LINGER) is lingers
+    assert not crowded_read_lingers(sinks, size, since, 0.0)  # 0: never
 
 
 async def test_small_busy_reads_of_a_crowded_connection_pause_the_transport_and_a_large_one_does_not() -> None:
@@ -531,7 +531,12 @@ async def test_small_busy_reads_of_a_crowded_connection_pause_the_transport_and_
     await parser.parse(deliveries(1))
     assert client.calls == [("pause_reading",), ("resume_reading",)]
     client.calls.clear()
-    await parser.parse(deliveries(wire.SMALL_READ))
+    await parser.parse(deliveries(12))  # what one lingered read brings at 1,000 sources: the next lingers too
+    assert client.calls == [("pause_reading",), ("resume_reading",)]
+    client.calls.clear()
+    many = deliveries(1000)
+    assert len(many) >= wire.FULL_READ
+    await parser.parse(many)
     assert client.calls == []
     parser.linger = 0.0
     await parser.parse(deliveries(1))
