@@ -49,7 +49,7 @@ from bridge.core.ledger import FlowControlLedger
 from bridge.core.modes import Mode
 from bridge.core.phases import Event, Phase
 from bridge.core.replication import EngineSettings, EngineStats, Replication
-from bridge.core.watch import STRANDED_CHECK, StrandedProbe
+from bridge.core.watch import STRANDED_CHECK, StrandedProbe, stranded_spread
 
 __all__ = ["EngineSettings", "EngineStats", "Phase", "SourceEngine"]
 
@@ -65,7 +65,7 @@ class SourceEngine(Replication):
         # the stream sequence the last RESET named as its epoch's first (0: the epoch did not begin with one); it
         # matters only while the epoch has no delivery yet (see _renumbered)
         self._reset_seq = 0
-        self._stranded = StrandedProbe()
+        self._stranded = StrandedProbe(stranded_spread(settings.source))
         self._epoch_last_sseq = 0
 
     # -- views --------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import TypeVar
@@ -26,7 +27,7 @@ from bridge.core.effects import (
 from bridge.core.engine import Phase, SourceEngine
 from bridge.core.inbound import Data, Heartbeat, Unrecognised
 from bridge.core.pipeline import BATCH_COMMIT_EOB, TargetLimits
-from bridge.core.watch import STRANDED_CHECK, STRANDED_CHECK_MAX, STRANDED_CONFIRM
+from bridge.core.watch import STRANDED_CHECK, STRANDED_CHECK_MAX, STRANDED_CONFIRM, stranded_spread
 from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
 from tests.unit.sim import Sim, SimConfig
 
@@ -891,18 +892,30 @@ def test_looks_for_stranded_messages_back_off_while_they_find_nothing_and_start_
         waits.append(due - now)
         now = due
         engine.stranded_probed(0, now)  # nothing stranded
-    assert waits == [10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 320.0, 320.0]
+    first = STRANDED_CHECK * (1 + stranded_spread(SETTINGS.source))  # this source's first look after an epoch
+    assert waits == [math.ceil(2 * first) / 2, 20.0, 40.0, 80.0, 160.0, 320.0, 320.0, 320.0]
     assert STRANDED_CHECK_MAX == 320.0
     engine.heartbeat(beat(2), now + 0.5)
     assert of(engine.source_reconnected(now + 1), RequestReset) == []  # not quiet long enough for a reset
-    assert of(engine.tick(now + 1 + STRANDED_CHECK), ProbeStranded) == [ProbeStranded(1)]  # but a look soon
-    now += 1 + STRANDED_CHECK
+    assert of(engine.tick(now + 1 + first), ProbeStranded) == [ProbeStranded(1)]  # but a look soon
+    now += 1 + first
     engine.stranded_probed(0, now)
     assert of(engine.tick(now + STRANDED_CHECK), ProbeStranded) == []  # backing off again: 20 s
     gap = engine.data(data(9, 9), now + 1)  # a discontinuity, and its reset: a new epoch
     assert of(gap, RequestReset) != []
     engine.reset_succeeded(3, now + 2)
-    assert of(engine.tick(now + 2 + STRANDED_CHECK), ProbeStranded) == [ProbeStranded(1)]
+    assert of(engine.tick(now + 2 + first - 0.01), ProbeStranded) == []
+    assert of(engine.tick(now + 2 + first), ProbeStranded) == [ProbeStranded(1)]
+
+
+def test_the_first_looks_of_many_sources_after_a_common_new_epoch_are_spread_over_ten_seconds() -> None:
+    """A process's sources start together and a storm resets them together: their first looks must not all come
+    due in the same second (each would find the API slots taken and wait in a task)."""
+    firsts = [STRANDED_CHECK * (1 + stranded_spread(f"s{i:04d}")) for i in range(1000)]
+    assert all(STRANDED_CHECK <= t < 2 * STRANDED_CHECK for t in firsts)
+    per_second = [sum(1 for t in firsts if second <= t < second + 1) for second in range(10, 20)]
+    assert max(per_second) < 150, per_second  # about 100 a second, not 1,000 at once
+    assert stranded_spread("s0001") == stranded_spread("s0001")  # the same for a source every time
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from bridge.core.effects import Notice, ProbeStranded, RequestReset, ResetCause
 from bridge.core.engine import SourceEngine
 from bridge.core.inbound import Data
 from bridge.core.pull import PullEngine
-from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
+from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM, stranded_spread
 from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
 from tests.unit.test_core_engine import beat, feed, of, start, store
 from tests.unit.test_core_pull import PULL_SETTINGS
@@ -52,12 +52,14 @@ def test_a_workqueue_source_is_ticked_for_its_look_and_each_second_while_a_look_
     engine.reset_succeeded(1, 0.0)
     store(engine, feed(engine, [(1, 1), (2, 2)], 1.0), 1.0)
     engine.flow_control("$JS.FC.ORDERS.BRIDGE.s0", 1.0)
-    assert engine.tick_deadline(1.0) == STRANDED_CHECK  # the first look, STRANDED_CHECK after the epoch began
-    assert engine.tick(STRANDED_CHECK - 0.1) == []
-    assert of(engine.tick(STRANDED_CHECK), ProbeStranded) == [ProbeStranded(1)]
-    assert engine.tick_deadline(STRANDED_CHECK) == STRANDED_CHECK  # a look is out: each second
-    engine.stranded_probed(1, STRANDED_CHECK + 0.1)  # found once: a confirmation is due soon
-    assert engine.tick_deadline(STRANDED_CHECK + 0.1) == pytest.approx(STRANDED_CHECK + 0.1 + STRANDED_CONFIRM)
+    first = STRANDED_CHECK * (1 + stranded_spread(SETTINGS.source))  # the first look after the epoch began
+    assert engine.tick_deadline(1.0) == min(first, 1.0 + STRANDED_CHECK)  # at most STRANDED_CHECK ahead
+    assert engine.tick_deadline(first - 1.0) == first
+    assert engine.tick(first - 0.1) == []
+    assert of(engine.tick(first), ProbeStranded) == [ProbeStranded(1)]
+    assert engine.tick_deadline(first) == first  # a look is out: each second
+    engine.stranded_probed(1, first + 0.1)  # found once: a confirmation is due soon
+    assert engine.tick_deadline(first + 0.1) == pytest.approx(first + 0.1 + STRANDED_CONFIRM)
 
 
 def test_work_waiting_at_the_origin_keeps_the_stall_watch_on_time_and_a_stalled_source_is_ticked_each_second() -> None:
