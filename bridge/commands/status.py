@@ -157,7 +157,17 @@ def daemon_view(listen: str) -> tuple[dict[str, Any] | None, str]:
 
 
 # What status shows of the daemon's /readyz entry for a source (the rest is what status reads from the servers).
-_DAEMON_KEYS = ("ready", "reasons", "mode", "mode_reason", "phase", "last_error", "stalled", "lag_seconds")
+_DAEMON_KEYS = (
+    "ready",
+    "reasons",
+    "mode",
+    "mode_reason",
+    "phase",
+    "last_error",
+    "stalled",
+    "lag_seconds",
+    "batched",
+)
 
 
 def daemon_source_view(daemon: dict[str, Any] | None, source: str) -> dict[str, Any] | None:

@@ -265,6 +265,7 @@ class PublishPipeline:
     _generation: int = 0
     batching: bool = False  # windows go out as fast batches (the target stream allows them)
     batches: int = 0  # fast batches opened
+    batch_fallbacks: int = 0  # batches the server refused and publishing turned plain for (BATCH_TOO_MANY/DISABLED)
     _batch: Batch | None = None  # the open batch, taking members
     _batches: dict[int, Batch] = field(default_factory=dict)  # batches whose members may still get replies
     _commit: Send | None = None  # an end-of-batch for a batch closed early, to go out with the next sends
@@ -333,7 +334,7 @@ class PublishPipeline:
         # whose ack is late (or lost) must not be overtaken by more than a window of copies
         window_end = self._entries[0].order + self.window
         captures, retry, fresh = self.subjects.captures, self._retry, self._fresh
-        batching = self.batching and now >= self._plain_until
+        batching = self.batched(now)
         while self._barrier is None and (retry or fresh):
             queue = retry if retry else fresh
             entry = queue[0]
@@ -431,6 +432,10 @@ class PublishPipeline:
         self._take_commit(out)
         return out
 
+    def batched(self, now: float) -> bool:
+        """Whether a window goes out as a fast batch now (the target allows them and no refusal paused them)."""
+        return self.batching and now >= self._plain_until
+
     def _take_commit(self, out: list[Send]) -> None:
         """Append the pending end-of-batch commit, if any, to ``out``."""
         if self._commit is not None:
@@ -460,8 +465,10 @@ class PublishPipeline:
                 continue
             if outcome.code == BATCH_TOO_MANY:
                 self._plain_until = now + PLAIN_AFTER_TOO_MANY
+                self.batch_fallbacks += 1
             elif outcome.code == BATCH_DISABLED:
                 self.batching = False  # until the limits are read again (while degraded, they are)
+                self.batch_fallbacks += 1
             batch = self._batches.get(outcome.batch)
             if batch is None:
                 continue

@@ -49,6 +49,9 @@ class SourceSnapshot:
     last_replicated_origin_time: float | None = None  # unix seconds: origin store time of the newest copy
     oldest_unstored_origin_time: float | None = None  # unix seconds: origin store time of the oldest message waiting
     rate_limit: int = 0  # bytes per second the origin may send (sources[].rate_limit; 0: none)
+    batched: bool = False  # windows go out as fast batches (the aggregate allows them, no refusal paused them)
+    batches: int = 0  # fast batches opened
+    batch_fallbacks: int = 0  # fast batches the aggregate refused, publishing turned plain for a while
     last_error: str = ""
     mode: str = ""  # the consumer model chosen (bridge.core.modes.Mode), "" until the source has connected
     mode_reason: str = ""  # why that mode (bridge.core.modes.Choice.reason)
@@ -70,6 +73,7 @@ class SourceSnapshot:
             "seconds_since_progress": round(self.seconds_since_progress, 1),
             "lag_seconds": None if (lag := self.lag(now)) is None else round(lag, 1),
             "rate_limit": self.rate_limit,
+            "batched": self.batched,
             "last_error": self.last_error or None,
         }
 
@@ -322,6 +326,19 @@ def _source_families(out: Exposition, snap: BridgeSnapshot) -> None:
         "nats_bridge_rate_limit_bytes_per_second",
         "The source's rate_limit: bytes per second the origin sends it at most (0: no limit).",
         lambda s: s.rate_limit,
+    )
+    gauge(
+        "nats_bridge_publish_batched",
+        "1 while windows go out as fast batches (the aggregate has allow_batched: origin order kept across its "
+        "leader moves); 0 while publishes go plain.",
+        lambda s: s.batched,
+    )
+    counter("nats_bridge_publish_batches", "Fast batches opened.", lambda s: s.batches)
+    counter(
+        "nats_bridge_publish_batch_fallbacks",
+        "Fast batches the aggregate refused (too many in flight on the stream: plain for 10 s; batching turned "
+        "off: plain until its limits are read again).",
+        lambda s: s.batch_fallbacks,
     )
     gauge(
         "nats_bridge_seconds_since_progress",

@@ -734,6 +734,9 @@ class SourceRunner:
             ),
             oldest_unstored_origin_time=(pipeline.oldest_unstored_origin_ns / 1e9) or None,
             rate_limit=self.source.rate_limit,
+            batched=pipeline.batched(now),
+            batches=pipeline.batches,
+            batch_fallbacks=pipeline.batch_fallbacks,
             last_error=self.last_error,
         )
 

@@ -61,8 +61,13 @@ async def test_metrics_health_and_readiness_follow_the_origin(
         assert await metric(port, "nats_bridge_resets_total", source="edge1", cause="start") is None
         age = await metric(port, "nats_bridge_last_replicated_age_seconds", source="edge1")
         assert age is not None and age >= 0
+        # the aggregate allows fast batches (create_aggregate): windows go out as batches, none was refused
+        assert await metric(port, "nats_bridge_publish_batched", source="edge1") == 1
+        assert await metric(port, "nats_bridge_publish_batches_total", source="edge1") is not None
+        assert await metric(port, "nats_bridge_publish_batch_fallbacks_total", source="edge1") == 0
         status, body = await readyz(port)
         assert status == 200 and body["ready"] and body["sources"]["edge1"]["watermark"] == publisher.seqs[-1]
+        assert body["sources"]["edge1"]["batched"] is True
 
         await anyio.to_thread.run_sync(topology.leaf.stop)
 

@@ -8,8 +8,10 @@ from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import (
     BATCH_APPEND,
     BATCH_COMMIT_EOB,
+    BATCH_DISABLED,
     BATCH_START,
     BATCH_TOO_MANY,
+    PLAIN_AFTER_TOO_MANY,
     AckOutcome,
     OutboundMessage,
     PublishPipeline,
@@ -117,11 +119,27 @@ def test_too_many_batches_on_the_stream_turns_to_plain_publishes_for_a_while() -
     refused = AckOutcome(
         sends[0].entry.order, 1, False, error="too many", batch=1, bseq=1, ended=True, code=BATCH_TOO_MANY
     )
+    assert p.batched(0.0) and p.batch_fallbacks == 0
     assert settle(p, refused, now=0.0) == [(1, False), (2, False)]
+    assert not p.batched(1.0) and p.batch_fallbacks == 1  # what status and the metrics show
     p.take_sendable(0.0)  # the commit
     probe = p.take_sendable(1.0)
     p.stored(probe[0].entry.order, probe[0].attempt)
     assert [s.batch for s in p.take_sendable(1.0)] == [0]  # plain, as before batches
+    assert p.batched(PLAIN_AFTER_TOO_MANY)
+
+
+def test_a_stream_that_stops_allowing_batches_turns_publishing_plain_until_its_limits_are_read() -> None:
+    p = batched()
+    fill(p, 1, 2)
+    sends = p.take_sendable(0.0)
+    refused = AckOutcome(
+        sends[0].entry.order, 1, False, error="batch publish disabled", batch=1, bseq=1, ended=True, code=BATCH_DISABLED
+    )
+    settle(p, refused)
+    assert not p.batched(100.0) and p.batch_fallbacks == 1
+    p.limit(TargetLimits(1024 * 1024, -1, ("agg.>",), batched=True))  # read again: allowed again
+    assert p.batched(100.0)
 
 
 def test_a_batch_is_committed_once_nothing_waits_and_the_next_waits_for_its_ack() -> None:

@@ -61,6 +61,7 @@ READYZ = {
             "phase": "running",
             "last_error": None,
             "stalled": False,
+            "batched": True,
             "watermark": 12,
         },
         "edge2": {"ready": True, "reasons": [], "role": "standby", "owner": "other-1"},
@@ -72,6 +73,7 @@ def test_the_daemons_mode_and_reason_are_carried_per_source() -> None:
     view = daemon_source_view(READYZ, "edge1")
     assert view is not None
     assert view["mode"] == "pull" and view["mode_reason"].startswith("the origin runs nats-server 2.12.8")
+    assert view["batched"] is True  # windows go out as fast batches
     assert "watermark" not in view  # status reads that from the servers itself
     standby = daemon_source_view(READYZ, "edge2")
     assert standby is not None and standby["mode"] is None  # a standby runs nothing, so has no mode
