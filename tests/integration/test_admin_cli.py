@@ -110,6 +110,7 @@ async def test_status_adds_the_running_daemons_view_and_reset_without_seq_goes_t
             "stalled": False,
             "mode": "flow_control",
             "lag_seconds": 0.0,  # everything delivered is stored
+            "batched": True,  # the aggregate allows fast batches (create_aggregate)
         }
 
         # the running daemon adopts an operator's reset to the ack floor: nothing skipped, nothing doubled
