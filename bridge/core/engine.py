@@ -374,11 +374,7 @@ class SourceEngine(Replication):
         if not self._phases.takes_deliveries:
             self.ledger.epoch_replaced()
         self._phases.process(Event.SHUTDOWN)
-        effects: list[Effect] = [
-            Notice("stopping", fields={"in_flight": self.pipeline.in_flight, "watermark": self.watermark})
-        ]
-        self._pump(now, effects)
-        return effects
+        return self._stopped(now)
 
     def final_answer(self) -> list[Effect]:
         """Answer a held FC request with whatever is stored (the only subject the server will honour)."""

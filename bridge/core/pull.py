@@ -470,11 +470,7 @@ class PullEngine(Replication):
         if not self._phases.process(Event.SHUTDOWN):
             return []
         self.credits.clear()
-        effects: list[Effect] = [
-            Notice("stopping", fields={"in_flight": self.pipeline.in_flight, "watermark": self.watermark})
-        ]
-        self._pump(now, effects)
-        return effects
+        return self._stopped(now)
 
     def final_answer(self) -> list[Effect]:
         """Nothing is held back in pull mode: every stored message was acked as the watermark passed it."""

@@ -584,6 +584,15 @@ class Replication(ABC):
             self._blocked_suppressed = 0
             effects.append(Notice("publish.unblocked", fields={"watermark": self.watermark}))
 
+    def _stopped(self, now: float) -> list[Effect]:
+        """What entering STOPPING brings, in either consumer model: the notice, and the commit of a batch still open
+        (``_pump`` in a phase that sends nothing)."""
+        effects: list[Effect] = [
+            Notice("stopping", fields={"in_flight": self.pipeline.in_flight, "watermark": self.watermark})
+        ]
+        self._pump(now, effects)
+        return effects
+
     def _pump(self, now: float, effects: list[Effect]) -> None:
         if not self._phases.publishes:
             effects += self.pipeline.commit_open()  # stopping: what is in a batch is settled by its commit

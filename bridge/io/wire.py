@@ -358,12 +358,8 @@ async def flush(nc: Any, timeout: float = 10.0) -> None:
     back before the server had read a SUB sent just before, and a publish from another connection right after the
     flush found no subscriber (seen on a loaded machine). Both are written first, in order."""
     if has_raw_writes(nc) and nc.is_connected and nc._transport is not None:
+        write_soon(nc, b"")  # what nats-py holds joins this pass's outbox, behind what is already in it
         flush_writes(nc)
-        pending = nc._pending
-        if pending:
-            nc._pending = []
-            nc._pending_data_size = 0
-            nc._transport.writelines(pending)
     await nc.flush(timeout=timeout)
 
 

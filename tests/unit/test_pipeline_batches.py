@@ -112,13 +112,16 @@ def test_a_commit_short_of_the_members_sent_fails_the_rest() -> None:
     assert p.watermark == 1 and p.degraded
 
 
-def test_too_many_batches_on_the_stream_turns_to_plain_publishes_for_a_while() -> None:
-    p = batched()
+def first_refused(p: PublishPipeline, code: int, error: str) -> AckOutcome:
+    """Messages 1 and 2 sent as batch 1, and the server's refusal of its first member with ``code``."""
     fill(p, 1, 2)
     sends = p.take_sendable(0.0)
-    refused = AckOutcome(
-        sends[0].entry.order, 1, False, error="too many", batch=1, bseq=1, ended=True, code=BATCH_TOO_MANY
-    )
+    return AckOutcome(sends[0].entry.order, 1, False, error=error, batch=1, bseq=1, ended=True, code=code)
+
+
+def test_too_many_batches_on_the_stream_turns_to_plain_publishes_for_a_while() -> None:
+    p = batched()
+    refused = first_refused(p, BATCH_TOO_MANY, "too many")
     assert p.batched(0.0) and p.batch_fallbacks == 0
     assert settle(p, refused, now=0.0) == [(1, False), (2, False)]
     assert not p.batched(1.0) and p.batch_fallbacks == 1  # what status and the metrics show
@@ -131,11 +134,7 @@ def test_too_many_batches_on_the_stream_turns_to_plain_publishes_for_a_while() -
 
 def test_a_stream_that_stops_allowing_batches_turns_publishing_plain_until_its_limits_are_read() -> None:
     p = batched()
-    fill(p, 1, 2)
-    sends = p.take_sendable(0.0)
-    refused = AckOutcome(
-        sends[0].entry.order, 1, False, error="batch publish disabled", batch=1, bseq=1, ended=True, code=BATCH_DISABLED
-    )
+    refused = first_refused(p, BATCH_DISABLED, "batch publish disabled")
     settle(p, refused)
     assert not p.batched(100.0) and p.batch_fallbacks == 1
     p.limit(TargetLimits(1024 * 1024, -1, ("agg.>",), batched=True))  # read again: allowed again
