@@ -103,6 +103,9 @@ class ApiFailure(AssertionError):
         super().__init__(f"{subject}: {error}")
 
 
+CREATE_DEADLINE = 40.0  # seconds a stream create is asked again for (see create_stream)
+
+
 async def create_stream(
     nc: Client,
     name: str,
@@ -113,10 +116,17 @@ async def create_stream(
     **extra: Any,
 ) -> dict[str, Any]:
     """Create a file-backed stream (``extra`` are raw config fields, e.g. ``allow_direct=True``). A replicated one
-    on a cluster that has just formed can take seconds while its routes settle (seen past 3 s on a busy machine):
-    10 s allowed."""
+    on a cluster that has just formed can take seconds while its routes settle (seen past 3 s on a busy machine,
+    and once past 10 s in CI): 10 s per attempt, asked again until ``CREATE_DEADLINE`` (the same create again
+    answers with the stream when an earlier one went through late)."""
     config = {"name": name, "subjects": list(subjects), "retention": retention, "storage": "file", **extra}
-    return await js_request(nc, f"STREAM.CREATE.{name}", config, domain=domain, timeout=10)
+    deadline = time.monotonic() + CREATE_DEADLINE
+    while True:
+        try:
+            return await js_request(nc, f"STREAM.CREATE.{name}", config, domain=domain, timeout=10)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            if time.monotonic() >= deadline:
+                raise
 
 
 async def create_aggregate(
