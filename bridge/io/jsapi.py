@@ -250,12 +250,14 @@ def reply_document(subject: str, data: bytes) -> dict[str, Any]:
 Answered = Callable[[dict[str, Any] | None, BridgeError | None], None]
 
 
-def request_soon(nc: Any, subject: str, timeout: float, answered: Answered) -> bool:
-    """Send an empty request to ``subject`` without a task or an await: written at the end of this event-loop pass
-    (``wire.write_soon``), its reply taken by nats-py's own request inbox and handed to ``answered`` as
-    :func:`request_json` would return or raise it (no reply within ``timeout``: :class:`ApiTimeout`). False, and
-    nothing sent, when the connection is not up or nats-py's internals are not the expected ones (then
-    :func:`request_json`).
+def request_soon(
+    nc: Any, subject: str, timeout: float, answered: Answered, payload: bytes = b"", header_block: bytes = b""
+) -> bool:
+    """Send a request to ``subject`` (``payload``, and ``header_block`` when not empty: a ``NATS/1.0`` block)
+    without a task or an await: written at the end of this event-loop pass (``wire.write_soon``), its reply taken by
+    nats-py's own request inbox and handed to ``answered`` as :func:`request_json` would return or raise it (no reply
+    within ``timeout``: :class:`ApiTimeout`). False, and nothing sent, when the connection is not up or nats-py's
+    internals are not the expected ones (then :func:`request_json`).
 
     Through nats-py's ``request`` one look for stranded messages (a ``STREAM.INFO``) cost a task, its future's
     timeout and the reply's wake-ups, about 550k instructions; so sent it costs about 210k, and a process that
@@ -292,5 +294,15 @@ def request_soon(nc: Any, subject: str, timeout: float, answered: Answered) -> b
         answered(document, None)
 
     future.add_done_callback(replied)
-    wire.write_soon(nc, b"PUB %s %s%s 0\r\n\r\n" % (subject.encode(), bytes(prefix), token.encode()))
+    reply = bytes(prefix) + token.encode()
+    if header_block:
+        command = b"HPUB %s %s %d %d\r\n" % (
+            subject.encode(),
+            reply,
+            len(header_block),
+            len(header_block) + len(payload),
+        )
+        wire.write_soon(nc, command + header_block + payload + b"\r\n")
+    else:
+        wire.write_soon(nc, b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload))
     return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,7 +29,7 @@ from bridge.errors import ApiError, ApiTimeout, ApiUnavailable, BridgeError
 from bridge.io import permissions, wire
 from bridge.io.connect import describe
 from bridge.io.directget import read_batches
-from bridge.io.jsapi import STREAM_NAME_IN_USE, STREAM_NOT_FOUND, JsApi, request_json
+from bridge.io.jsapi import STREAM_NAME_IN_USE, STREAM_NOT_FOUND, JsApi, request_json, request_soon
 
 WRONG_LAST_SEQUENCE = 10071
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -138,22 +139,43 @@ class KvBucket:
 
         Returns the new revision; raises :class:`KvConflict` when the revision check fails.
         """
-        headers: dict[str, str] = {}
-        if revision is not None:
-            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(revision)
-        if delete:
-            headers[OPERATION] = "DEL"
+        headers = _write_headers(revision, delete)
         subject = self.prefix + key
         try:
             reply = await request_json(self.nc, subject, value, timeout, headers or None)
         except ApiError as exc:
-            if exc.err_code == WRONG_LAST_SEQUENCE:
-                raise KvConflict(f"{key}: {exc.description}") from exc
-            raise
-        seq = reply.get("seq")
-        if seq is None:
-            raise ApiUnavailable(f"{subject}: publish ack without seq: {reply!r}"[:200])
-        return int(seq)
+            conflict = _conflict(key, exc)
+            if conflict is exc:
+                raise
+            raise conflict from exc
+        return _revision(subject, reply)
+
+    def write_soon(self, key: str, value: bytes, revision: int | None, timeout: float, written: Written) -> bool:
+        """:meth:`write` without a task or an await (:func:`bridge.io.jsapi.request_soon`): ``written`` gets the new
+        revision or the error :meth:`write` would raise. False, and nothing sent, when that is not possible now (the
+        connection is down, or nats-py's internals differ): then :meth:`write`.
+
+        Lease renewals go this way: a hundred groups renewed every few seconds cost the fleet's thread a task, a
+        random reply token and a flusher wake-up each through ``request`` (a fifth of a core's hundredth, taken
+        from the bridge's loop by the GIL). No permission watch: a denied write shows as no reply (a timeout); the
+        acquire before it, through :meth:`write`, says denied."""
+        subject = self.prefix + key
+
+        def answered(reply: dict[str, Any] | None, error: BridgeError | None) -> None:
+            if error is None:
+                assert reply is not None
+                try:
+                    revision = _revision(subject, reply)
+                except BridgeError as exc:
+                    written(None, exc)
+                    return
+                written(revision, None)
+            else:
+                written(None, _conflict(key, error) if isinstance(error, ApiError) else error)
+
+        headers = _write_headers(revision, False)
+        block = hdr.encode_header_block(headers) if headers else b""
+        return request_soon(self.nc, subject, timeout, answered, value, block)
 
     async def get(self, key: str, timeout: float) -> KvEntry | None:
         """The last message of ``key`` (a delete marker included), or None when the key has none."""
@@ -320,3 +342,28 @@ def json_object(value: bytes) -> dict[str, object]:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+# what a write sent without a task hands its outcome to: the new revision, or why there is none
+Written = Callable[[int | None, BridgeError | None], None]
+
+
+def _write_headers(revision: int | None, delete: bool) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if revision is not None:
+        headers[EXPECTED_LAST_SUBJECT_SEQ] = str(revision)
+    if delete:
+        headers[OPERATION] = "DEL"
+    return headers
+
+
+def _conflict(key: str, exc: ApiError) -> BridgeError:
+    """A refused revision check as :class:`KvConflict`; any other API error as it is."""
+    return KvConflict(f"{key}: {exc.description}") if exc.err_code == WRONG_LAST_SEQUENCE else exc
+
+
+def _revision(subject: str, reply: dict[str, Any]) -> int:
+    seq = reply.get("seq")
+    if seq is None:
+        raise ApiUnavailable(f"{subject}: publish ack without seq: {reply!r}"[:200])
+    return int(seq)

@@ -3,7 +3,9 @@
 Tasks (all in :meth:`FleetRunner.run`'s task group): the ticker, which feeds the clock to the core when the core says
 something is due (``Fleet.next_tick``: a renew, a fence, the view, the presence; at most every ``TICK``, at least
 every ``TICK_MAX``; an input that brings something sooner wakes it) and performs the effects it returns; one short
-task per KV request (a slow write never delays a renew of another lease); one task per graceful source stop (it
+task per KV request (a slow write never delays a renew of another lease), except renewals, which are sent without
+one and answered by a callback (:meth:`KvBucket.write_soon`: the most frequent request, a hundred lease groups
+renewed every few seconds); one task per graceful source stop (it
 drains, then the core releases the key). A source that loses its lease is stopped at once, without draining: the
 fence is closed, so it may not answer or publish anything more. A source whose lease is suspended (its fence passed
 before a renew succeeded) is not stopped: it waits at its closed fence and is resumed once a renew reopens it
@@ -227,26 +229,31 @@ class FleetRunner:
         """Join the fleet, own what falls to this process, and leave it cleanly once ``stop`` is set."""
         if not await self._ensure_bucket(stop):
             return
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            tg.start_soon(self._ticker)
-            await stop.wait()
-            self.log.info("fleet.leaving", owned=self.fleet.owned())
-            self._feed(partial(self.fleet.shutdown, self.clock()))
-            with anyio.move_on_after(self.shutdown_grace + 5.0):
-                while not self.fleet.done:  # the core says when every lease is given back
-                    self._changed = anyio.Event()
-                    await self._changed.wait()
-            if not self.fleet.done:
-                self.log.warning("fleet.leave_incomplete", owned=self.fleet.owned(), hint="those leases expire by TTL")
-            with anyio.move_on_after(self.fleet.timing.request_timeout + 0.5):
-                try:
-                    await self.kv.write(
-                        PRESENCE_PREFIX + self.instance, b"", None, self.fleet.timing.request_timeout, delete=True
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._ticker)
+                await stop.wait()
+                self.log.info("fleet.leaving", owned=self.fleet.owned())
+                self._feed(partial(self.fleet.shutdown, self.clock()))
+                with anyio.move_on_after(self.shutdown_grace + 5.0):
+                    while not self.fleet.done:  # the core says when every lease is given back
+                        self._changed = anyio.Event()
+                        await self._changed.wait()
+                if not self.fleet.done:
+                    self.log.warning(
+                        "fleet.leave_incomplete", owned=self.fleet.owned(), hint="those leases expire by TTL"
                     )
-                except BridgeError as exc:
-                    self.log.debug("fleet.presence_delete_failed", error=str(exc))
-            tg.cancel_scope.cancel()
+                with anyio.move_on_after(self.fleet.timing.request_timeout + 0.5):
+                    try:
+                        await self.kv.write(
+                            PRESENCE_PREFIX + self.instance, b"", None, self.fleet.timing.request_timeout, delete=True
+                        )
+                    except BridgeError as exc:
+                        self.log.debug("fleet.presence_delete_failed", error=str(exc))
+                tg.cancel_scope.cancel()
+        finally:
+            self._tg = None  # a renewal answered from now on has nobody left to tell
         self.log.info("fleet.left")
 
     async def _ensure_bucket(self, stop: anyio.Event) -> bool:
@@ -322,7 +329,7 @@ class FleetRunner:
                     self._spawn(self._stop_gracefully, effect.source)
                 else:
                     self.control.abandon(effect.source)
-            else:
+            elif not (isinstance(effect, Renew) and self._renew_soon(effect)):
                 self._spawn(self._request, effect)
 
     def _notice(self, notice: Notice) -> None:
@@ -409,17 +416,14 @@ class FleetRunner:
                 return
             self._feed(partial(fleet.acquired, effect.lease, revision, sent_at, since, self.clock()))
         elif isinstance(effect, Renew):
-            lease = fleet.leases.get(effect.lease)
-            value = self._holder_value(lease.since_wall if lease is not None else time.time())
             try:
-                revision = await self.kv.write(fleet.key_prefix + effect.lease, value, effect.revision, effect.timeout)
-            except KvConflict as exc:
-                await self._renew_refused(effect.lease, str(exc))
-                return
+                revision = await self.kv.write(
+                    fleet.key_prefix + effect.lease, self._renewal(effect), effect.revision, effect.timeout
+                )
             except BridgeError as exc:
-                self._feed(partial(fleet.renew_failed, effect.lease, str(exc), False, self.clock()))
+                self._renew_answered(effect.lease, sent_at, None, exc)
                 return
-            self._feed(partial(fleet.renewed, effect.lease, revision, sent_at, self.clock()))
+            self._renew_answered(effect.lease, sent_at, revision, None)
         else:
             try:
                 await self.kv.write(fleet.key_prefix + effect.lease, b"", effect.revision, timeout, delete=True)
@@ -427,6 +431,32 @@ class FleetRunner:
                 self._feed(partial(fleet.released, effect.lease, False, str(exc), self.clock()))
                 return
             self._feed(partial(fleet.released, effect.lease, True, "", self.clock()))
+
+    def _renew_soon(self, effect: Renew) -> bool:
+        """Send a renewal without a task (:meth:`KvBucket.write_soon`); False when it must take :meth:`_request`."""
+        sent_at = self.clock()
+
+        def written(revision: int | None, error: BridgeError | None) -> None:
+            if self._tg is not None:  # an answer after the fleet was left: nothing is listening any more
+                self._renew_answered(effect.lease, sent_at, revision, error)
+
+        key = self.fleet.key_prefix + effect.lease
+        return self.kv.write_soon(key, self._renewal(effect), effect.revision, effect.timeout, written)
+
+    def _renewal(self, effect: Renew) -> bytes:
+        lease = self.fleet.leases.get(effect.lease)
+        return self._holder_value(lease.since_wall if lease is not None else time.time())
+
+    def _renew_answered(self, name: str, sent_at: float, revision: int | None, error: BridgeError | None) -> None:
+        """What a renewal's answer means for the core (a refused revision asks the key who wrote it first)."""
+        if isinstance(error, KvConflict):
+            assert self._tg is not None
+            self._tg.start_soon(self._renew_refused, name, str(error))
+        elif error is not None:
+            self._feed(partial(self.fleet.renew_failed, name, str(error), False, self.clock()))
+        else:
+            assert revision is not None
+            self._feed(partial(self.fleet.renewed, name, revision, sent_at, self.clock()))
 
     async def _renew_refused(self, name: str, reason: str) -> None:
         # the key moved past the revision we named: someone else's write, or an earlier one of ours whose reply

@@ -3,10 +3,12 @@ server answers at once (it refuses more than 1,024 with a 413)."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
+from bridge.errors import BridgeError
 from bridge.io.jsapi import JsApi
-from bridge.io.kv import MULTI_LAST_LIMIT, KvBucket, KvEntry
+from bridge.io.kv import MULTI_LAST_LIMIT, KvBucket, KvConflict, KvEntry
 from bridge.testing.jetstream import connect
 from bridge.testing.servers import ServerFactory
 
@@ -42,3 +44,31 @@ async def test_read_all_has_the_last_value_of_every_key(
     assert entries["lease.s2"].deleted and not entries["lease.s0"].deleted
     # one multi_last read while the server answers it; read whole, in batches, once it refuses (413)
     assert len(whole_reads) == (1 if keys > MULTI_LAST_LIMIT else 0)
+
+
+async def test_a_write_sent_without_a_task_keeps_the_revision_check(servers: ServerFactory) -> None:
+    """``write_soon`` (lease renewals): the new revision on success, :class:`KvConflict` when the key moved on,
+    exactly as :meth:`KvBucket.write` would answer."""
+    server = servers("kv", "")
+    async with connect(server.url) as nc:
+        bucket = KvBucket(nc, JsApi(nc, "$JS.API"), "leases")
+        await bucket.ensure(30.0, 1, 5.0)  # a request first: nats-py's reply inbox exists from then on
+        first = await bucket.write("group.1", b"mine", None, 5.0)
+        outcomes: list[tuple[int | None, BridgeError | None]] = []
+        done = anyio.Event()
+
+        def written(revision: int | None, error: BridgeError | None) -> None:
+            outcomes.append((revision, error))
+            if len(outcomes) == 2:
+                done.set()
+
+        # two writes in one event-loop pass, both naming the first revision: the first is stored, the second refused
+        assert bucket.write_soon("group.1", b"renewed", first, 5.0, written)
+        assert bucket.write_soon("group.1", b"late", first, 5.0, written)
+        with anyio.fail_after(10):
+            await done.wait()
+        entry = await bucket.get("group.1", 5.0)
+    (stored, no_error), (none, conflict) = outcomes
+    assert no_error is None and stored is not None and stored > first
+    assert none is None and isinstance(conflict, KvConflict) and "group.1" in str(conflict)
+    assert entry is not None and entry.value == b"renewed" and entry.revision == stored
