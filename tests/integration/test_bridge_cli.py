@@ -174,7 +174,11 @@ async def test_check_against_running_topology(topology: Topology, tmp_path: Path
         assert "Traceback" not in done.stdout + done.stderr
         lines = done.stdout.splitlines()
         for spec in specs:
-            ok = [line for line in lines if line.startswith("OK") and f"source {spec.name}:" in line]
+            ok = [
+                line
+                for line in lines
+                if line.startswith("OK") and f"source {spec.name}:" in line and "link round trip" not in line
+            ]  # a loaded machine may take loopback for a far link and add its window advice
             # the mode it will run in (and why), then its origin and consumer
             assert len(ok) == 2 and f"source {spec.name}: mode " in ok[0], (spec.name, lines)
         assert not any(line.startswith("FAIL") for line in lines), lines

@@ -123,7 +123,8 @@ def write_config(tmp_path: Path, *sources: str) -> Path:
 
 
 def source_lines(out: str, name: str) -> list[str]:
-    return [line for line in out.splitlines() if f" source {name}: " in line]
+    """The source's lines but a far link's window advice (a loaded machine can take any link for a far one)."""
+    return [line for line in out.splitlines() if f" source {name}: " in line and "link round trip" not in line]
 
 
 PULL_CONSUMER = {"durable_name": "nats-bridge-edge1", "ack_policy": "explicit", "max_deliver": -1}

@@ -1,0 +1,65 @@
+"""``check`` over a far link: the round trip to the origin, and what the source's window carries over it
+(:mod:`bridge.core.window`), for the bound consumer the bridge never changes and the managed one alike."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anyio
+import pytest
+
+from bridge.core.window import window_carries
+from bridge.testing.configs import ORIGIN, SourceSpec, write_config
+from bridge.testing.jetstream import connect, create_aggregate, create_stream
+from bridge.testing.processes import run_cli
+from bridge.testing.servers import Topology
+from chaos.proxy import FaultProxy
+
+pytestmark = pytest.mark.anyio
+
+DELAY = 0.015  # each way: a 30 ms link
+ADVICE = re.compile(
+    r"OK   source edge1: link round trip (?P<rtt>[\d.]+) ms: max_ack_pending (?P<window>\d+) \(managed consumer\) "
+    r"carries about (?P<carries>[\d,]+) msg/s; a faster source wants about 2 x rate x RTT"
+)
+
+
+async def test_check_says_what_the_window_carries_over_a_far_link(topology: Topology, tmp_path: Path) -> None:
+    host, port = topology.leaf.url.removeprefix("nats://").rsplit(":", 1)
+    proxy = FaultProxy(host, int(port), name="far-link")
+    await proxy.start()
+    try:
+        proxy.set_delay(DELAY)
+        spec = SourceSpec(name="edge1", servers=proxy.url, subject_prefix="edge.one", max_ack_pending=500)
+        config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+        async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+            await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+            await create_aggregate(hub_nc)
+        done = await anyio.to_thread.run_sync(lambda: run_cli("check", "-c", str(config), timeout=60))
+    finally:
+        await proxy.close()
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    advice = [m for m in map(ADVICE.match, done.stdout.splitlines()) if m]
+    assert len(advice) == 1, done.stdout
+    rtt = float(advice[0]["rtt"]) / 1000
+    assert rtt >= 2 * DELAY, done.stdout  # the proxy's delay both ways, at least
+    assert int(advice[0]["window"]) == 500
+    carries = int(advice[0]["carries"].replace(",", ""))
+    assert carries == pytest.approx(window_carries(500, rtt), rel=0.01), done.stdout  # the line's rtt is rounded
+
+
+async def test_check_says_nothing_of_the_window_on_a_near_link(topology: Topology, tmp_path: Path) -> None:
+    spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one")
+    config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
+        await create_aggregate(hub_nc)
+    done = await anyio.to_thread.run_sync(lambda: run_cli("check", "-c", str(config), timeout=60))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "link round trip" not in done.stdout or _measured_far(done.stdout), done.stdout
+
+
+def _measured_far(out: str) -> bool:
+    """A loaded machine can make loopback slower than FAR: then the line is there, and says so by its figure."""
+    return all(float(m["rtt"]) >= 10.0 for m in map(ADVICE.match, out.splitlines()) if m)
