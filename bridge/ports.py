@@ -80,6 +80,10 @@ class OriginPort(Protocol):
         is updated (a create of the same durable: its position and deliveries are untouched); raises the
         ``bridge.errors`` family. In pull mode nothing changes on the server."""
 
+    async def set_window(self, max_ack_pending: int) -> None:
+        """Grow the managed flow-control consumer's ``max_ack_pending`` in place (a create of the same durable, as
+        :meth:`set_rate_limit`); later binds keep it. Raises the ``bridge.errors`` family."""
+
     async def reset(self, seq: int | None) -> ResetReply: ...
 
     async def first_seq_from(self, start: int) -> int:

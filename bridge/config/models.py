@@ -48,6 +48,7 @@ from bridge.config.validators import (
     ReadableFile,
     Seconds,
     Servers,
+    Size,
     SourceName,
     SubjectPrefix,
     api_prefix,
@@ -92,6 +93,9 @@ class EngineConfig(BaseModel):
     publish_retry_initial: Seconds = 0.5
     publish_retry_max: Seconds = Field(default=15.0, validate_default=True)
     shutdown_grace: Seconds = 10.0
+    # Bytes the grown windows of every source together may hold beyond their configured max_ack_pending (each
+    # source's own limit is sources[].window_budget): many far sources draining backlogs at once grow no further.
+    windows_budget: Size = 256 * 1024 * 1024
 
     @field_validator("reset_backoff_max", "publish_retry_max")
     @classmethod
@@ -234,6 +238,10 @@ class SourceConfig(BaseModel):
     # Bytes per second the origin sends this source at most (0: no limit), for thin links: in flow-control mode the
     # consumer's rate_limit_bps (the server paces its deliveries). "64KiB", "50kbit" and the like are accepted.
     rate_limit: Rate = 0
+    # Bytes this source's window may hold once grown (flow-control mode, managed consumer): over a far link the
+    # bridge raises max_ack_pending while the round trip holds the source back (bridge.core.window), up to this
+    # (every held message counted with 512 bytes of overhead) and what [engine] windows_budget has left. 0: never.
+    window_budget: Size = 16 * 1024 * 1024
     auth: AuthConfig | None = None
     tls: TlsConfig | None = None
 
@@ -255,6 +263,17 @@ class SourceConfig(BaseModel):
             raise fail(
                 "only allowed with manage_consumer = true: the filters of a pre-created consumer are the "
                 "operator's, so set them on the consumer itself and remove filter_subjects here"
+            )
+        return value
+
+    @field_validator("window_budget")
+    @classmethod
+    def _window_budget_needs_managed_consumer(cls, value: int, info: ValidationInfo) -> int:
+        if value and info.data.get("manage_consumer") is False:
+            raise fail(
+                "only allowed with manage_consumer = true: the bridge never changes a pre-created consumer, so set "
+                "its max_ack_pending on the consumer itself (nats-bridge check says what a far link wants) and "
+                "remove window_budget here"
             )
         return value
 

@@ -231,6 +231,28 @@ def parse_rate(value: Any) -> int:
     return round(rate)
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]i?B|[kmg]B|B|)")
+SIZE_HINT = 'give bytes as a number or with a unit, e.g. "16MiB", "512KiB", "64MB"'
+MAX_SIZE = 1024**4
+
+
+def parse_size(value: Any) -> int:
+    """An amount of memory in bytes from a number or a string with a unit (``B``, ``KB``/``kB``, ``KiB``, ``MB``,
+    ``MiB``, ``GB``, ``GiB``)."""
+    if isinstance(value, bool):
+        raise fail(f"{show(value)} is not a size: {SIZE_HINT}")
+    if isinstance(value, int | float):
+        size = float(value)
+    elif isinstance(value, str) and (m := _SIZE.fullmatch(value.strip())):
+        unit = m.group(2)[:-1].lower() if m.group(2) else ""
+        size = float(m.group(1)) * (_BINARY.get(unit) or _DECIMAL[unit])
+    else:
+        raise fail(f"{show(value)} is not a size: {SIZE_HINT}")
+    if size < 0 or not math.isfinite(size) or size > MAX_SIZE:
+        raise fail(f"{show(value)} is out of range: from 0 to 1TiB; {SIZE_HINT}")
+    return round(size)
+
+
 def format_rate(rate: int) -> str:
     """A rate in bytes per second as people read it (``64KiB/s``), for logs and status."""
     if rate == 0:
@@ -335,3 +357,4 @@ ListenAddress = Annotated[str, AfterValidator(_listen)]
 BucketName = Annotated[str, AfterValidator(_bucket_name)]
 InstanceId = Annotated[str, AfterValidator(_instance_id)]
 Rate = Annotated[int, BeforeValidator(parse_rate)]  # bytes per second
+Size = Annotated[int, BeforeValidator(parse_size)]  # bytes

@@ -126,6 +126,18 @@ class ProbeStranded:
 
 
 @dataclass(frozen=True, slots=True)
+class ResizeWindow:
+    """Set the managed consumer's ``max_ack_pending`` to ``size`` (an update: its position and deliveries are
+    untouched), because a round trip of ``rtt`` seconds held the source back (:mod:`bridge.core.window`).
+
+    Report ``window_resized(size)`` or ``window_resize_failed(reason)``.
+    """
+
+    size: int
+    rtt: float
+
+
+@dataclass(frozen=True, slots=True)
 class Pull:
     """Pull mode: ask the consumer for up to ``batch`` more messages (``CONSUMER.MSG.NEXT``), the request living
     ``expires`` seconds, with an idle heartbeat every ``heartbeat`` seconds while it waits. Nothing is reported:
@@ -234,6 +246,7 @@ Effect = (
     | VerifyStored
     | ReadTargetLimits
     | ProbeStranded
+    | ResizeWindow
     | Pull
     | Ack
     | FetchOrigin

@@ -43,6 +43,7 @@ from bridge.core.effects import (
     ProbeStranded,
     ResetCause,
     ResetReply,
+    ResizeWindow,
 )
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, Unrecognised
 from bridge.core.ledger import FlowControlLedger
@@ -50,6 +51,7 @@ from bridge.core.modes import Mode
 from bridge.core.phases import Event, Phase
 from bridge.core.replication import EngineSettings, EngineStats, Replication
 from bridge.core.watch import STRANDED_CHECK, StrandedProbe, stranded_spread
+from bridge.core.window import WindowBudget, WindowSizer
 
 __all__ = ["EngineSettings", "EngineStats", "Phase", "SourceEngine"]
 
@@ -59,9 +61,11 @@ FLOW_CONTROL = "flow_control"
 class SourceEngine(Replication):
     """Replication of one source through a flow-control consumer. Every input returns the effects to carry out."""
 
-    def __init__(self, settings: EngineSettings, now: float) -> None:
+    def __init__(self, settings: EngineSettings, now: float, windows: WindowBudget | None = None) -> None:
         super().__init__(settings, now)
         self.ledger = FlowControlLedger()
+        # the consumer's max_ack_pending, grown over a far link within the source's and the process's budgets
+        self.window = WindowSizer(settings.source, settings.window, settings.window_budget, windows)
         # the stream sequence the last RESET named as its epoch's first (0: the epoch did not begin with one); it
         # matters only while the epoch has no delivery yet (see _renumbered)
         self._reset_seq = 0
@@ -149,6 +153,7 @@ class SourceEngine(Replication):
         self._epoch_last_sseq = sseq
         self.stats.delivered += 1
         self.ledger.delivered(dseq, sseq)
+        self.window.delivered(now, len(msg.payload))
         self._take(sseq, msg.subject, msg.headers, msg.payload, ack.timestamp_ns)
         return True
 
@@ -168,9 +173,10 @@ class SourceEngine(Replication):
         self._last_activity = now
         self.stats.fc_requests += 1
         if self._phases.answers_flow_control:
+            self.window.requested(self.last_dseq - self.ledger.answered_dseq)
             self.ledger.hold(reply, self.last_dseq)
             effects: list[Effect] = []
-            self._answer_if_covered(effects)
+            self._answer_if_covered(effects, now)
             return effects
         # the epoch is about to be replaced: release the window, ack nothing
         return [self.ledger.answer_empty(reply), *self._consumer_alive(now)]
@@ -290,6 +296,20 @@ class SourceEngine(Replication):
 
     # -- aggregate side -------------------------------------------------------------------------------------
 
+    # -- the window ------------------------------------------------------------------------------------------
+
+    def window_resized(self, size: int, now: float) -> list[Effect]:
+        """The consumer's ``max_ack_pending`` is ``size`` now (:class:`ResizeWindow` done)."""
+        before = self.window.size
+        self.window.resized(size)
+        fields = {"max_ack_pending": size, "before": before, "rtt_ms": round(self.window.rtt * 1000, 1)}
+        return [Notice("source.window_grown", fields=fields)]
+
+    def window_resize_failed(self, reason: str, now: float) -> list[Effect]:
+        """The update of the consumer failed: its window stays (tried again later)."""
+        self.window.resize_failed(now)
+        return [Notice("source.window_failed", "warning", {"max_ack_pending": self.window.size, "error": reason})]
+
     # -- the origin's leftovers -------------------------------------------------------------------------------
 
     def stranded_probed(self, first_seq: int, now: float) -> list[Effect]:
@@ -385,12 +405,15 @@ class SourceEngine(Replication):
 
     def _cover(self, effects: list[Effect], now: float) -> None:
         self.ledger.cover(self.watermark)
-        self._answer_if_covered(effects)
+        self._answer_if_covered(effects, now)
         super()._cover(effects, now)
 
-    def _answer_if_covered(self, effects: list[Effect]) -> None:
+    def _answer_if_covered(self, effects: list[Effect], now: float) -> None:
         # while a reset is pending the epoch is about to be replaced: the held request is answered after it
         if self._phases.answers_flow_control:
             answer = self.ledger.answer_covered()
             if answer is not None:
                 effects.append(answer)
+                size = self.window.released(now)
+                if size:
+                    effects.append(ResizeWindow(size, self.window.rtt))

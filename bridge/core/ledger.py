@@ -18,7 +18,7 @@ EMPTY = (0, 0)
 class FlowControlLedger:
     """Deliveries not yet covered, the covered position, and the held flow-control request."""
 
-    __slots__ = ("_current", "_held", "_position", "_records", "acked_stream_seq", "answers")
+    __slots__ = ("_current", "_held", "_position", "_records", "acked_stream_seq", "answered_dseq", "answers")
 
     def __init__(self) -> None:
         self._records: deque[tuple[int, int]] = deque()  # (dseq, sseq) of this epoch not yet covered
@@ -26,6 +26,7 @@ class FlowControlLedger:
         self._held: tuple[str, int] | None = None  # (subject, last dseq delivered before it)
         self._current = True  # False once the epoch is known to be replaced by a reset nobody will see
         self.acked_stream_seq = 0
+        self.answered_dseq = 0  # the delivery sequence the newest answer of this epoch named (0: none)
         self.answers = 0
 
     @property
@@ -84,6 +85,7 @@ class FlowControlLedger:
         """A reset restarted delivery sequences at 1: nothing of the old epoch may be named again."""
         self._records.clear()
         self._position = EMPTY
+        self.answered_dseq = 0
 
     def epoch_replaced(self) -> None:
         """The server's epoch is about to change without this process seeing it: answer empty from now on."""
@@ -91,6 +93,8 @@ class FlowControlLedger:
 
     def _make(self, subject: str, position: tuple[int, int]) -> AnswerFlowControl:
         self.answers += 1
+        if position[0] > self.answered_dseq:
+            self.answered_dseq = position[0]
         if position[1] > self.acked_stream_seq:
             self.acked_stream_seq = position[1]
         return AnswerFlowControl(subject, position[0], position[1])

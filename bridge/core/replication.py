@@ -66,6 +66,10 @@ class EngineSettings:
     pull_expires: float = 30.0
     # pull mode: bytes per second the requests may bring on average (sources[].rate_limit; 0: no limit)
     rate_limit: int = 0
+    # flow-control mode: the consumer's max_ack_pending as configured, and the bytes its window may hold when grown
+    # over a far link (0: never grown; a bound consumer's, which the bridge never changes)
+    window: int = 1000
+    window_budget: int = 0
 
 
 @dataclass(slots=True)

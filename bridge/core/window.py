@@ -25,3 +25,161 @@ def window_for(rate: float, rtt: float) -> int:
     """The ``max_ack_pending`` a source of ``rate`` messages a second wants over a link of ``rtt`` seconds
     (2 x rate x RTT, at least 1)."""
     return max(1, math.ceil(2.0 * rate * rtt))
+
+
+# A round trip below this is a near link: the window is never what holds a source back there (a loaded machine's
+# scheduling shows as a few milliseconds; a WAN as tens).
+NEAR = 0.004
+SAMPLES = 3  # round trips kept; the least is the link's (a late one is the machine's, not the link's)
+SHARE = 0.25  # the window grows while the round trip is more than this share of a window's cycle
+STEP = 4  # at most this factor per resize
+ROUND = 64  # windows are multiples of this
+RETRY_AFTER = 30.0  # seconds before a refused or failed resize is tried again
+OVERHEAD = 512  # bytes a held message costs beyond its payload (headers, subject, the bridge's bookkeeping)
+# the largest window grown: a subscription holds four times its source's window before nats-py calls it slow, and
+# takes at least 65,536 messages (bridge.io.origin)
+MAX_WINDOW = 16384
+
+
+class WindowBudget:
+    """The bytes every source's window may hold together (the process's share of memory for windows): a source
+    grows its window only as far as what is left. Shared by the engines of one process; pure bookkeeping."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: dict[str, int] = {}  # per source: bytes its grown window may hold beyond its configured one
+
+    def grant(self, source: str, wanted: int) -> int:
+        """Reserve up to ``wanted`` bytes for ``source`` (replacing what it held); returns what was granted."""
+        others = sum(self.held.values()) - self.held.get(source, 0)
+        granted = max(0, min(wanted, self.limit - others))
+        self.held[source] = granted
+        return granted
+
+    def release(self, source: str) -> None:
+        """``source`` stopped, or went back to its configured window."""
+        self.held.pop(source, None)
+
+
+class WindowSizer:
+    """Sizes one managed flow-control consumer's ``max_ack_pending`` from what its link shows.
+
+    The origin stops at a full window and waits for the answer; the time from that answer to the next delivery is a
+    round trip of the link (sampled only then: a request sent for bytes or after a heartbeat does not stop the
+    origin). While the round trip is more than ``SHARE`` of a window's whole cycle (answer to answer), the window is
+    what holds the source back: it grows (``STEP`` at most at a time), within ``budget`` bytes for this source
+    (``OVERHEAD`` counted per message) and what the process's :class:`WindowBudget` has left. It never shrinks
+    below the configured window; a restart begins there again. ``rtt`` and ``size`` are for metrics and logs.
+
+    Inputs: :meth:`delivered` per delivery, :meth:`requested` per flow-control request, :meth:`released` per
+    answer sent (returns the window to set, or 0), :meth:`resized` / :meth:`resize_failed` with the outcome."""
+
+    __slots__ = (
+        "_budget",
+        "_cycle_at",
+        "_full",
+        "_mean_size",
+        "_pending",
+        "_released_at",
+        "_retry_at",
+        "_samples",
+        "_shared",
+        "configured",
+        "rtt",
+        "size",
+        "source",
+    )
+
+    def __init__(self, source: str, configured: int, budget: int, shared: WindowBudget | None = None) -> None:
+        self.source = source
+        self.configured = configured
+        self.size = configured  # the consumer's max_ack_pending as this process set it
+        self.rtt = 0.0  # the least recent round trip (0: none measured yet)
+        self._budget = budget  # bytes this source's window may hold (0: the window never grows)
+        self._shared = shared
+        self._samples: list[float] = []
+        self._mean_size = 0.0
+        self._full = False  # the outstanding request came when the window was full: its answer restarts delivery
+        self._released_at = -1.0  # when such an answer went out; the next delivery closes a round trip
+        self._cycle_at = -1.0  # when the answer before it went out
+        self._pending = 0  # a resize asked for, not yet done
+        self._retry_at = -math.inf
+
+    @property
+    def grows(self) -> bool:
+        return self._budget > 0
+
+    def delivered(self, now: float, size: int) -> None:
+        mean = self._mean_size
+        self._mean_size = float(size) if mean == 0.0 else mean + (size - mean) / 64.0
+        if self._released_at >= 0.0:
+            samples = self._samples
+            samples.append(now - self._released_at)
+            if len(samples) > SAMPLES:
+                del samples[0]
+            self.rtt = min(samples)
+            self._released_at = -1.0
+
+    def requested(self, outstanding: int) -> None:
+        """A flow-control request came with ``outstanding`` deliveries unanswered."""
+        self._full = outstanding >= self.size
+
+    def released(self, now: float) -> int:
+        """An answer went out: the window to set now (larger than :attr:`size`), or 0."""
+        if not self._full:
+            self._cycle_at = -1.0  # a cycle counts only between two answers that each released a full window
+            return 0
+        self._full = False
+        # while a resize is under way the origin may deliver before this answer reaches it: no round trip to time
+        self._released_at = -1.0 if self._pending else now
+        cycle = now - self._cycle_at if self._cycle_at >= 0.0 else 0.0
+        self._cycle_at = now
+        if not self.grows or self._pending or now < self._retry_at or len(self._samples) < SAMPLES or cycle <= 0.0:
+            return 0
+        rtt = self.rtt
+        if rtt < NEAR or rtt <= SHARE * cycle:
+            return 0
+        per_message = self._mean_size + OVERHEAD
+        limit = int(self._budget // per_message)
+        # the window whose cycle (a round trip, then its messages received and stored, which scales with it) has
+        # the round trip at SHARE: the time after the round trip grows with the window, the round trip does not
+        store = max(cycle - rtt, 1e-4)
+        wanted = min(
+            MAX_WINDOW,
+            limit,
+            self.size * STEP,
+            max(self.size * 2, math.ceil(self.size * rtt * (1 / SHARE - 1) / store)),
+        )
+        wanted = wanted // ROUND * ROUND
+        if self._shared is not None:
+            extra = self._shared.grant(self.source, int(max(0, wanted - self.configured) * per_message))
+            wanted = max(self.size, min(wanted, (self.configured + int(extra // per_message)) // ROUND * ROUND))
+        if wanted <= self.size:
+            self._retry_at = now + RETRY_AFTER  # at the budget: look again later, not every window
+            self._keep_share()
+            return 0
+        self._pending = wanted
+        return wanted
+
+    def resized(self, size: int) -> None:
+        """The consumer now has ``max_ack_pending`` = ``size``."""
+        self._pending = 0
+        self.size = size
+        # the update let the origin deliver without an answer: what follows is timed from the next full window
+        self._released_at = -1.0
+        self._cycle_at = -1.0
+
+    def resize_failed(self, now: float) -> None:
+        """The update was refused or not answered: keep the window, try again after ``RETRY_AFTER``."""
+        self._pending = 0
+        self._retry_at = now + RETRY_AFTER
+        self._keep_share()
+
+    def _keep_share(self) -> None:
+        """Hold in the process's budget what the window in place needs, no more (a grant for a larger one that
+        did not happen is given back)."""
+        if self._shared is not None:
+            per_message = self._mean_size + OVERHEAD
+            self._shared.grant(self.source, int(max(0, self.size - self.configured) * per_message))

@@ -154,6 +154,11 @@ class OriginClient:
         if self.mode is Mode.FLOW_CONTROL and self.source.manage_consumer:
             await self.bind()
 
+    async def set_window(self, max_ack_pending: int) -> None:
+        self.source = self.source.model_copy(update={"max_ack_pending": max_ack_pending})
+        if self.mode is Mode.FLOW_CONTROL and self.source.manage_consumer:
+            await self.bind()
+
     async def reset(self, seq: int | None) -> ResetReply:
         src = self.source
         reply = await self._jsapi().reset_consumer(src.stream, src.consumer, timeout=self.timeout, seq=seq)

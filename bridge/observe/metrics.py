@@ -49,6 +49,8 @@ class SourceSnapshot:
     last_replicated_origin_time: float | None = None  # unix seconds: origin store time of the newest copy
     oldest_unstored_origin_time: float | None = None  # unix seconds: origin store time of the oldest message waiting
     rate_limit: int = 0  # bytes per second the origin may send (sources[].rate_limit; 0: none)
+    window: int = 0  # the consumer's max_ack_pending in effect (grown over a far link: bridge.core.window)
+    link_rtt: float | None = None  # seconds: the round trip a full window waited for (None: not measured)
     batched: bool = False  # windows go out as fast batches (the aggregate allows them, no refusal paused them)
     batches: int = 0  # fast batches opened
     batch_fallbacks: int = 0  # fast batches the aggregate refused, publishing turned plain for a while
@@ -73,6 +75,8 @@ class SourceSnapshot:
             "seconds_since_progress": round(self.seconds_since_progress, 1),
             "lag_seconds": None if (lag := self.lag(now)) is None else round(lag, 1),
             "rate_limit": self.rate_limit,
+            "window": self.window,
+            "link_rtt_ms": None if self.link_rtt is None else round(self.link_rtt * 1000, 1),
             "batched": self.batched,
             "last_error": self.last_error or None,
         }
@@ -326,6 +330,19 @@ def _source_families(out: Exposition, snap: BridgeSnapshot) -> None:
         "nats_bridge_rate_limit_bytes_per_second",
         "The source's rate_limit: bytes per second the origin sends it at most (0: no limit).",
         lambda s: s.rate_limit,
+    )
+    gauge(
+        "nats_bridge_window_messages",
+        "The consumer's max_ack_pending in effect: the configured one, or what the bridge grew it to over a far "
+        "link (flow-control mode, managed consumer).",
+        lambda s: s.window,
+    )
+    out.family(
+        "nats_bridge_link_rtt_seconds",
+        "gauge",
+        "The origin link's round trip as a full window waited for it (the least of the last three); only for "
+        "sources whose window filled.",
+        ((text, s.link_rtt) for text, s in zip(labels, src, strict=True) if s.link_rtt is not None),
     )
     gauge(
         "nats_bridge_publish_batched",

@@ -31,6 +31,7 @@ from bridge import CORE_BUILD
 from bridge.config.loading import read_toml
 from bridge.config.registry import FILE, Merged, RegistryEntry, merge
 from bridge.core.backoff import Backoff
+from bridge.core.window import WindowBudget
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
 from bridge.io import wire
 from bridge.io.aggregate import TargetSide, duplicate_window_short
@@ -128,6 +129,7 @@ class Bridge:
         self._ticker = Ticker(TICK, QUIET_TICKS)  # every source's clock, one task (a quiet one once a second)
         self._heap = HeapKeeper()  # long-lived objects out of the full collections' way (bridge.runtime.heap)
         self._api: anyio.CapacityLimiter | None = None  # made in run(): the sources' API requests in flight
+        self._windows: WindowBudget | None = None  # made in run(): the bytes every source's grown window may hold
         self._origins = OriginConnections()  # one connection per distinct origin settings, shared by its sources
         self._target_nc: NATS | None = None
         self._side: TargetSide | None = None
@@ -161,6 +163,7 @@ class Bridge:
         # in `run`), rather than a daemon running without its health and metrics endpoints
         server = await self._bind_http() if self.config.http.listen else None
         self._api = anyio.CapacityLimiter(API_REQUESTS_IN_FLIGHT)
+        self._windows = WindowBudget(self.config.engine.windows_budget)  # every source's grown window together
         if self._file_data is None and self.config_path is not None:
             try:
                 self._file_data = read_toml(self.config_path)
@@ -322,6 +325,7 @@ class Bridge:
             ticker=self._ticker,
             api=self._api,
             connections=self._origins,
+            windows=self._windows,
         )
         task = _SourceTask(runner, fence)
         self._tasks[source.name] = task

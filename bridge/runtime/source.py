@@ -66,6 +66,7 @@ from bridge.core.effects import (
     ReadTargetLimits,
     RequestReset,
     RequestResync,
+    ResizeWindow,
     VerifyStored,
 )
 from bridge.core.engine import EngineSettings, SourceEngine
@@ -75,6 +76,7 @@ from bridge.core.pull import PullEngine
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.replication import Replication
 from bridge.core.targetwire import AckOutcome
+from bridge.core.window import WindowBudget
 from bridge.errors import ApiError, ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
 from bridge.io.connect import describe, error_fields
 from bridge.io.jsapi import STREAM_NOT_FOUND
@@ -112,12 +114,14 @@ def engine_settings(
         # pull mode: never more asked for or unstored than the server lets be pending, or the window can send
         pull_capacity=max(1, min(source.max_ack_pending, target.publish_window)),
         rate_limit=source.rate_limit,
+        window=source.max_ack_pending,
+        window_budget=source.window_budget if source.manage_consumer else 0,
     )
 
 
-def new_engine(mode: Mode, settings: EngineSettings, now: float) -> Replication:
-    """The engine of a consumer model."""
-    return PullEngine(settings, now) if mode is Mode.PULL else SourceEngine(settings, now)
+def new_engine(mode: Mode, settings: EngineSettings, now: float, windows: WindowBudget | None = None) -> Replication:
+    """The engine of a consumer model (``windows``: the process's budget for grown flow-control windows)."""
+    return PullEngine(settings, now) if mode is Mode.PULL else SourceEngine(settings, now, windows)
 
 
 class SourceRunner:
@@ -150,6 +154,7 @@ class SourceRunner:
         "_tick_callback",
         "_wake",
         "_wheel",
+        "_windows",
         "clock",
         "engine",
         "engine_cfg",
@@ -182,8 +187,10 @@ class SourceRunner:
         ticker: Ticker | None = None,
         api: anyio.CapacityLimiter | None = None,
         connections: OriginConnections | None = None,
+        windows: WindowBudget | None = None,
     ):
         self.source = source
+        self._windows = windows  # the process's budget for grown windows (None: this source's own only)
         self.engine_cfg = engine
         self._shared_ticker = ticker  # the process's one clock; None: a ticker task of this runner's own
         self._wheel = ticker.wheel if ticker is not None else None  # (woken and rested by ``_emit``, compiled)
@@ -202,7 +209,7 @@ class SourceRunner:
         self.log = get_logger(source=source.name)
         # the model is chosen once connected (`mode`); until then the configured one, or flow control for auto
         first = Mode.PULL if source.mode == "pull" else Mode.FLOW_CONTROL
-        self.engine = new_engine(first, engine_settings(source, engine, target, stalled_after), clock())
+        self.engine = new_engine(first, engine_settings(source, engine, target, stalled_after), clock(), windows)
         self.mode: Choice | None = None
         self.ready = anyio.Event()  # connected, consumer bound, first reset done
         self._effects: deque[Effect] = deque()
@@ -236,6 +243,8 @@ class SourceRunner:
         finally:
             if self._shared_ticker is not None:  # however it ended: a runner that is gone is not ticked
                 self._shared_ticker.discard(self._tick_callback)
+            if self._windows is not None:  # nor holds a share of the process's budget for grown windows
+                self._windows.release(self.source.name)
 
     async def _run(self, stop: anyio.Event) -> None:
         async with anyio.create_task_group() as tg:
@@ -460,7 +469,8 @@ class SourceRunner:
         self._mode_presumed = presumed is not None
         self.origin.mode = choice.mode
         if choice.mode is not self.engine.mode:
-            self.engine = new_engine(choice.mode, self.engine.settings, self.clock())  # nothing happened in it yet
+            # nothing happened in it yet
+            self.engine = new_engine(choice.mode, self.engine.settings, self.clock(), self._windows)
         if not self._mode_presumed:
             self._log_mode()
         return choice.mode
@@ -734,6 +744,8 @@ class SourceRunner:
             ),
             oldest_unstored_origin_time=(pipeline.oldest_unstored_origin_ns / 1e9) or None,
             rate_limit=self.source.rate_limit,
+            window=engine.window.size if isinstance(engine, SourceEngine) else self.source.max_ack_pending,
+            link_rtt=(engine.window.rtt or None) if isinstance(engine, SourceEngine) else None,
             batched=pipeline.batched(now),
             batches=pipeline.batches,
             batch_fallbacks=pipeline.batch_fallbacks,
@@ -876,6 +888,9 @@ class SourceRunner:
             case ProbeStranded():
                 if not self._probe_soon(effect):
                     self._tg.start_soon(self._probe_stranded, effect)
+            case ResizeWindow():
+                if not self._stopping:
+                    self._tg.start_soon(self._resize_window, effect)
             case Pull():
                 await self._pull(effect)
             case Ack():
@@ -901,6 +916,19 @@ class SourceRunner:
         asked = self._fc_arrivals.pop(effect.subject, None)
         if asked is not None and self.observers is not None:
             self.observers.fc_latency.observe(self.clock() - asked)
+
+    async def _resize_window(self, effect: ResizeWindow) -> None:
+        engine = self.engine
+        assert isinstance(engine, SourceEngine)  # only flow-control engines grow a window
+        try:
+            async with self._api_slot():
+                if not await self._act():
+                    return
+                await self.origin.set_window(effect.size)
+        except (BridgeError, OSError) as exc:
+            self._emit(engine.window_resize_failed(str(exc), self.clock()))
+            return
+        self._emit(engine.window_resized(effect.size, self.clock()))
 
     async def _reset(self, request: RequestReset) -> None:
         self.log.info(

@@ -91,6 +91,7 @@ from bridge.core.effects import (
     ReadTargetLimits,
     RequestReset,
     RequestResync,
+    ResizeWindow,
     VerifyStored,
 )
 from bridge.core.inbound import Inbound, classify
@@ -756,7 +757,7 @@ class PullSim:
                     self.apply(self.engine.target_limits(TargetLimits(max_payload=1024 * 1024), self.now))
                 case Notice():
                     self.log(f"notice {effect.event} {dict(effect.fields)}")
-                case AnswerFlowControl() | ProbeStranded() | RequestReset():
+                case AnswerFlowControl() | ProbeStranded() | RequestReset() | ResizeWindow():
                     self.fail(f"a flow-control effect in pull mode: {effect}")
                 case _:
                     assert_never(effect)

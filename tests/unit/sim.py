@@ -46,6 +46,7 @@ from bridge.core.effects import (
     RequestReset,
     RequestResync,
     ResetReply,
+    ResizeWindow,
     VerifyStored,
 )
 from bridge.core.engine import Phase, SourceEngine
@@ -487,6 +488,9 @@ class Sim:
                     if self.probe_op is not None:
                         self.fail("a second ProbeStranded while one is outstanding")
                     self.probe_op = effect
+                case ResizeWindow():
+                    self.log(f"window resized to {effect.size}")  # the consumer update succeeds at once
+                    self.apply(self.engine.window_resized(effect.size, self.now))
                 case Notice():
                     self.log(f"notice {effect.event} {dict(effect.fields)}")
                 case RequestResync() | Pull() | Ack() | FetchOrigin():

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.core.window import window_carries, window_for
+from bridge.core.window import (
+    MAX_WINDOW,
+    NEAR,
+    OVERHEAD,
+    SHARE,
+    STEP,
+    WindowBudget,
+    WindowSizer,
+    window_carries,
+    window_for,
+)
 
 
 def test_a_window_over_the_bench_links() -> None:
@@ -25,3 +35,105 @@ def test_the_window_a_rate_wants_carries_that_rate(rate: float, rtt: float) -> N
     window = window_for(rate, rtt)
     assert window_carries(window, rtt) >= rate * (1 - 1e-9)
     assert window == 1 or window_carries(window - 1, rtt) < rate  # and not a message more
+
+
+# -- the sizer over a simulated link --------------------------------------------------------------------------------
+
+MIB = 1024 * 1024
+
+
+def drive(
+    sizer: WindowSizer, *, rtt: float, store_rate: float, size: int = 256, cycles: int = 40, t0: float = 0.0
+) -> list[int]:
+    """A flow-control consumer over a link of ``rtt`` whose receiver stores ``store_rate`` messages a second: each
+    cycle the origin delivers a full window half a round trip after the answer reached it, asks (a request by
+    count), and the answer leaves once the window is stored. Resizes succeed at once. Returns the windows set."""
+    now, resized = t0, []
+    for _ in range(cycles):
+        window = sizer.size
+        now += rtt  # the answer's way there and the first delivery's way back
+        for i in range(window):
+            sizer.delivered(now + i / store_rate, size)
+        now += window / store_rate
+        sizer.requested(window)
+        wanted = sizer.released(now)
+        if wanted:
+            assert sizer.configured <= sizer.size < wanted <= sizer.size * STEP
+            sizer.resized(wanted)
+            resized.append(wanted)
+    return resized
+
+
+def test_a_far_link_grows_the_window_until_the_round_trip_is_a_quarter_of_a_cycle() -> None:
+    sizer = WindowSizer("s", 1000, 16 * MIB)
+    resized = drive(sizer, rtt=0.050, store_rate=45_000)
+    assert resized and resized == sorted(resized)
+    assert abs(sizer.rtt - 0.050) < 1e-6
+    cycle = 0.050 + sizer.size / 45_000
+    assert SHARE * cycle * 1.05 >= 0.050 or sizer.size == MAX_WINDOW, (sizer.size, cycle)
+    # and no further: the last resize was the one that got there
+    assert drive(sizer, rtt=0.050, store_rate=45_000, t0=100.0) == []
+
+
+def test_a_near_link_never_grows_the_window() -> None:
+    sizer = WindowSizer("s", 1000, 16 * MIB)
+    assert drive(sizer, rtt=0.0005, store_rate=45_000) == []
+    assert drive(WindowSizer("s", 50, 16 * MIB), rtt=0.003, store_rate=2_000) == []  # a slow receiver on a LAN
+    assert sizer.size == 1000
+
+
+def test_no_budget_no_growth_and_the_budget_bounds_it() -> None:
+    assert drive(WindowSizer("s", 1000, 0), rtt=0.050, store_rate=45_000) == []
+    small = WindowSizer("s", 1000, 2 * MIB)
+    drive(small, rtt=0.050, store_rate=45_000)
+    assert small.size > 1000 and small.size * (256 + OVERHEAD) <= 2 * MIB
+
+
+def test_the_process_budget_is_shared() -> None:
+    shared = WindowBudget(4 * MIB)
+    sizers = [WindowSizer(f"s{i}", 1000, 16 * MIB, shared) for i in range(3)]
+    for sizer in sizers:
+        drive(sizer, rtt=0.050, store_rate=45_000)
+    extra = sum((s.size - s.configured) * (256 + OVERHEAD) for s in sizers)
+    assert extra <= 4 * MIB and sum(shared.held.values()) <= 4 * MIB
+    assert sizers[0].size > sizers[2].size  # first come, first served; the last found little left
+    shared.release("s0")
+    assert "s0" not in shared.held
+
+
+def test_a_failed_resize_keeps_the_window_and_waits() -> None:
+    sizer = WindowSizer("s", 1000, 16 * MIB)
+    now = 0.0
+    for _ in range(10):
+        now += 0.050
+        sizer.delivered(now, 256)
+        now += 1000 / 45_000
+        sizer.requested(1000)
+        wanted = sizer.released(now)
+        if wanted:
+            sizer.resize_failed(now)
+            break
+    assert wanted and sizer.size == 1000
+    now += 0.1
+    sizer.delivered(now, 256)
+    sizer.requested(1000)
+    assert sizer.released(now + 0.02) == 0  # not again before RETRY_AFTER
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rtt=st.floats(0.0, 0.4),
+    store_rate=st.floats(500.0, 200_000.0),
+    size=st.integers(0, 64 * 1024),
+    configured=st.integers(1, 5000),
+    budget=st.integers(0, 64 * MIB),
+)
+def test_the_window_stays_within_its_bounds(
+    rtt: float, store_rate: float, size: int, configured: int, budget: int
+) -> None:
+    sizer = WindowSizer("s", configured, budget)
+    resized = drive(sizer, rtt=rtt, store_rate=store_rate, size=size, cycles=12)
+    assert sizer.size >= configured
+    if resized:
+        assert rtt >= NEAR and budget > 0
+        assert sizer.size <= MAX_WINDOW and sizer.size * (size + OVERHEAD) <= budget

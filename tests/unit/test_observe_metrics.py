@@ -219,3 +219,16 @@ def test_observing_the_ages_of_origin_times_is_observing_each_age(origins: list[
     for origin_ns in origins:
         each.observe(max(0.0, (now_ns - origin_ns) / 1e9))
     assert ages.counts == each.counts and ages.sum == pytest.approx(each.sum)
+
+
+@pytest.mark.parametrize(("rtt", "rtt_ms"), [(0.0535, 53.5), (None, None)])
+def test_the_window_and_its_link_round_trip_are_shown(rtt: float | None, rtt_ms: float | None) -> None:
+    """``nats_bridge_window_messages`` for every source; ``nats_bridge_link_rtt_seconds`` only once measured."""
+    metrics = Metrics()
+    source = _source("a", window=5888, link_rtt=rtt)
+    metrics.read_from(lambda: BridgeSnapshot(target_connected=True, sources=(source,), now=1000.0))
+    samples = _samples(metrics)
+    assert samples.get(("nats_bridge_window_messages", (("source", "a"),))) == 5888
+    assert samples.get(("nats_bridge_link_rtt_seconds", (("source", "a"),))) == rtt
+    view = source.to_json(1000.0)
+    assert view["window"] == 5888 and view["link_rtt_ms"] == rtt_ms
