@@ -241,7 +241,7 @@ class SourceConfig(BaseModel):
     # Bytes this source's window may hold once grown (flow-control mode, managed consumer): over a far link the
     # bridge raises max_ack_pending while the round trip holds the source back (bridge.core.window), up to this
     # (every held message counted with 512 bytes of overhead) and what [engine] windows_budget has left. 0: never.
-    window_budget: Size = 16 * 1024 * 1024
+    window_budget: Size = 32 * 1024 * 1024
     auth: AuthConfig | None = None
     tls: TlsConfig | None = None
 

@@ -302,6 +302,9 @@ class SourceEngine(Replication):
         """The consumer's ``max_ack_pending`` is ``size`` now (:class:`ResizeWindow` done)."""
         before = self.window.size
         self.window.resized(size)
+        # what is held in flight to the aggregate follows (at the far end of a WAN, the edge position, the publish
+        # window would otherwise hold the source back in its turn)
+        self.pipeline.window = max(self.settings.publish_window, size)
         fields = {"max_ack_pending": size, "before": before, "rtt_ms": round(self.window.rtt * 1000, 1)}
         return [Notice("source.window_grown", fields=fields)]
 
