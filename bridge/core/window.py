@@ -27,9 +27,9 @@ def window_for(rate: float, rtt: float) -> int:
     return max(1, math.ceil(2.0 * rate * rtt))
 
 
-# A round trip below this is a near link: the window is never what holds a source back there (a loaded machine's
-# scheduling shows as a few milliseconds; a WAN as tens).
-NEAR = 0.004
+# A window's round trips below this are a near link's: the window is never what holds a source back there (a loaded
+# machine's scheduling shows as a few milliseconds; a WAN as tens).
+NEAR = 0.010
 SAMPLES = 3  # round trips kept; the least is the link's (a late one is the machine's, not the link's)
 SHARE = 0.25  # the window grows while the round trip is more than this share of a window's cycle
 STEP = 4  # at most this factor per resize
@@ -66,10 +66,12 @@ class WindowBudget:
 class WindowSizer:
     """Sizes one managed flow-control consumer's ``max_ack_pending`` from what its link shows.
 
-    The origin stops at a full window and waits for the answer; the time from that answer to the next delivery is a
-    round trip of the link (sampled only then: a request sent for bytes or after a heartbeat does not stop the
-    origin). While the round trip is more than ``SHARE`` of a window's whole cycle (answer to answer), the window is
-    what holds the source back: it grows (``STEP`` at most at a time), within ``budget`` bytes for this source
+    The origin stops at a full window and waits for the answer. A window's round trips are the time from that
+    answer to the next delivery (the origin's link) plus the time from the window's last delivery to the answer
+    (storing its last message: the aggregate's link, where the publishes cross a WAN in the edge position); they
+    are sampled only then (a request sent for bytes or after a heartbeat does not stop the origin). While they are
+    more than ``SHARE`` of a window's whole cycle (answer to answer), the window is what holds the source back: it
+    grows (``STEP`` at most at a time), within ``budget`` bytes for this source
     (``OVERHEAD`` counted per message) and what the process's :class:`WindowBudget` has left. It never shrinks
     below the configured window; a restart begins there again. ``rtt`` and ``size`` are for metrics and logs.
 
@@ -80,12 +82,14 @@ class WindowSizer:
         "_budget",
         "_cycle_at",
         "_full",
+        "_last_at",
         "_mean_size",
         "_pending",
         "_released_at",
         "_retry_at",
         "_samples",
         "_shared",
+        "_tail",
         "configured",
         "rtt",
         "size",
@@ -103,6 +107,8 @@ class WindowSizer:
         self._mean_size = 0.0
         self._full = False  # the outstanding request came when the window was full: its answer restarts delivery
         self._released_at = -1.0  # when such an answer went out; the next delivery closes a round trip
+        self._last_at = 0.0  # when the newest delivery came
+        self._tail = 0.0  # from the full window's last delivery to its answer: storing its last message
         self._cycle_at = -1.0  # when the answer before it went out
         self._pending = 0  # a resize asked for, not yet done
         self._retry_at = -math.inf
@@ -116,11 +122,12 @@ class WindowSizer:
         self._mean_size = float(size) if mean == 0.0 else mean + (size - mean) / 64.0
         if self._released_at >= 0.0:
             samples = self._samples
-            samples.append(now - self._released_at)
+            samples.append(now - self._released_at + self._tail)
             if len(samples) > SAMPLES:
                 del samples[0]
             self.rtt = min(samples)
             self._released_at = -1.0
+        self._last_at = now
 
     def requested(self, outstanding: int) -> None:
         """A flow-control request came with ``outstanding`` deliveries unanswered."""
@@ -134,6 +141,7 @@ class WindowSizer:
         self._full = False
         # while a resize is under way the origin may deliver before this answer reaches it: no round trip to time
         self._released_at = -1.0 if self._pending else now
+        self._tail = now - self._last_at
         cycle = now - self._cycle_at if self._cycle_at >= 0.0 else 0.0
         self._cycle_at = now
         if not self.grows or self._pending or now < self._retry_at or len(self._samples) < SAMPLES or cycle <= 0.0:
