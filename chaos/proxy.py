@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,3 +267,15 @@ class FaultProxy:
                 await dest.drain()
             finally:
                 gate.set()
+
+
+@contextlib.asynccontextmanager
+async def proxy_to(url: str, name: str) -> AsyncIterator[FaultProxy]:
+    """A started :class:`FaultProxy` in front of the NATS server at ``url`` (``nats://host:port``), closed on exit."""
+    host, port = url.removeprefix("nats://").rsplit(":", 1)
+    proxy = FaultProxy(host, int(port), name=name)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()

@@ -266,24 +266,18 @@ class SourceConfig(BaseModel):
             )
         return value
 
-    @field_validator("window_budget")
+    @field_validator("rate_limit", "window_budget")
     @classmethod
-    def _window_budget_needs_managed_consumer(cls, value: int, info: ValidationInfo) -> int:
+    def _consumer_settings_need_managed_consumer(cls, value: int, info: ValidationInfo) -> int:
         if value and info.data.get("manage_consumer") is False:
+            instead = {
+                "rate_limit": "rate_limit_bps (bits per second) on the consumer itself",
+                "window_budget": "its max_ack_pending on the consumer itself (nats-bridge check says what a far link "
+                "wants)",
+            }[info.field_name or ""]
             raise fail(
                 "only allowed with manage_consumer = true: the bridge never changes a pre-created consumer, so set "
-                "its max_ack_pending on the consumer itself (nats-bridge check says what a far link wants) and "
-                "remove window_budget here"
-            )
-        return value
-
-    @field_validator("rate_limit")
-    @classmethod
-    def _rate_limit_needs_managed_consumer(cls, value: int, info: ValidationInfo) -> int:
-        if value and info.data.get("manage_consumer") is False:
-            raise fail(
-                "only allowed with manage_consumer = true: the bridge never changes a pre-created consumer, so set "
-                "rate_limit_bps (bits per second) on the consumer itself and remove rate_limit here"
+                f"{instead} and remove {info.field_name} here"
             )
         return value
 

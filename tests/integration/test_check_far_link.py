@@ -14,7 +14,7 @@ from bridge.testing.configs import ORIGIN, SourceSpec, write_config
 from bridge.testing.jetstream import connect, create_aggregate, create_stream
 from bridge.testing.processes import run_cli
 from bridge.testing.servers import Topology
-from chaos.proxy import FaultProxy
+from chaos.proxy import proxy_to
 
 pytestmark = pytest.mark.anyio
 
@@ -26,10 +26,7 @@ ADVICE = re.compile(
 
 
 async def test_check_says_what_the_window_carries_over_a_far_link(topology: Topology, tmp_path: Path) -> None:
-    host, port = topology.leaf.url.removeprefix("nats://").rsplit(":", 1)
-    proxy = FaultProxy(host, int(port), name="far-link")
-    await proxy.start()
-    try:
+    async with proxy_to(topology.leaf.url, "far-link") as proxy:
         proxy.set_delay(DELAY)
         spec = SourceSpec(name="edge1", servers=proxy.url, subject_prefix="edge.one", max_ack_pending=500)
         config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
@@ -37,8 +34,6 @@ async def test_check_says_what_the_window_carries_over_a_far_link(topology: Topo
             await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
             await create_aggregate(hub_nc)
         done = await anyio.to_thread.run_sync(lambda: run_cli("check", "-c", str(config), timeout=60))
-    finally:
-        await proxy.close()
     assert done.returncode == 0, (done.stdout, done.stderr)
     advice = [m for m in map(ADVICE.match, done.stdout.splitlines()) if m]
     assert len(advice) == 1, done.stdout

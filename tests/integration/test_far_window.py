@@ -21,7 +21,7 @@ from bridge.testing.jetstream import (
 )
 from bridge.testing.processes import BridgeFactory
 from bridge.testing.servers import Topology
-from chaos.proxy import FaultProxy
+from chaos.proxy import proxy_to
 
 pytestmark = pytest.mark.anyio
 
@@ -33,10 +33,7 @@ COUNT = 20_000
 async def test_the_owner_grows_the_window_over_a_far_link_and_the_twin_does_not(
     topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:
-    host, port = topology.leaf.url.removeprefix("nats://").rsplit(":", 1)
-    proxy = FaultProxy(host, int(port), name="far-link")
-    await proxy.start()
-    try:
+    async with proxy_to(topology.leaf.url, "far-link") as proxy:
         proxy.set_delay(DELAY)
         spec = SourceSpec(name="edge1", servers=proxy.url, subject_prefix="edge.one", max_ack_pending=WINDOW)
         spec.extra.update({"mode": "flow_control", "window_budget": "4MiB"})
@@ -65,5 +62,3 @@ async def test_the_owner_grows_the_window_over_a_far_link_and_the_twin_does_not(
             for twin in twins:
                 assert twin.count("source.window_failed") == 0
                 assert await twin.astop(30) == 0
-    finally:
-        await proxy.close()

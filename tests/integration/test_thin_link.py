@@ -19,7 +19,7 @@ from bridge.testing.jetstream import Publisher, connect, create_aggregate, creat
 from bridge.testing.polling import wait_until
 from bridge.testing.processes import BridgeFactory
 from bridge.testing.servers import Topology
-from chaos.proxy import FaultProxy
+from chaos.proxy import proxy_to
 
 LINK = 50_000 / 8  # bytes per second: 50 kbit/s
 COUNT = 80
@@ -32,10 +32,7 @@ IDLE = 10.0  # seconds of an idle source whose bytes on the link are counted
 async def test_a_50_kbit_link_with_a_cut_replicates_exactly_without_resets_or_stall_alarms(
     topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:
-    host, port = topology.leaf.url.removeprefix("nats://").rsplit(":", 1)
-    proxy = FaultProxy(host, int(port), name="thin-link")
-    await proxy.start()
-    try:
+    async with proxy_to(topology.leaf.url, "thin-link") as proxy:
         proxy.set_rate(LINK)
         spec = SourceSpec(name="edge1", servers=proxy.url, subject_prefix="edge.one")
         spec.extra.update({"rate_limit": "4KiB", "mode": "flow_control"})
@@ -62,5 +59,3 @@ async def test_a_50_kbit_link_with_a_cut_replicates_exactly_without_resets_or_st
             assert bridge.count("source.stalled") == 0, "a stall alarm while progress was steady"
             assert bridge.count("origin.reconnected") <= 1, "a reconnect loop"
             assert await bridge.astop(30) == 0
-    finally:
-        await proxy.close()

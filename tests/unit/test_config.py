@@ -218,6 +218,15 @@ def test_rate_limit_takes_units_of_bytes_and_bits(
     assert config.sources[0].rate_limit == expected
 
 
+def test_window_budgets_take_units_of_bytes(write: Callable[[dict[str, Any]], Path]) -> None:
+    changed = with_changes(("sources.0.window_budget", "8MiB"), ("engine.windows_budget", "1GB"))
+    config = load_config(write(changed), environ={})
+    assert (config.sources[0].window_budget, config.engine.windows_budget) == (8 * 1024 * 1024, 1_000_000_000)
+    # a bound consumer with the default budget is fine: the runner gives it none (bridge.runtime.source)
+    bound = load_config(write(with_changes(("sources.0.manage_consumer", False))), environ={})
+    assert (bound.sources[0].window_budget, bound.engine.windows_budget) == (32 * 1024 * 1024, 256 * 1024 * 1024)
+
+
 def test_mode_and_ack_wait_from_the_environment(write: Callable[[dict[str, Any]], Path]) -> None:
     environ = {"NATS_BRIDGE_SOURCES__0__MODE": "pull", "NATS_BRIDGE_SOURCES__0__ACK_WAIT": "45"}
     config = load_config(write(MINIMAL), environ=environ)
@@ -337,6 +346,14 @@ RULES: list[tuple[tuple[tuple[str, Any], ...], str]] = [
     ((("sources.0.rate_limit", "200GB"),), "sources[edge-a].rate_limit: '200GB' is out of range: at most 100GB"),
     ((("sources.0.rate_limit", "4bit"),), "sources[edge-a].rate_limit: '4bit' is below one byte per second"),
     ((("sources.0.rate_limit", "2Kibit"),), "sources[edge-a].rate_limit: '2Kibit': unknown unit 'Kibit'"),
+    ((("sources.0.window_budget", "16Mbit"),), "sources[edge-a].window_budget: '16Mbit' is not a size: give bytes"),
+    ((("sources.0.window_budget", -1),), "sources[edge-a].window_budget: -1 is out of range: from 0 to 1TiB"),
+    ((("engine.windows_budget", "lots"),), "engine.windows_budget: 'lots' is not a size"),
+    (
+        (("sources.0.manage_consumer", False), ("sources.0.window_budget", "8MiB")),
+        "sources[edge-a].window_budget: only allowed with manage_consumer = true: the bridge never changes a "
+        "pre-created consumer, so set its max_ack_pending on the consumer itself",
+    ),
     (
         (("sources.0.manage_consumer", False), ("sources.0.rate_limit", "1MB")),
         "sources[edge-a].rate_limit: only allowed with manage_consumer = true",
