@@ -26,9 +26,9 @@ from bridge.config import BridgeConfig, SourceConfig, exposed_secrets
 from bridge.config.loading import load_file
 from bridge.config.registry import REGISTRY, Merged, registry_bucket
 from bridge.core.fleet import holder_in
-from bridge.core.modes import ModeUnsupported, mode_key, presume_mode
+from bridge.core.modes import Mode, ModeUnsupported, mode_key, presume_mode
 from bridge.core.subjects import SubjectSet
-from bridge.core.window import FAR, window_carries, window_for
+from bridge.core.window import FAR, window_carries, window_for, window_limit
 from bridge.errors import BridgeError, ConfigError, ConsumerUnfit
 from bridge.io.connect import close_connection, open_connection
 from bridge.io.consumer import ensure_consumer, source_mode
@@ -221,15 +221,24 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
     )
     if rtt >= FAR:
         window = int(info.get("config", {}).get("max_ack_pending") or src.max_ack_pending)
-        _print(True, what, _window_advice(window, rtt, kind))
+        state = stream.get("state", {})
+        mean = int(state.get("bytes", 0)) // max(1, int(state.get("messages", 0)))
+        grows = choice.mode is Mode.FLOW_CONTROL and src.manage_consumer and src.window_budget > 0
+        _print(True, what, _window_advice(window, rtt, kind, window_limit(src.window_budget, mean) if grows else 0))
 
 
-def _window_advice(window: int, rtt: float, kind: str) -> str:
-    """What a far link means for the source's window (:mod:`bridge.core.window`)."""
+def _window_advice(window: int, rtt: float, kind: str, grows_to: int) -> str:
+    """What a far link means for the source's window (:mod:`bridge.core.window`); ``grows_to``: the largest window
+    the bridge may grow it to by itself (0: it never does)."""
     carries = window_carries(window, rtt)
+    head = f"link round trip {rtt * 1000:.1f} ms: max_ack_pending {window} ({kind} consumer) carries about "
+    if grows_to > window:
+        return (
+            f"{head}{carries:,.0f} msg/s; the bridge grows it while that holds the source back, up to {grows_to} "
+            f"(window_budget; about {window_carries(grows_to, rtt):,.0f} msg/s)"
+        )
     return (
-        f"link round trip {rtt * 1000:.1f} ms: max_ack_pending {window} ({kind} consumer) carries about "
-        f"{carries:,.0f} msg/s; a faster source wants about 2 x rate x RTT (rate x {2 * rtt:.3f} s, "
+        f"{head}{carries:,.0f} msg/s; a faster source wants about 2 x rate x RTT (rate x {2 * rtt:.3f} s, "
         f"e.g. {window_for(2 * carries, rtt)} for {2 * carries:,.0f} msg/s)"
     )
 

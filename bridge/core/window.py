@@ -41,6 +41,12 @@ OVERHEAD = 512  # bytes a held message costs beyond its payload (headers, subjec
 MAX_WINDOW = 16384
 
 
+def window_limit(budget: int, mean_size: float) -> int:
+    """The largest window a source's ``budget`` bytes allow for messages of ``mean_size`` bytes (``OVERHEAD`` each
+    beyond), in multiples of ``ROUND``, at most ``MAX_WINDOW``."""
+    return min(MAX_WINDOW, int(budget // (mean_size + OVERHEAD))) // ROUND * ROUND
+
+
 class WindowBudget:
     """The bytes every source's window may hold together (the process's share of memory for windows): a source
     grows its window only as far as what is left. Shared by the engines of one process; pure bookkeeping."""
@@ -150,12 +156,11 @@ class WindowSizer:
         if rtt < NEAR or rtt <= SHARE * cycle:
             return 0
         per_message = self._mean_size + OVERHEAD
-        limit = int(self._budget // per_message)
+        limit = window_limit(self._budget, self._mean_size)
         # the window whose cycle (a round trip, then its messages received and stored, which scales with it) has
         # the round trip at SHARE: the time after the round trip grows with the window, the round trip does not
         store = max(cycle - rtt, 1e-4)
         wanted = min(
-            MAX_WINDOW,
             limit,
             self.size * STEP,
             max(self.size * 2, math.ceil(self.size * rtt * (1 / SHARE - 1) / store)),
