@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import audit, edge, fanin, fleet, profile, publish_modes, recovery, registry, report, stream, wan
+from bench import audit, edge, fanin, fleet, profile, publish_modes, recovery, registry, report, stream, thin, wan
 from bench.common import REPO_ROOT, list_items, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, MODES, NATIVE, RETENTIONS, BenchResults, LatencyRun, ThroughputRun
 from bench.natsops import aggregate_config, native_consumer_config
@@ -130,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     registry.parser(sub)
     recovery.parser(sub)
     profile.parser(sub)
+    thin.parser(sub)
     return parser
 
 
@@ -176,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return recovery.run(args)
     if args.command == "profile":
         return profile.run(args)
+    if args.command == "thin":
+        return thin.run(args)
     quick: bool = args.quick
     reps: int = args.reps if args.reps is not None else (1 if quick else 3)
     sizes: tuple[int, ...] = args.sizes

@@ -118,6 +118,9 @@ lane_b() {
         env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.10.26/bin/nats-server" \
         .venv/bin/python -m pytest -q -m "pullmode and not pullfaults" -p no:cacheprovider \
         --ignore tests/integration/test_bridge_target_down.py
+    # the thin-link bench's smoke (lane A holds the others; this one is mostly waiting on a 50 kbit/s proxy)
+    step b "bench smoke: thin (a 50 kbit/s link, cut once)" \
+        .venv/bin/python -m bench thin --quick --out .cache/bench-smoke/thin.json
     touch .cache/lane-b.done
 }
 
