@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from bench.procs import git_revision, machine, revision_text
+from bridge.config import load_config
+from bridge.errors import ConfigError
 from bridge.testing.servers import ServerStartError, find_nats_server, server_version
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -233,3 +235,17 @@ def run_command(
         print(summary.failure, file=sys.stderr)
         return 1
     return 0
+
+
+def check_config(text: str, workdir: Path) -> str | None:
+    """Why the bridge would refuse the configuration ``text`` (a bad option of the bench's), or None: checked once,
+    before any run, with the bridge's own loader."""
+    path = workdir / "check.toml"
+    path.write_text(text)
+    try:
+        load_config(path, environ={})
+    except ConfigError as exc:
+        return str(exc)
+    finally:
+        path.unlink(missing_ok=True)
+    return None

@@ -50,15 +50,13 @@ from typing import Any
 from nats.aio.client import Client
 
 from bench import natsops as ops
-from bench.common import Report, Session, execute_trial, run_command, sigterm_problem
+from bench.common import Report, Session, check_config, execute_trial, run_command, sigterm_problem
 from bench.edge import SequenceCheck, check_sequences, close_client, positive_float, positive_int, produce
 from bench.fanin import BridgeLog, Production, SourceNames, Target, create_origins, format_targets, markdown
 from bench.procs import revision_text
 from bench.wan import _ProxyLoop
-from bridge.config import load_config
 from bridge.config.validators import parse_rate
 from bridge.core import headers
-from bridge.errors import ConfigError
 from bridge.testing.configs import SourceSpec, toml_value
 from bridge.testing.processes import BridgeProcess
 from bridge.testing.servers import NatsServer, Topology
@@ -759,19 +757,6 @@ def parser(sub: Any) -> None:
     p.add_argument("--keep", action="store_true", help="keep the run's directory (servers' and bridge's files)")
 
 
-def _check_config(text: str, workdir: Path) -> str | None:
-    """Why the bridge would refuse this configuration (a bad ``--rate-limit``), or None."""
-    path = workdir / "check.toml"
-    path.write_text(text)
-    try:
-        load_config(path, environ={})
-    except ConfigError as exc:
-        return str(exc)
-    finally:
-        path.unlink(missing_ok=True)
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the measurement; returns the exit code (0: ok, 1: the run failed or broke a claim, 2: bad options)."""
     quick: bool = args.quick
@@ -796,7 +781,7 @@ def run(args: argparse.Namespace) -> int:
             link_bytes_per_s=link_bytes_per_s,
             rate_limit=args.rate_limit,
         )
-        if (problem := _check_config(sample, session.workdir)) is not None:
+        if (problem := check_config(sample, session.workdir)) is not None:
             run.error = f"the bridge would refuse --rate-limit {args.rate_limit!r}: {problem}"
             return run
         return measure(run, workdir=session.workdir, binary=session.binary)

@@ -49,15 +49,13 @@ from typing import Any, TypeVar
 from nats.aio.client import Client
 
 from bench import natsops as ops
-from bench.common import REPO_ROOT, list_items, loadavg, parse_messages, parse_sizes, rel
+from bench.common import REPO_ROOT, check_config, list_items, loadavg, parse_messages, parse_sizes, rel
 from bench.model import BRIDGE, BRIDGE_EDGE, BRIDGE_POSITIONS, MB, MODES, NATIVE, ThroughputRun
 from bench.procs import cpu_seconds, git_revision, machine, peak_rss_bytes, revision_text
 from bench.report import size_label
 from bench.runner import STALL_SECONDS, bridge_config, bridge_log_summary
 from bench.stats import Spread, median, parse_proc_stat_ticks, spread
 from bench.world import BRIDGE_STOP_TIMEOUT, MAX_FILE_STORE
-from bridge.config import load_config
-from bridge.errors import ConfigError
 from bridge.testing.processes import BridgeProcess
 from bridge.testing.servers import NatsServer, ServerStartError, Topology, find_nats_server, free_ports, server_version
 from chaos.proxy import FaultProxy
@@ -902,19 +900,6 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
     return settings
 
 
-def _check_config(text: str, workdir: Path) -> str | None:
-    """Why the bridge would refuse this configuration (a bad ``--set``), or None: checked once, before any run."""
-    path = workdir / "check.toml"
-    path.write_text(text)
-    try:
-        load_config(path, environ={})
-    except ConfigError as exc:
-        return str(exc)
-    finally:
-        path.unlink(missing_ok=True)
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the measurement; returns the exit code (0: every measurement worked, 1: one failed, 2: bad options)."""
     quick: bool = args.quick
@@ -940,7 +925,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="nats-bridge-bench-wan-"))
     sample = wan_bridge_config("nats://HUB:4222", "nats://LEAF:4222", "sidecar", windows[0], args.mode, settings)
-    if (problem := _check_config(sample, workdir)) is not None:
+    if (problem := check_config(sample, workdir)) is not None:
         print(f"bench wan: the bridge would refuse these settings: {problem}", file=sys.stderr)
         shutil.rmtree(workdir, ignore_errors=True)
         return 2
