@@ -122,11 +122,11 @@ class SourceNames:
     prefix: str
 
 
-def source_names(count: int) -> list[SourceNames]:
-    """Names for sources ``0 .. count-1``, zero-padded to at least three digits so they sort in order."""
+def source_names(count: int, min_width: int = 3) -> list[SourceNames]:
+    """Names for sources ``0 .. count-1``, zero-padded to at least ``min_width`` digits so they sort in order."""
     if count < 1:
         raise ValueError(f"need at least one source, got {count}")
-    width = max(3, len(str(count - 1)))
+    width = max(min_width, len(str(count - 1)))
     out = []
     for i in range(count):
         tag = f"{i:0{width}d}"

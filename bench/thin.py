@@ -52,7 +52,16 @@ from nats.aio.client import Client
 from bench import natsops as ops
 from bench.common import Report, Session, check_config, execute_trial, run_command, sigterm_problem
 from bench.edge import SequenceCheck, check_sequences, close_client, positive_float, positive_int, produce
-from bench.fanin import BridgeLog, Production, SourceNames, Target, create_origins, format_targets, markdown
+from bench.fanin import (
+    BridgeLog,
+    Production,
+    SourceNames,
+    Target,
+    create_origins,
+    format_targets,
+    markdown,
+    source_names,
+)
 from bench.procs import revision_text
 from bench.wan import _ProxyLoop
 from bridge.config.validators import parse_rate
@@ -100,14 +109,7 @@ DAY = 86_400
 def thin_sources(count: int) -> list[SourceNames]:
     """Names for sources ``0 .. count-1``: ``s00``, ``ORIGIN_00`` capturing ``o.00.>``, copies under ``edge.s00``
     (two digits at least, more when there are more than 100)."""
-    if count < 1:
-        raise ValueError(f"need at least one source, got {count}")
-    width = max(2, len(str(count - 1)))
-    out = []
-    for i in range(count):
-        tag = f"{i:0{width}d}"
-        out.append(SourceNames(f"s{tag}", f"ORIGIN_{tag}", f"o.{tag}.m", f"{ops.AGGREGATE_SUBJECTS}.s{tag}"))
-    return out
+    return source_names(count, min_width=2)
 
 
 def thin_config(hub_url: str, sources: Sequence[SourceNames], rate_limit: str) -> str:

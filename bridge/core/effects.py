@@ -128,13 +128,12 @@ class ProbeStranded:
 @dataclass(frozen=True, slots=True)
 class ResizeWindow:
     """Set the managed consumer's ``max_ack_pending`` to ``size`` (an update: its position and deliveries are
-    untouched), because a round trip of ``rtt`` seconds held the source back (:mod:`bridge.core.window`).
+    untouched), because the link's round trip held the source back (:mod:`bridge.core.window`).
 
     Report ``window_resized(size)`` or ``window_resize_failed(reason)``.
     """
 
     size: int
-    rtt: float
 
 
 @dataclass(frozen=True, slots=True)

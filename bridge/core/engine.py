@@ -419,4 +419,4 @@ class SourceEngine(Replication):
                 effects.append(answer)
                 size = self.window.released(now)
                 if size:
-                    effects.append(ResizeWindow(size, self.window.rtt))
+                    effects.append(ResizeWindow(size))

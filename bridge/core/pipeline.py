@@ -215,7 +215,6 @@ class Batch:
     """A fast batch this pipeline published: its members as ``(entry, attempt)`` by batch sequence - 1."""
 
     number: int
-    flow: int = 1  # members per flow ack, fixed when it opened (the window may grow meanwhile)
     members: list[tuple[Entry, int]] = field(default_factory=list)
     acked: int = 0  # members 1..acked are known stored
     failed_from: int = 0  # members from this one on are known not stored (0: none)
@@ -399,13 +398,13 @@ class PublishPipeline:
         batch.members.append((entry, entry.attempt))
         bseq = len(batch.members)
         op = BATCH_START if bseq == 1 else BATCH_APPEND
-        return Send(entry, entry.attempt, batch.number, bseq, op, batch.flow)
+        return Send(entry, entry.attempt, batch.number, bseq, op, self.batch_flow)
 
     # -- fast batches -------------------------------------------------------------------------------------
 
     def _open_batch(self) -> Batch:
         self.batches += 1
-        batch = Batch(self.batches, self.batch_flow)
+        batch = Batch(self.batches)
         self._batch = batch
         self._batches[batch.number] = batch
         return batch
@@ -422,7 +421,7 @@ class PublishPipeline:
             del self._batches[batch.number]
         if batch.members:
             last, attempt = batch.members[-1]
-            self._commit = Send(last, attempt, batch.number, len(batch.members) + 1, BATCH_COMMIT_EOB, batch.flow)
+            self._commit = Send(last, attempt, batch.number, len(batch.members) + 1, BATCH_COMMIT_EOB, self.batch_flow)
 
     def commit_open(self) -> list[Send]:
         """For a stop (nothing more will be sent): close the open batch and return its commit with any pending one,

@@ -150,12 +150,15 @@ class OriginClient:
         return bound_consumer(info)
 
     async def set_rate_limit(self, rate_limit: int) -> None:
-        self.source = self.source.model_copy(update={"rate_limit": rate_limit})
-        if self.mode is Mode.FLOW_CONTROL and self.source.manage_consumer:
-            await self.bind()
+        await self._update_consumer(rate_limit=rate_limit)
 
     async def set_window(self, max_ack_pending: int) -> None:
-        self.source = self.source.model_copy(update={"max_ack_pending": max_ack_pending})
+        await self._update_consumer(max_ack_pending=max_ack_pending)
+
+    async def _update_consumer(self, **settings: int) -> None:
+        """Take ``settings`` into the source's configuration (later binds keep them) and, for a managed
+        flow-control consumer, into the consumer now: a create of the same durable is an update."""
+        self.source = self.source.model_copy(update=settings)
         if self.mode is Mode.FLOW_CONTROL and self.source.manage_consumer:
             await self.bind()
 

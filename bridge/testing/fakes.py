@@ -232,6 +232,7 @@ class FakeOrigin:
 
     async def set_rate_limit(self, rate_limit: int) -> None:
         self.ops.append(f"set_rate_limit {rate_limit}")
+        await self._api_request()
 
     async def set_window(self, max_ack_pending: int) -> None:
         self.ops.append(f"set_window {max_ack_pending}")
