@@ -81,8 +81,9 @@ class OriginPort(Protocol):
         ``bridge.errors`` family. In pull mode nothing changes on the server."""
 
     async def set_window(self, max_ack_pending: int) -> None:
-        """Grow the managed flow-control consumer's ``max_ack_pending`` in place (a create of the same durable, as
-        :meth:`set_rate_limit`); later binds keep it. Raises the ``bridge.errors`` family."""
+        """Grow the managed consumer's ``max_ack_pending`` in place (a create of the same durable, as
+        :meth:`set_rate_limit`; in pull mode it covers the requests in flight and is never lowered); later binds
+        keep it. Raises the ``bridge.errors`` family."""
 
     async def reset(self, seq: int | None) -> ResetReply: ...
 

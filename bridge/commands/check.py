@@ -26,7 +26,7 @@ from bridge.config import BridgeConfig, SourceConfig, exposed_secrets
 from bridge.config.loading import load_file
 from bridge.config.registry import REGISTRY, Merged, registry_bucket
 from bridge.core.fleet import holder_in
-from bridge.core.modes import Mode, ModeUnsupported, mode_key, presume_mode
+from bridge.core.modes import ModeUnsupported, mode_key, presume_mode
 from bridge.core.subjects import SubjectSet
 from bridge.core.window import FAR, window_carries, window_for, window_limit
 from bridge.errors import BridgeError, ConfigError, ConsumerUnfit
@@ -223,7 +223,7 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
         window = int(info.get("config", {}).get("max_ack_pending") or src.max_ack_pending)
         state = stream.get("state", {})
         mean = int(state.get("bytes", 0)) // max(1, int(state.get("messages", 0)))
-        grows = choice.mode is Mode.FLOW_CONTROL and src.manage_consumer and src.window_budget > 0
+        grows = src.manage_consumer and src.window_budget > 0  # both modes grow a managed consumer's window
         _print(True, what, _window_advice(window, rtt, kind, window_limit(src.window_budget, mean) if grows else 0))
 
 

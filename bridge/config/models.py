@@ -238,8 +238,9 @@ class SourceConfig(BaseModel):
     # Bytes per second the origin sends this source at most (0: no limit), for thin links: in flow-control mode the
     # consumer's rate_limit_bps (the server paces its deliveries). "64KiB", "50kbit" and the like are accepted.
     rate_limit: Rate = 0
-    # Bytes this source's window may hold once grown (flow-control mode, managed consumer): over a far link the
-    # bridge raises max_ack_pending while the round trip holds the source back (bridge.core.window), up to this
+    # Bytes this source's window may hold once grown (managed consumer): over a far link the bridge raises
+    # max_ack_pending (pull mode: its requests in flight, and max_ack_pending with them) while the round trip holds
+    # the source back (bridge.core.window), up to this
     # (every held message counted with 512 bytes of overhead) and what [engine] windows_budget has left. 0: never.
     window_budget: Size = 32 * 1024 * 1024
     auth: AuthConfig | None = None

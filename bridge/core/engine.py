@@ -62,10 +62,9 @@ class SourceEngine(Replication):
     """Replication of one source through a flow-control consumer. Every input returns the effects to carry out."""
 
     def __init__(self, settings: EngineSettings, now: float, windows: WindowBudget | None = None) -> None:
-        super().__init__(settings, now)
+        self._sizer = WindowSizer(settings.source, settings.window, settings.window_budget, windows)
+        super().__init__(settings, now, self._sizer)
         self.ledger = FlowControlLedger()
-        # the consumer's max_ack_pending, grown over a far link within the source's and the process's budgets
-        self.window = WindowSizer(settings.source, settings.window, settings.window_budget, windows)
         # the stream sequence the last RESET named as its epoch's first (0: the epoch did not begin with one); it
         # matters only while the epoch has no delivery yet (see _renumbered)
         self._reset_seq = 0
@@ -153,7 +152,7 @@ class SourceEngine(Replication):
         self._epoch_last_sseq = sseq
         self.stats.delivered += 1
         self.ledger.delivered(dseq, sseq)
-        self.window.delivered(now, len(msg.payload))
+        self._sizer.delivered(now, len(msg.payload))
         self._take(sseq, msg.subject, msg.headers, msg.payload, ack.timestamp_ns)
         return True
 
@@ -173,7 +172,7 @@ class SourceEngine(Replication):
         self._last_activity = now
         self.stats.fc_requests += 1
         if self._phases.answers_flow_control:
-            self.window.requested(self.last_dseq - self.ledger.answered_dseq)
+            self._sizer.requested(self.last_dseq - self.ledger.answered_dseq)
             self.ledger.hold(reply, self.last_dseq)
             effects: list[Effect] = []
             self._answer_if_covered(effects, now)
@@ -296,23 +295,6 @@ class SourceEngine(Replication):
 
     # -- aggregate side -------------------------------------------------------------------------------------
 
-    # -- the window ------------------------------------------------------------------------------------------
-
-    def window_resized(self, size: int, now: float) -> list[Effect]:
-        """The consumer's ``max_ack_pending`` is ``size`` now (:class:`ResizeWindow` done)."""
-        before = self.window.size
-        self.window.resized(size)
-        # the publish window stays as configured: a larger one in flight to a clustered aggregate left more message
-        # ids "in process" (err_code 10158) on a leader that stepped down, each blocking its re-send until the
-        # duplicate window expired (test_hub_cluster, under load: two minutes stalled)
-        fields = {"max_ack_pending": size, "before": before, "rtt_ms": round(self.window.rtt * 1000, 1)}
-        return [Notice("source.window_grown", fields=fields)]
-
-    def window_resize_failed(self, reason: str, now: float) -> list[Effect]:
-        """The update of the consumer failed: its window stays (tried again later)."""
-        self.window.resize_failed(now)
-        return [Notice("source.window_failed", "warning", {"max_ack_pending": self.window.size, "error": reason})]
-
     # -- the origin's leftovers -------------------------------------------------------------------------------
 
     def stranded_probed(self, first_seq: int, now: float) -> list[Effect]:
@@ -417,6 +399,6 @@ class SourceEngine(Replication):
             answer = self.ledger.answer_covered()
             if answer is not None:
                 effects.append(answer)
-                size = self.window.released(now)
+                size = self._sizer.released(now)
                 if size:
                     effects.append(ResizeWindow(size))

@@ -4,8 +4,10 @@ nats-server before 2.14 has no ``ack_policy: flow_control`` and no ``CONSUMER.RE
 pull consumer with ``ack_policy: explicit`` (WorkQueue streams accept no other) by the continuous-consume algorithm
 of the simplified client API (ADR-37): it keeps pull requests outstanding for at most ``pull_capacity`` messages
 minus what is already unstored (``PullCredits``), refilling once half of it is free, each request with
-``expires`` and idle heartbeats. What the pipeline has not stored is never asked for beyond that, so a target
-outage stops the pulls: the server sends nothing, redeliveries included, while nobody asks.
+``expires`` and idle heartbeats. Over a far link that capacity grows as a flow-control window does
+(``bridge.core.window``), and the consumer's ``max_ack_pending`` with it. What the pipeline has not stored is never
+asked for beyond that, so a target outage stops the pulls: the server sends nothing, redeliveries included, while
+nobody asks.
 
 How each of the promises is kept (docs/design.md, "Pull mode"):
 
@@ -46,11 +48,13 @@ from bridge.core.effects import (
     RequestReset,
     RequestResync,
     ResetCause,
+    ResizeWindow,
 )
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, Unrecognised
 from bridge.core.modes import Mode
 from bridge.core.phases import Event
 from bridge.core.replication import EngineSettings, Replication
+from bridge.core.window import PullWindow, WindowBudget
 
 __all__ = ["AckLedger", "PullCredits", "PullEngine", "pull_heartbeat"]
 
@@ -140,40 +144,73 @@ class Pacing:
 
 
 class PullCredits:
-    """Messages asked for and not yet delivered, counted as ADR-37's continuous consume does (no per-request
-    bookkeeping: a delivery takes one, a request's end gives back what it had left)."""
+    """Messages asked for and not yet delivered, counted as ADR-37's continuous consume does (a delivery takes one,
+    a request's end gives back what it had left), and what each request has left, oldest first: the server serves
+    them in that order, so a delivery that empties the oldest is its last (what the window's sizing watches; a
+    request whose end came without a count leaves that view a little off, never the count)."""
 
-    __slots__ = ("expires_at", "requested")
+    __slots__ = ("_batches", "_begun", "_sent", "expires_at", "requested")
 
     def __init__(self) -> None:
         self.requested = 0
         self.expires_at = 0.0  # when the newest request expires (every older one expires before it)
+        self._batches: deque[int] = deque()  # per request outstanding, oldest first: messages it has left
+        self._sent: deque[float] = deque()  # and when it was sent
+        self._begun = False  # the oldest has brought a delivery
 
     def pulled(self, batch: int, now: float, expires: float) -> None:
         self.requested += batch
         self.expires_at = now + expires
+        self._batches.append(batch)
+        self._sent.append(now)
 
-    def delivered(self) -> None:
+    def delivered(self) -> tuple[float, bool]:
+        """One delivered: when its request was sent if it is that request's first delivery (else -1.0), and
+        whether it was the last its request had left."""
         if self.requested:
             self.requested -= 1
+        batches = self._batches
+        if not batches:
+            return -1.0, False
+        sent_at = -1.0 if self._begun else self._sent[0]
+        left = batches[0] - 1
+        if left > 0:
+            batches[0] = left
+            self._begun = True
+            return sent_at, False
+        self._end()
+        return sent_at, True
 
     def released(self, count: int) -> None:
+        """A request ended (expired, or completed by the server) with ``count`` not delivered: the oldest."""
         self.requested = max(0, self.requested - count)
+        if self._batches:
+            self._end()
+
+    def _end(self) -> None:
+        self._batches.popleft()
+        self._sent.popleft()
+        self._begun = False
 
     def expire(self, now: float) -> None:
         """Every request has expired and its end never came (lost with a connection): nothing is asked for."""
         if self.requested and now > self.expires_at + _EXPIRY_GRACE:
-            self.requested = 0
+            self.clear()
 
     def clear(self) -> None:
         self.requested = 0
+        self._batches.clear()
+        self._sent.clear()
+        self._begun = False
 
 
 class PullEngine(Replication):
     """Replication of one source through a pull consumer. Every input returns the effects to carry out."""
 
-    def __init__(self, settings: EngineSettings, now: float) -> None:
-        super().__init__(settings, now)
+    def __init__(self, settings: EngineSettings, now: float, windows: WindowBudget | None = None) -> None:
+        # the requests in flight, grown over a far link as a flow-control window is
+        self._sizer = PullWindow(settings.source, settings.pull_capacity, settings.window_budget, windows)
+        super().__init__(settings, now, self._sizer)
         self.acks = AckLedger()
         self.credits = PullCredits()
         self.heartbeat_interval = pull_heartbeat(settings.silence_timeout)
@@ -234,8 +271,18 @@ class PullEngine(Replication):
         ack = msg.ack
         self.stats.last_delivered = ack.stream_seq
         self.origin_pending = ack.pending
-        self.credits.delivered()
+        sent_at, request_done = self.credits.delivered()
         self._paced.delivered(len(msg.payload) + len(msg.subject), now)
+        sizer = self._sizer
+        if sent_at >= 0.0:
+            sizer.began(now, sent_at)
+        sizer.delivered(now, len(msg.payload))
+        if request_done and ack.pending and not self._paced.rate and self._phases.takes_deliveries:
+            # the origin has more and stops until the next request's first delivery (a rate limit stops it on
+            # purpose: no window grows there)
+            size = sizer.starved(now)
+            if size:
+                effects.append(ResizeWindow(size))
         return self._deliver(msg, now, effects)
 
     def _deliver(self, msg: Data, now: float, effects: list[Effect]) -> bool:
@@ -498,7 +545,7 @@ class PullEngine(Replication):
         """Ask for more once at least half the capacity is free (ADR-37's threshold), never while blocked."""
         if not self._phases.takes_deliveries or now < self._refused_until or self.pipeline.degraded:
             return
-        capacity = self.settings.pull_capacity
+        capacity = self._sizer.size
         free = capacity - self.credits.requested - len(self.pipeline)
         if free < max(1, capacity // 2):
             return

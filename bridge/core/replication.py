@@ -36,6 +36,7 @@ from bridge.core.phases import Event, Phase, PhaseMachine
 from bridge.core.pipeline import OutboundMessage, PublishPipeline, TargetLimits
 from bridge.core.resets import ResetScheduler
 from bridge.core.watch import StallWatch
+from bridge.core.window import Window
 
 __all__ = ["EngineSettings", "EngineStats", "Replication"]
 
@@ -90,8 +91,11 @@ class EngineStats:
 class Replication(ABC):
     """Replication state of one source shared by both consumer models; subclasses take the deliveries."""
 
-    def __init__(self, settings: EngineSettings, now: float) -> None:
+    def __init__(self, settings: EngineSettings, now: float, window: Window) -> None:
         self.settings = settings
+        # what the origin may have outstanding (flow control: max_ack_pending; pull: the messages asked for and not
+        # stored), grown over a far link within the source's and the process's budgets
+        self.window = window
         # what goes before each origin subject in the aggregate (the prefix and its dot, or nothing)
         self._subject_prefix = hdr.aggregate_subject("", settings.subject_prefix)
         self._phases = PhaseMachine()
@@ -424,6 +428,24 @@ class Replication(ABC):
                 fields={"reason": reason, "failures": self._resets.failures, "retry_in": round(delay, 3)},
             )
         ]
+
+    # -- the window ------------------------------------------------------------------------------------------
+
+    def window_resized(self, size: int, now: float) -> list[Effect]:
+        """The consumer's ``max_ack_pending`` is ``size`` now (:class:`ResizeWindow` done; in pull mode the
+        requests in flight follow it)."""
+        before = self.window.size
+        self.window.resized(size)
+        # the publish window stays as configured: a larger one in flight to a clustered aggregate left more message
+        # ids "in process" (err_code 10158) on a leader that stepped down, each blocking its re-send until the
+        # duplicate window expired (test_hub_cluster, under load: two minutes stalled)
+        fields = {"max_ack_pending": size, "before": before, "rtt_ms": round(self.window.rtt * 1000, 1)}
+        return [Notice("source.window_grown", fields=fields)]
+
+    def window_resize_failed(self, reason: str, now: float) -> list[Effect]:
+        """The update of the consumer failed: its window stays (tried again later)."""
+        self.window.resize_failed(now)
+        return [Notice("source.window_failed", "warning", {"max_ack_pending": self.window.size, "error": reason})]
 
     # -- aggregate side -------------------------------------------------------------------------------------
 

@@ -6,6 +6,11 @@ tail, and a source moves at most ``window / (RTT + store time)`` messages a seco
 the bridge stores in about one round trip (so ``window / (2 x RTT)``) is where it stops being the bottleneck: the
 rule of thumb is ``max_ack_pending`` ~ 2 x rate x RTT. Pull mode's requests in flight follow the same rule (each
 asks for at most ``max_ack_pending`` messages, and a full window waits a round trip for the next).
+
+Both modes size the window by one rule (:class:`Window`): while the origin stops for want of window for more than a
+quarter of the time, over a link whose round trip is worth it, the window grows. What a stop is differs: flow
+control's is a request with the window full and its answer (:class:`WindowSizer`); pull mode's a request's last
+delivery with more waiting at the origin (:class:`PullWindow`).
 """
 
 from __future__ import annotations
@@ -69,53 +74,26 @@ class WindowBudget:
         self.held.pop(source, None)
 
 
-class WindowSizer:
-    """Sizes one managed flow-control consumer's ``max_ack_pending`` from what its link shows.
+class Window:
+    """The growth rule both modes share: one source's window, what it may grow to, and the resize under way.
 
-    The origin stops at a full window and waits for the answer. A window's round trips are the time from that
-    answer to the next delivery (the origin's link) plus the time from the window's last delivery to the answer
-    (storing its last message: the aggregate's link, where the publishes cross a WAN in the edge position); they
-    are sampled only then (a request sent for bytes or after a heartbeat does not stop the origin). While they are
-    more than ``SHARE`` of a window's whole cycle (answer to answer), the window is what holds the source back: it
-    grows (``STEP`` at most at a time), within ``budget`` bytes for this source
-    (``OVERHEAD`` counted per message) and what the process's :class:`WindowBudget` has left. It never shrinks
-    below the configured window; a restart begins there again. ``rtt`` and ``size`` are for metrics and logs.
+    After a cycle of ``cycle`` seconds in which the origin waited ``stop`` seconds for want of window, while the
+    link's round trip (:attr:`rtt`) is at least ``NEAR`` and the stop more than ``SHARE`` of the cycle, the window is
+    what holds the source back: it grows (``STEP`` at most at a time), within ``budget`` bytes for this source
+    (``OVERHEAD`` counted per message) and what the process's :class:`WindowBudget` has left. It never shrinks below
+    the configured window; a restart begins there again. Subclasses measure ``stop`` and ``cycle`` their mode's way
+    and feed :meth:`_sized` every delivery; :meth:`resized` / :meth:`resize_failed` take the outcome."""
 
-    Inputs: :meth:`delivered` per delivery, :meth:`requested` per flow-control request, :meth:`released` per
-    answer sent (returns the window to set, or 0), :meth:`resized` / :meth:`resize_failed` with the outcome."""
-
-    __slots__ = (
-        "_budget",
-        "_cycle_at",
-        "_full",
-        "_last_at",
-        "_mean_size",
-        "_pending",
-        "_released_at",
-        "_retry_at",
-        "_samples",
-        "_shared",
-        "_tail",
-        "configured",
-        "rtt",
-        "size",
-        "source",
-    )
+    __slots__ = ("_budget", "_mean_size", "_pending", "_retry_at", "_shared", "configured", "rtt", "size", "source")
 
     def __init__(self, source: str, configured: int, budget: int, shared: WindowBudget | None = None) -> None:
         self.source = source
         self.configured = configured
-        self.size = configured  # the consumer's max_ack_pending as this process set it
-        self.rtt = 0.0  # the least recent round trip (0: none measured yet)
+        self.size = configured  # the window as this process set it
+        self.rtt = 0.0  # the link's round trip, least of the recent ones (0: none measured yet)
         self._budget = budget  # bytes this source's window may hold (0: the window never grows)
         self._shared = shared
-        self._samples: list[float] = []
         self._mean_size = 0.0
-        self._full = False  # the outstanding request came when the window was full: its answer restarts delivery
-        self._released_at = -1.0  # when such an answer went out; the next delivery closes a round trip
-        self._last_at = 0.0  # when the newest delivery came
-        self._tail = 0.0  # from the full window's last delivery to its answer: storing its last message
-        self._cycle_at = -1.0  # when the answer before it went out
         self._pending = 0  # a resize asked for, not yet done
         self._retry_at = -math.inf
 
@@ -123,9 +101,81 @@ class WindowSizer:
     def grows(self) -> bool:
         return self._budget > 0
 
-    def delivered(self, now: float, size: int) -> None:
+    def _sized(self, size: int) -> None:
         mean = self._mean_size
         self._mean_size = float(size) if mean == 0.0 else mean + (size - mean) / 64.0
+
+    def _grow(self, now: float, stop: float, cycle: float) -> int:
+        """The window to set after a cycle of ``cycle`` seconds of which the origin waited ``stop`` (0: keep it)."""
+        if not self.grows or self._pending or now < self._retry_at or cycle <= 0.0:
+            return 0
+        if self.rtt < NEAR or stop <= SHARE * cycle:
+            return 0
+        per_message = self._mean_size + OVERHEAD
+        limit = window_limit(self._budget, self._mean_size)
+        # the window whose cycle (a stop, then its messages received and stored, which scales with it) has the stop
+        # at SHARE: the time after the stop grows with the window, the stop does not
+        flow = max(cycle - stop, 1e-4)
+        wanted = min(
+            limit,
+            self.size * STEP,
+            max(self.size * 2, math.ceil(self.size * stop * (1 / SHARE - 1) / flow)),
+        )
+        wanted = wanted // ROUND * ROUND
+        if self._shared is not None:
+            extra = self._shared.grant(self.source, int(max(0, wanted - self.configured) * per_message))
+            wanted = max(self.size, min(wanted, (self.configured + int(extra // per_message)) // ROUND * ROUND))
+        if wanted <= self.size:
+            self._retry_at = now + RETRY_AFTER  # at the budget: look again later, not every window
+            self._keep_share()
+            return 0
+        self._pending = wanted
+        return wanted
+
+    def resized(self, size: int) -> None:
+        """The window is ``size`` now (the consumer's ``max_ack_pending`` was set)."""
+        self._pending = 0
+        self.size = size
+
+    def resize_failed(self, now: float) -> None:
+        """The update was refused or not answered: keep the window, try again after ``RETRY_AFTER``."""
+        self._pending = 0
+        self._retry_at = now + RETRY_AFTER
+        self._keep_share()
+
+    def _keep_share(self) -> None:
+        """Hold in the process's budget what the window in place needs, no more (a grant for a larger one that
+        did not happen is given back)."""
+        if self._shared is not None:
+            per_message = self._mean_size + OVERHEAD
+            self._shared.grant(self.source, int(max(0, self.size - self.configured) * per_message))
+
+
+class WindowSizer(Window):
+    """Sizes one managed flow-control consumer's ``max_ack_pending`` from what its link shows.
+
+    The origin stops at a full window and waits for the answer. A window's round trips are the time from that
+    answer to the next delivery (the origin's link) plus the time from the window's last delivery to the answer
+    (storing its last message: the aggregate's link, where the publishes cross a WAN in the edge position); they
+    are sampled only then (a request sent for bytes or after a heartbeat does not stop the origin), and the least
+    of the last ``SAMPLES`` is both the stop and :attr:`rtt`; a cycle runs from answer to answer.
+
+    Inputs: :meth:`delivered` per delivery, :meth:`requested` per flow-control request, :meth:`released` per
+    answer sent (returns the window to set, or 0), :meth:`resized` / :meth:`resize_failed` with the outcome."""
+
+    __slots__ = ("_cycle_at", "_full", "_last_at", "_released_at", "_samples", "_tail")
+
+    def __init__(self, source: str, configured: int, budget: int, shared: WindowBudget | None = None) -> None:
+        super().__init__(source, configured, budget, shared)
+        self._samples: list[float] = []
+        self._full = False  # the outstanding request came when the window was full: its answer restarts delivery
+        self._released_at = -1.0  # when such an answer went out; the next delivery closes a round trip
+        self._last_at = 0.0  # when the newest delivery came
+        self._tail = 0.0  # from the full window's last delivery to its answer: storing its last message
+        self._cycle_at = -1.0  # when the answer before it went out
+
+    def delivered(self, now: float, size: int) -> None:
+        self._sized(size)
         if self._released_at >= 0.0:
             samples = self._samples
             samples.append(now - self._released_at + self._tail)
@@ -150,49 +200,73 @@ class WindowSizer:
         self._tail = now - self._last_at
         cycle = now - self._cycle_at if self._cycle_at >= 0.0 else 0.0
         self._cycle_at = now
-        if not self.grows or self._pending or now < self._retry_at or len(self._samples) < SAMPLES or cycle <= 0.0:
+        if len(self._samples) < SAMPLES:
             return 0
-        rtt = self.rtt
-        if rtt < NEAR or rtt <= SHARE * cycle:
-            return 0
-        per_message = self._mean_size + OVERHEAD
-        limit = window_limit(self._budget, self._mean_size)
-        # the window whose cycle (a round trip, then its messages received and stored, which scales with it) has
-        # the round trip at SHARE: the time after the round trip grows with the window, the round trip does not
-        store = max(cycle - rtt, 1e-4)
-        wanted = min(
-            limit,
-            self.size * STEP,
-            max(self.size * 2, math.ceil(self.size * rtt * (1 / SHARE - 1) / store)),
-        )
-        wanted = wanted // ROUND * ROUND
-        if self._shared is not None:
-            extra = self._shared.grant(self.source, int(max(0, wanted - self.configured) * per_message))
-            wanted = max(self.size, min(wanted, (self.configured + int(extra // per_message)) // ROUND * ROUND))
-        if wanted <= self.size:
-            self._retry_at = now + RETRY_AFTER  # at the budget: look again later, not every window
-            self._keep_share()
-            return 0
-        self._pending = wanted
-        return wanted
+        return self._grow(now, self.rtt, cycle)
 
     def resized(self, size: int) -> None:
-        """The consumer now has ``max_ack_pending`` = ``size``."""
-        self._pending = 0
-        self.size = size
+        super().resized(size)
         # the update let the origin deliver without an answer: what follows is timed from the next full window
         self._released_at = -1.0
         self._cycle_at = -1.0
 
-    def resize_failed(self, now: float) -> None:
-        """The update was refused or not answered: keep the window, try again after ``RETRY_AFTER``."""
-        self._pending = 0
-        self._retry_at = now + RETRY_AFTER
-        self._keep_share()
 
-    def _keep_share(self) -> None:
-        """Hold in the process's budget what the window in place needs, no more (a grant for a larger one that
-        did not happen is given back)."""
-        if self._shared is not None:
-            per_message = self._mean_size + OVERHEAD
-            self._shared.grant(self.source, int(max(0, self.size - self.configured) * per_message))
+STOPS = 4  # pull mode: the request boundaries a decision looks back over (two cycles of the half-capacity refill)
+
+
+class PullWindow(Window):
+    """Sizes pull mode's requests in flight (its capacity; the pull consumer's ``max_ack_pending`` follows).
+
+    The origin stops when it has delivered every request it holds while it has more: a request's last delivery
+    with a backlog (:meth:`starved`), until the next delivery. With the half-capacity refill (ADR-37) a request is
+    often already waiting there, so boundaries alternate between a real stop and a delivery's spacing: the stops
+    and the time over the last ``STOPS`` boundaries are summed into one cycle. :attr:`rtt` is the least of the last
+    ``SAMPLES`` times from a request to its first delivery (a request the server took at once: the link's). A thin
+    link's spacing is a small share of a request's time, and a paced source is not fed to it (its stops are the
+    rate limit's): neither grows.
+
+    Inputs: :meth:`began` with a request's first delivery, :meth:`delivered` per delivery, :meth:`starved` (returns
+    the window to set, or 0), :meth:`resized` / :meth:`resize_failed` with the outcome."""
+
+    __slots__ = ("_boundary_at", "_rtts", "_stop_from", "_stops")
+
+    def __init__(self, source: str, configured: int, budget: int, shared: WindowBudget | None = None) -> None:
+        super().__init__(source, configured, budget, shared)
+        self._rtts: list[float] = []
+        self._stops: list[tuple[float, float]] = []  # (stop, cycle) per boundary, oldest first
+        self._stop_from = -1.0  # a stop began here (a request's last delivery with a backlog)
+        self._boundary_at = -1.0  # the previous stop's end: a cycle runs from one to the next
+
+    def began(self, now: float, sent_at: float) -> None:
+        """A request sent at ``sent_at`` brought its first delivery."""
+        rtts = self._rtts
+        rtts.append(now - sent_at)
+        if len(rtts) > SAMPLES:
+            del rtts[0]
+        self.rtt = min(rtts)
+
+    def delivered(self, now: float, size: int) -> None:
+        self._sized(size)
+        if self._stop_from < 0.0:
+            return
+        stop, self._stop_from = now - self._stop_from, -1.0
+        if self._boundary_at >= 0.0 and not self._pending:
+            self._stops.append((stop, now - self._boundary_at))
+            if len(self._stops) > STOPS:
+                del self._stops[0]
+        self._boundary_at = now
+
+    def starved(self, now: float) -> int:
+        """The delivery just taken was its request's last, and the origin has more: a stop begins. The window to
+        set now (larger than :attr:`size`), or 0."""
+        self._stop_from = now
+        if len(self._stops) < STOPS:
+            return 0
+        stop = sum(s for s, _ in self._stops)
+        cycle = sum(c for _, c in self._stops)
+        return self._grow(now, stop, cycle)
+
+    def resized(self, size: int) -> None:
+        super().resized(size)
+        self._stops.clear()  # the new window is judged by its own stops
+        self._boundary_at = -1.0

@@ -150,16 +150,18 @@ class OriginClient:
         return bound_consumer(info)
 
     async def set_rate_limit(self, rate_limit: int) -> None:
-        await self._update_consumer(rate_limit=rate_limit)
+        # pull mode paces its requests instead: its consumer has no rate limit
+        await self._update_consumer(self.mode is Mode.FLOW_CONTROL, rate_limit=rate_limit)
 
     async def set_window(self, max_ack_pending: int) -> None:
-        await self._update_consumer(max_ack_pending=max_ack_pending)
+        # pull mode's window is the requests in flight, at most the consumer's max_ack_pending (never lowered)
+        await self._update_consumer(True, max_ack_pending=max(max_ack_pending, self.source.max_ack_pending))
 
-    async def _update_consumer(self, **settings: int) -> None:
-        """Take ``settings`` into the source's configuration (later binds keep them) and, for a managed
-        flow-control consumer, into the consumer now: a create of the same durable is an update."""
+    async def _update_consumer(self, consumer: bool, **settings: int) -> None:
+        """Take ``settings`` into the source's configuration (later binds keep them) and, when they are the
+        ``consumer``'s and it is managed, into the consumer now: a create of the same durable is an update."""
         self.source = self.source.model_copy(update=settings)
-        if self.mode is Mode.FLOW_CONTROL and self.source.manage_consumer:
+        if consumer and self.source.manage_consumer:
             await self.bind()
 
     async def reset(self, seq: int | None) -> ResetReply:

@@ -121,7 +121,7 @@ def engine_settings(
 
 def new_engine(mode: Mode, settings: EngineSettings, now: float, windows: WindowBudget | None = None) -> Replication:
     """The engine of a consumer model (``windows``: the process's budget for grown flow-control windows)."""
-    return PullEngine(settings, now) if mode is Mode.PULL else SourceEngine(settings, now, windows)
+    return PullEngine(settings, now, windows) if mode is Mode.PULL else SourceEngine(settings, now, windows)
 
 
 class SourceRunner:
@@ -744,8 +744,8 @@ class SourceRunner:
             ),
             oldest_unstored_origin_time=(pipeline.oldest_unstored_origin_ns / 1e9) or None,
             rate_limit=self.source.rate_limit,
-            window=engine.window.size if isinstance(engine, SourceEngine) else self.source.max_ack_pending,
-            link_rtt=(engine.window.rtt or None) if isinstance(engine, SourceEngine) else None,
+            window=engine.window.size,
+            link_rtt=engine.window.rtt or None,
             batched=pipeline.batched(now),
             batches=pipeline.batches,
             batch_fallbacks=pipeline.batch_fallbacks,
@@ -919,7 +919,6 @@ class SourceRunner:
 
     async def _resize_window(self, effect: ResizeWindow) -> None:
         engine = self.engine
-        assert isinstance(engine, SourceEngine)  # only flow-control engines grow a window
         try:
             async with self._api_slot():
                 if not await self._act():

@@ -1,6 +1,7 @@
-"""The window sizes itself over a far link (``bridge.core.window``): a managed flow-control consumer whose
-``max_ack_pending`` holds the source back across a 50 ms round trip is grown by its owner, within the source's byte
-budget, with a twin process beside it that never touches the consumer; replication stays exact."""
+"""The window sizes itself over a far link (``bridge.core.window``): a managed consumer whose ``max_ack_pending`` (in
+pull mode: the requests in flight, and the consumer's ``max_ack_pending`` with them) holds the source back across a
+50 ms round trip is grown by its owner, within the source's byte budget, with a twin process beside it that never
+touches the consumer; replication stays exact."""
 
 from __future__ import annotations
 
@@ -30,13 +31,14 @@ WINDOW = 100  # the configured max_ack_pending: 2,000 msg/s at most over this li
 COUNT = 20_000
 
 
+@pytest.mark.parametrize("mode", ["flow_control", "pull"])
 async def test_the_owner_grows_the_window_over_a_far_link_and_the_twin_does_not(
-    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
+    mode: str, topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory
 ) -> None:
     async with proxy_to(topology.leaf.url, "far-link") as proxy:
         proxy.set_delay(DELAY)
         spec = SourceSpec(name="edge1", servers=proxy.url, subject_prefix="edge.one", max_ack_pending=WINDOW)
-        spec.extra.update({"mode": "flow_control", "window_budget": "4MiB"})
+        spec.extra.update({"mode": mode, "window_budget": "4MiB"})
         config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
         async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
             await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
@@ -54,7 +56,7 @@ async def test_the_owner_grows_the_window_over_a_far_link_and_the_twin_does_not(
             sizes = [int(e["max_ack_pending"]) for e in grown[owners[0]]]
             assert sizes == sorted(sizes) and sizes[0] > WINDOW, sizes
             rtts = [e["rtt_ms"] for e in grown[owners[0]]]
-            print(f"windows {[WINDOW, *sizes]} (round trips {rtts} ms); {COUNT} messages in {drained:.1f} s")
+            print(f"{mode}: windows {[WINDOW, *sizes]} (round trips {rtts} ms); {COUNT} messages in {drained:.1f} s")
             assert all(float(e["rtt_ms"]) >= 2 * DELAY * 1000 for e in grown[owners[0]]), grown
             # the server's consumer carries the last size, within the budget (200 B + 512 of overhead a message)
             info = await consumer_info(leaf_nc, ORIGIN, spec.consumer_name)

@@ -267,6 +267,24 @@ def test_ack_ledger_and_credits() -> None:
     assert credits.requested == 0
 
 
+def test_credits_know_each_requests_first_and_last_delivery() -> None:
+    """What the window's sizing in pull mode reads: requests are served oldest first."""
+    credits = PullCredits()
+    credits.pulled(2, 1.0, 5.0)
+    credits.pulled(3, 1.5, 5.0)
+    assert credits.delivered() == (1.0, False)  # the first request's first delivery: it was sent at 1.0
+    assert credits.delivered() == (-1.0, True)  # and its last
+    assert credits.delivered() == (1.5, False)
+    credits.released(2)  # the second ended (expired) with two left
+    assert credits.requested == 0
+    assert credits.delivered() == (-1.0, False)  # a delivery no request of ours accounts for
+    credits.pulled(1, 2.0, 5.0)
+    assert credits.delivered() == (2.0, True)  # one request, one delivery: first and last
+    credits.pulled(4, 3.0, 5.0)
+    credits.clear()
+    assert credits.delivered() == (-1.0, False)
+
+
 def test_an_ack_floor_above_what_was_taken_is_adopted_as_a_skip() -> None:
     """Acked by someone else (or the aggregate lost the copies): not ours to replicate, as in flow-control mode."""
     engine = PullEngine(PULL_SETTINGS, 0.0)

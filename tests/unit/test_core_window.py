@@ -3,11 +3,19 @@ wants, agree with each other and with the WAN bench's rule (bench/RESULTS.md).""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
+from collections.abc import Iterable
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.core.ackreply import AckInfo
+from bridge.core.effects import Effect, Publish, Pull, PullAnchor, ResizeWindow
+from bridge.core.inbound import Data
+from bridge.core.pull import PullEngine
 from bridge.core.window import (
     MAX_WINDOW,
     NEAR,
@@ -19,6 +27,7 @@ from bridge.core.window import (
     window_carries,
     window_for,
 )
+from bridge.testing.engines import CONSUMER, STREAM, engine_settings
 
 
 def test_a_window_over_the_bench_links() -> None:
@@ -153,3 +162,110 @@ def test_the_window_stays_within_its_bounds(
     if resized:
         assert rtt >= NEAR and budget > 0
         assert sizer.size <= MAX_WINDOW and sizer.size * (size + OVERHEAD) <= budget
+
+
+# -- pull mode: the engine over a simulated far link ----------------------------------------------------------------
+
+
+TICK = 0.1
+
+
+class PullLink:
+    """A ``PullEngine`` reading a pull consumer across a link of ``rtt``: a request reaches the server half a round
+    trip after it is sent, the server serves requests oldest first at ``rate`` messages a second from a backlog of
+    ``backlog``, a delivery takes the other half to arrive, and a publish is stored ``store`` seconds after it is
+    sent. A resize is done an API round trip later; the engine ticks every ``TICK``. Events run in time order."""
+
+    def __init__(self, engine: PullEngine, *, rtt: float, rate: float, backlog: int, store: float = 0.0005) -> None:
+        self.engine, self.rtt, self.rate, self.store = engine, rtt, rate, store
+        self.left = backlog
+        self.sseq = 0
+        self.server_free = 0.0
+        self.events: list[tuple[float, int, str, object]] = []
+        self.order = itertools.count()
+        self.resized: list[int] = []
+        self.done_at = 0.0
+
+    def at(self, when: float, kind: str, what: object) -> None:
+        heapq.heappush(self.events, (when, next(self.order), kind, what))
+
+    def take(self, effects: Iterable[Effect], now: float) -> None:
+        for effect in effects:
+            if isinstance(effect, Publish):
+                self.at(now + self.store, "stored", effect)
+            elif isinstance(effect, Pull):
+                self.at(now + self.rtt / 2, "request", effect.batch)
+            elif isinstance(effect, ResizeWindow):
+                self.at(now + self.rtt, "resized", effect.size)
+
+    def serve(self, batch: int, now: float) -> None:
+        for _ in range(min(batch, self.left)):
+            self.left -= 1
+            self.sseq += 1
+            self.server_free = max(now, self.server_free) + 1 / self.rate
+            info = AckInfo(STREAM, CONSUMER, 1, self.sseq, self.sseq, self.sseq, self.left)
+            self.at(self.server_free + self.rtt / 2, "data", Data(info, "orders.x", None, b"x" * 200, "ack"))
+
+    def run(self, until: float = 60.0) -> float:
+        """Until every message is stored; returns when that was."""
+        engine = self.engine
+        self.take(engine.recovered(0, [], 0.0), 0.0)
+        self.take(engine.resynced(PullAnchor(0, 0), 0.0), 0.0)
+        self.at(TICK, "tick", None)
+        while self.events:
+            now, _, kind, what = heapq.heappop(self.events)
+            assert now < until, "the backlog was not drained"
+            if kind == "tick":  # the runner's ticker: a paced source's next request goes out on one
+                self.take(engine.tick(now), now)
+                self.at(now + TICK, "tick", None)
+            elif kind == "request":
+                assert isinstance(what, int)
+                self.serve(what, now)
+            elif kind == "data":
+                assert isinstance(what, Data)
+                self.take(engine.data(what, now), now)
+            elif kind == "stored":
+                assert isinstance(what, Publish)
+                self.take(engine.publish_stored(what.entry.order, what.attempt, now), now)
+                if engine.watermark == self.sseq and not self.left:
+                    return now
+            elif kind == "resized":
+                assert isinstance(what, int)
+                self.resized.append(what)
+                self.take(engine.window_resized(what, now), now)
+        raise AssertionError("unreachable: the ticks go on")
+
+
+def pull_engine(capacity: int, budget: int, *, rate_limit: int = 0) -> PullEngine:
+    settings = replace(
+        engine_settings(publish_window=1024),
+        pull_capacity=capacity,
+        window=capacity,
+        window_budget=budget,
+        pull_expires=30.0,
+        rate_limit=rate_limit,
+    )
+    return PullEngine(settings, 0.0)
+
+
+def test_pull_mode_grows_its_requests_in_flight_over_a_far_link() -> None:
+    fixed = PullLink(pull_engine(100, 0), rtt=0.050, rate=20_000, backlog=20_000)
+    fixed_s = fixed.run()
+    grown = PullLink(pull_engine(100, 4 * MIB), rtt=0.050, rate=20_000, backlog=20_000)
+    grown_s = grown.run()
+    assert fixed.resized == [] and fixed.engine.window.size == 100
+    assert grown.resized == sorted(grown.resized) and grown.resized[0] >= 200, grown.resized
+    assert grown.engine.window.rtt >= 0.010  # the stop it measured is the link's, not a delivery's spacing
+    assert grown_s < fixed_s / 3, (grown_s, fixed_s)  # 100 in flight carry ~2,000 msg/s over 50 ms
+    # every Pull after the last resize asks within the grown window
+    assert grown.engine.window.size == grown.resized[-1] <= 4 * MIB // (200 + OVERHEAD)
+
+
+def test_pull_mode_keeps_its_window_on_a_near_link_a_thin_one_and_a_paced_one() -> None:
+    near = PullLink(pull_engine(100, 4 * MIB), rtt=0.0004, rate=20_000, backlog=5_000)
+    near.run()
+    thin = PullLink(pull_engine(100, 4 * MIB), rtt=0.050, rate=30, backlog=300)  # 50 kbit/s of 200-byte messages
+    thin.run()
+    paced = PullLink(pull_engine(100, 4 * MIB, rate_limit=400_000), rtt=0.050, rate=20_000, backlog=5_000)
+    paced.run()
+    assert near.resized == thin.resized == paced.resized == []
