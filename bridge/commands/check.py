@@ -20,18 +20,18 @@ from typing import Any
 import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
-from bridge.commands.setup import origin_missing, setup_command
+from bridge.commands.setup import copy_subjects, origin_missing, setup_command
 from bridge.commands.sources import registry_merged
 from bridge.config import BridgeConfig, SourceConfig, exposed_secrets
 from bridge.config.loading import load_file
 from bridge.config.registry import REGISTRY, Merged, registry_bucket
 from bridge.core.fleet import holder_in
 from bridge.core.modes import ModeUnsupported, mode_key, presume_mode
-from bridge.core.subjects import SubjectSet
+from bridge.core.subjects import pattern_covers
 from bridge.core.window import FAR, window_carries, window_for, window_limit
 from bridge.errors import BridgeError, ConfigError, ConsumerUnfit
 from bridge.io.connect import close_connection, open_connection
-from bridge.io.consumer import ensure_consumer, source_mode
+from bridge.io.consumer import consumer_filters, ensure_consumer, source_mode
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi, server_level
 from bridge.io.kv import KvBucket, parse_view
 
@@ -103,10 +103,14 @@ async def _check_target(config: BridgeConfig, config_path: str) -> bool:
     ok = True
     subjects = list(cfg.get("subjects") or [])
     for src in config.sources:
-        probe = f"{src.subject_prefix}.x" if src.subject_prefix else None
-        if probe and subjects and not SubjectSet(subjects).captures(probe):
+        # without a prefix or transforms the copies keep the origin's subjects, which setup reads (not this check)
+        wanted = copy_subjects(src, None) if src.subject_prefix or src.subject_transforms else None
+        uncaptured = [p for p in wanted or [] if subjects and not any(pattern_covers(s, p) for s in subjects)]
+        if uncaptured:
             _print(
-                False, f"target stream {target.stream}", f"subjects {subjects} do not capture {src.subject_prefix}.>"
+                False,
+                f"target stream {target.stream}",
+                f"subjects {subjects} do not capture {', '.join(uncaptured)} (the copies of source {src.name})",
             )
             ok = False
     window = int(cfg.get("duplicate_window", 0)) / 1e9
@@ -219,12 +223,34 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
         f"origin {src.stream} ({retention}), consumer {src.consumer} ({kind}), ack floor {floor}, "
         f"pending {info.get('num_pending', 0)}",
     )
+    if src.subject_transforms:
+        _check_transforms(src, consumer_filters(info), result)
     if rtt >= FAR:
         window = int(info.get("config", {}).get("max_ack_pending") or src.max_ack_pending)
         state = stream.get("state", {})
         mean = int(state.get("bytes", 0)) // max(1, int(state.get("messages", 0)))
         grows = src.manage_consumer and src.window_budget > 0  # both modes grow a managed consumer's window
         _print(True, what, _window_advice(window, rtt, kind, window_limit(src.window_budget, mean) if grows else 0))
+
+
+def _check_transforms(src: SourceConfig, filters: list[str], result: CheckResult) -> None:
+    """Where the copies land, and whether the consumer delivers only what a transform's ``src`` covers (a bound
+    consumer's filters are the operator's: what none covers would keep its subject)."""
+    what = f"source {src.name}"
+    shown = ", ".join(f"{t.src} -> {t.dest}" if t.dest else f"{t.src} (kept)" for t in src.subject_transforms)
+    copies = ", ".join(copy_subjects(src, None) or [])
+    _print(True, what, f"subject transforms {shown}; copies on {copies}")
+    srcs = [t.src for t in src.subject_transforms]
+    outside = [f for f in filters or [">"] if not any(pattern_covers(s, f) for s in srcs)]
+    if outside:
+        _print(
+            False,
+            what,
+            f"consumer {src.consumer} delivers {', '.join(outside)}, which no transform's src covers: those copies "
+            "would keep their origin subject; give the consumer the transforms' src as its filter_subjects, or add "
+            "a transform for them",
+        )
+        result.ok = False
 
 
 def _window_advice(window: int, rtt: float, kind: str, grows_to: int) -> str:

@@ -30,6 +30,7 @@ from bridge.config.loading import load_file
 from bridge.config.templates import prefix_pattern
 from bridge.core.modes import Mode, ModeUnsupported, mode_key
 from bridge.core.subjects import pattern_covers
+from bridge.core.transforms import SubjectTransforms
 from bridge.errors import ApiError, BridgeError
 from bridge.io.aggregate import SHORT_WINDOW_ACK_TIMEOUTS, duplicate_window_short
 from bridge.io.connect import close_connection, open_connection
@@ -91,10 +92,13 @@ def minimal_subjects(patterns: Iterable[str]) -> list[str]:
 
 
 def copy_subjects(source: SourceConfig, origin_subjects: Sequence[str] | None) -> list[str] | None:
-    """The subjects this source's copies are published on: ``<prefix>.>``, else the origin's own subjects (its
-    ``filter_subjects`` when set); None when they are unknown (the origin could not be read)."""
+    """The subjects this source's copies are published on: ``<prefix>.>``, else where its ``subject_transforms``
+    put them, else the origin's own subjects (its ``filter_subjects`` when set); None when they are unknown (the
+    origin could not be read)."""
     if source.subject_prefix:
         return [f"{source.subject_prefix}.>"]
+    if source.subject_transforms:
+        return SubjectTransforms(source.transform_pairs).copies()
     if source.filter_subjects:
         return list(source.filter_subjects)
     if not origin_subjects:
@@ -293,7 +297,7 @@ def exit_code(lines: Iterable[Line]) -> int:
 
 
 def _consumer_detail(src: SourceConfig, mode: Mode) -> str:
-    filters = f", filter {', '.join(src.filter_subjects)}" if src.filter_subjects else ""
+    filters = f", filter {', '.join(src.consumer_filters)}" if src.consumer_filters else ""
     if mode is Mode.PULL:
         kind = f"pull, ack_policy explicit, ack_wait {go_duration(src.ack_wait)}"
     else:
@@ -316,7 +320,7 @@ async def _setup_source(src: SourceConfig, dry_run: bool) -> SourceResult:
     result = SourceResult()
     what = f"source {src.name}"
     cwhat = f"consumer {src.stream}/{src.consumer} on {src.name}"
-    if src.subject_prefix or src.filter_subjects:
+    if src.subject_prefix or src.subject_transforms or src.filter_subjects:
         result.subjects = copy_subjects(src, None)
     try:
         nc = await open_connection(src, name=f"nats-bridge setup {src.name}", error_type=BridgeError)

@@ -86,10 +86,16 @@ async def _watermarks(config: BridgeConfig, floors: dict[str, int]) -> dict[str,
         api = JsApi(nc, target.api_prefix)
         for src in config.sources:
             floor = floors.get(src.name, 0)
-            subject = f"{src.subject_prefix}.>" if src.subject_prefix else ">"
             try:
                 copies, complete = await read_source_tail(
-                    nc, api, target.stream, src.name, subject, floor, recovery_depth(target.publish_window), TIMEOUT
+                    nc,
+                    api,
+                    target.stream,
+                    src.name,
+                    src.copies_filter,
+                    floor,
+                    recovery_depth(target.publish_window),
+                    TIMEOUT,
                 )
                 out[src.name] = recover(copies, floor, complete).watermark
             except BridgeError as exc:
@@ -203,6 +209,8 @@ async def collect_status(config: BridgeConfig, origins: Mapping[str, str] | None
         elif mark is not None:
             state.setdefault("error", f"aggregate: {mark}")
         state["rate_limit"] = src.rate_limit
+        if src.subject_transforms:
+            state["subject_transforms"] = [{"src": t.src, "dest": t.dest} for t in src.subject_transforms]
         state["daemon"] = daemon_source_view(daemon, src.name)
         if isinstance(owners, dict):
             state["owner"] = owners.get(src.name)

@@ -60,6 +60,7 @@ from bridge.config.validators import (
     seconds_between,
     show,
 )
+from bridge.core.transforms import SubjectTransforms, TransformError
 
 # hide_input_in_errors keeps values (maybe secrets) out of a raw ValidationError's text, should one ever be
 # printed by code that bypasses load_config.
@@ -207,6 +208,17 @@ class TargetConfig(BaseModel):
         return api_prefix(self.domain)
 
 
+class SubjectTransformConfig(BaseModel):
+    """One of ``sources[].subject_transforms``: copies of messages whose subject matches ``src`` are published on
+    ``dest`` (nats-server's mapping syntax, as in a stream source's ``subject_transforms``); an empty ``dest``
+    keeps the subject (``src`` only filters)."""
+
+    model_config = _MODEL_CONFIG
+
+    src: str = ">"
+    dest: str = ""
+
+
 class SourceConfig(BaseModel):
     """``[[sources]]``: one edge server and stream to replicate, read through a durable consumer: a push consumer
     with ``ack_policy: flow_control`` or a pull consumer with explicit acks (``mode``)."""
@@ -234,6 +246,10 @@ class SourceConfig(BaseModel):
         float, seconds_between(1.0, 3600.0, ": the origin redelivers a message not acked within it")
     ] = 30.0
     filter_subjects: FilterSubjects = Field(default_factory=list)
+    # Where copies land: the first transform whose src matches the origin subject maps it (nats-server's syntax and
+    # functions); the srcs are the managed consumer's filters, so a subject none matches is not delivered. The
+    # subject_prefix, when set, goes in front of the transformed subject.
+    subject_transforms: list[SubjectTransformConfig] = Field(default_factory=list)
     subject_prefix: SubjectPrefix | None = None
     # Bytes per second the origin sends this source at most (0: no limit), for thin links: in flow-control mode the
     # consumer's rate_limit_bps (the server paces its deliveries). "64KiB", "50kbit" and the like are accepted.
@@ -266,6 +282,43 @@ class SourceConfig(BaseModel):
                 "operator's, so set them on the consumer itself and remove filter_subjects here"
             )
         return value
+
+    @field_validator("subject_transforms")
+    @classmethod
+    def _transforms_the_server_would_take(
+        cls, value: list[SubjectTransformConfig], info: ValidationInfo
+    ) -> list[SubjectTransformConfig]:
+        if not value:
+            return value
+        if info.data.get("filter_subjects"):
+            raise fail(
+                "set either filter_subjects or subject_transforms: the transforms' src are the consumer's filters "
+                '(a filter alone is {src = "<filter>"}, whose copies keep their subject)'
+            )
+        try:
+            SubjectTransforms((t.src, t.dest) for t in value)
+        except TransformError as exc:
+            raise fail(str(exc)) from None
+        return value
+
+    @property
+    def consumer_filters(self) -> list[str]:
+        """The subjects the consumer delivers: ``filter_subjects``, or the transforms' srcs (none: everything)."""
+        if self.filter_subjects:
+            return list(self.filter_subjects)
+        srcs = [t.src or ">" for t in self.subject_transforms]
+        return [] if ">" in srcs else srcs
+
+    @property
+    def copies_filter(self) -> str:
+        """The aggregate subjects that hold this source's copies, as far as a subject tells (restart recovery reads
+        the rest by ``Bridge-Source``): ``<prefix>.>``, else everything."""
+        return f"{self.subject_prefix}.>" if self.subject_prefix else ">"
+
+    @property
+    def transform_pairs(self) -> tuple[tuple[str, str], ...]:
+        """``subject_transforms`` as ``(src, dest)`` pairs, for the core (``bridge.core.transforms``)."""
+        return tuple((t.src, t.dest) for t in self.subject_transforms)
 
     @field_validator("rate_limit", "window_budget")
     @classmethod

@@ -35,6 +35,7 @@ from bridge.core.modes import Mode
 from bridge.core.phases import Event, Phase, PhaseMachine
 from bridge.core.pipeline import OutboundMessage, PublishPipeline, TargetLimits
 from bridge.core.resets import ResetScheduler
+from bridge.core.transforms import SubjectTransforms
 from bridge.core.watch import StallWatch
 from bridge.core.window import Window
 
@@ -57,6 +58,8 @@ class EngineSettings:
     stalled_after: float  # no watermark progress for this long, with work waiting: the source is stalled
     # the core's own
     subject_prefix: str | None = None
+    # (src, dest) pairs, nats-server's syntax (bridge.core.transforms): where each copy lands, before the prefix
+    subject_transforms: tuple[tuple[str, str], ...] = ()
     reconnect_silence: float = 2.0
     reset_min_interval: float = 2.0
     limits_refresh: float = 5.0  # seconds between reads of the target's limits while the source is blocked
@@ -98,6 +101,8 @@ class Replication(ABC):
         self.window = window
         # what goes before each origin subject in the aggregate (the prefix and its dot, or nothing)
         self._subject_prefix = hdr.aggregate_subject("", settings.subject_prefix)
+        # validated with the configuration: a transform the server would refuse never reaches an engine
+        self._transforms = SubjectTransforms(settings.subject_transforms) if settings.subject_transforms else None
         self._phases = PhaseMachine()
         self.pipeline = PublishPipeline(
             window=settings.publish_window, ack_timeout=settings.ack_timeout, retry=settings.publish_retry
@@ -288,7 +293,14 @@ class Replication(ABC):
         )
         self._skip_note = None
         cycle = hdr.own_copy(headers, self.settings.source, self.settings.stream)
-        self.pipeline.add(sseq, OutboundMessage(self._subject_prefix + subject, block, payload, timestamp_ns, cycle))
+        copy_subject = subject
+        if self._transforms is not None:
+            # none matches only on a bound consumer whose filters are wider than the srcs: the subject stays, as
+            # in native sourcing (Bridge-Subject keeps the original either way)
+            copy_subject = self._transforms.apply(subject) or subject
+        self.pipeline.add(
+            sseq, OutboundMessage(self._subject_prefix + copy_subject, block, payload, timestamp_ns, cycle)
+        )
         self.accepted = sseq
         return True
 

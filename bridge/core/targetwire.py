@@ -191,11 +191,13 @@ def encode_publishes(
     ``max_payload``), which are left out. A batch commit (end of batch) is a ``PUB`` with no payload."""
     failures: list[tuple[int, int, str]] = []
     commands: list[bytes] = []
+    # subjects as bytes the way they were transformed: a subject transform slicing a token of non-ASCII text in its
+    # UTF-8 bytes (as the server does) carries the cut bytes as surrogates (bridge.core.transforms)
     for message, order, attempt, number, bseq, op, flow in batch:
         payload = message.payload
         if number and op == BATCH_COMMIT_EOB:
             reply = _batch_reply(inbox, batch_base, order, attempt, number, bseq, op, flow)
-            commands.append(b"PUB %s %s 0\r\n\r\n" % (message.subject.encode(), reply))
+            commands.append(b"PUB %s %s 0\r\n\r\n" % (message.subject.encode("utf-8", "surrogateescape"), reply))
             continue
         if len(payload) > limit:  # nats-py's check (the pipeline has already checked headers + payload)
             failures.append(
@@ -207,12 +209,21 @@ def encode_publishes(
         if not number:  # one format for the common command (this runs once per replicated message)
             commands.append(
                 b"HPUB %s %s.%d.%d %d %d\r\n%s%s\r\n"
-                % (message.subject.encode(), inbox, order, attempt, size, size + len(payload), block, payload)
+                % (
+                    message.subject.encode("utf-8", "surrogateescape"),
+                    inbox,
+                    order,
+                    attempt,
+                    size,
+                    size + len(payload),
+                    block,
+                    payload,
+                )
             )
             continue
         reply = _batch_reply(inbox, batch_base, order, attempt, number, bseq, op, flow)
         commands.append(
             b"HPUB %s %s %d %d\r\n%s%s\r\n"
-            % (message.subject.encode(), reply, size, size + len(payload), block, payload)
+            % (message.subject.encode("utf-8", "surrogateescape"), reply, size, size + len(payload), block, payload)
         )
     return (commands[0] if len(commands) == 1 else b"".join(commands)), failures

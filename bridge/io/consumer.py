@@ -35,9 +35,13 @@ class ConsumerSettings(Protocol):
     consumer: str
     deliver_subject: str
     max_ack_pending: int
-    filter_subjects: list[str]
     ack_wait: float  # seconds (pull mode)
     rate_limit: int  # bytes per second, 0: none (flow-control mode: the consumer's rate_limit_bps)
+
+    @property
+    def consumer_filters(self) -> list[str]:
+        """The subjects the consumer delivers (none: everything)."""
+        ...
 
 
 def _common_config(source: ConsumerSettings) -> dict[str, Any]:
@@ -52,7 +56,7 @@ def _common_config(source: ConsumerSettings) -> dict[str, Any]:
         "replay_policy": "instant",
         "metadata": {"nats-bridge.source": source.name},
     }
-    filters = list(source.filter_subjects)
+    filters = source.consumer_filters
     if len(filters) == 1:
         config["filter_subject"] = filters[0]
     elif filters:

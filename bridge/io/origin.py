@@ -67,7 +67,7 @@ class OriginClient:
         self._raw = False  # nats-py has the internals flow-control answers are written through (wire.has_raw_writes)
         self._api: JsApi | None = None
         self._sub: Subscription | None = None
-        self._filters: list[str] = list(source.filter_subjects)  # the consumer's, once bound
+        self._filters: list[str] = source.consumer_filters  # the consumer's, once bound
         self._inbox = ""  # pull mode: the subscribed inbox, the reply subject of every pull request
         self._on_messages: Callable[[Sequence[inbound.Inbound]], None] | None = None
         # the deliveries of the read being parsed, appended by the wire parser (wire.add_sink): classified and handed

@@ -83,7 +83,13 @@ class SourcePublisher:
     def _on_early(self, msgs: list[Msg]) -> None:
         """Acks nats-py parsed itself (no wire parser, or before the sink was registered), in order."""
         frames: list[Frame] = [
-            (m.subject.encode(), b"", encode_header_block(m.headers) if m.headers else None, m.data) for m in msgs
+            (
+                m.subject.encode("utf-8", "surrogateescape"),
+                b"",
+                encode_header_block(m.headers) if m.headers else None,
+                m.data,
+            )
+            for m in msgs
         ]
         outcomes = self._outcomes(frames)
         if outcomes:

@@ -105,6 +105,7 @@ def engine_settings(
         stream=source.stream,
         consumer=source.consumer,
         subject_prefix=source.subject_prefix,
+        subject_transforms=source.transform_pairs,
         publish_window=target.publish_window,
         ack_timeout=target.ack_timeout,
         silence_timeout=engine.silence_timeout,
@@ -520,10 +521,9 @@ class SourceRunner:
     async def _read_tail(self, floor: int) -> tuple[list[Copy], bool]:
         """This source's copies in the aggregate above ``floor`` (see ``read_source_tail``)."""
         src = self.source
-        subject_filter = f"{src.subject_prefix}.>" if src.subject_prefix else ">"
         # the slot is taken for the reads of messages only: the aggregate's STREAM.INFO before them is shared
         return await self.target.read_tail(
-            src.name, subject_filter, floor, recovery_depth(self.target.publish_window), self._api_slot
+            src.name, src.copies_filter, floor, recovery_depth(self.target.publish_window), self._api_slot
         )
 
     async def _target_limits(self) -> TargetLimits:

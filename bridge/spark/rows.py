@@ -4,9 +4,10 @@ One row per stored message: ``stream``, ``seq``, ``subject``, ``timestamp`` (the
 ``size`` (payload bytes), ``payload_hash`` (BLAKE2b, 8 bytes, as a signed 64-bit integer: equal payloads hash
 equal, so a copy can be compared with its original without moving payloads), ``headers`` (the message's own
 headers as a map; all of them, or the names asked for), the bridge's provenance as typed columns (``source``,
-``origin_stream``, ``origin_seq``, ``origin_time``: from ``Bridge-Source``, ``Bridge-Stream``, ``Bridge-Seq`` and
-``Bridge-Time``, parsed by :func:`bridge.core.headers.parse_provenance` from all the message's headers whatever
-the ``headers`` option keeps; null on a message that is not a bridge copy, ``origin_time`` also null without
+``origin_stream``, ``origin_seq``, ``origin_time``, ``origin_subject``: from ``Bridge-Source``, ``Bridge-Stream``,
+``Bridge-Seq``, ``Bridge-Time`` and ``Bridge-Subject`` (the origin subject, before a ``subject_prefix`` or a subject
+transform), parsed by :func:`bridge.core.headers.parse_provenance` from all the message's headers whatever the
+``headers`` option keeps; null on a message that is not a bridge copy, ``origin_time`` also null without
 ``Bridge-Time``) and, when asked for, ``payload``.
 
 Columns are built per batch of messages from Python lists in one call each: Spark takes Arrow batches from a
@@ -38,6 +39,7 @@ _BASE_FIELDS = [
     ("origin_stream", "string", pa.string()),
     ("origin_seq", "bigint", pa.int64()),
     ("origin_time", "timestamp", pa.timestamp("us", tz="UTC")),
+    ("origin_subject", "string", pa.string()),  # Bridge-Subject: the subject before a prefix or transform
 ]
 _PAYLOAD_FIELD = ("payload", "binary", pa.binary())
 
@@ -128,6 +130,7 @@ class BatchBuilder:
                 [p.timestamp_ns // 1000 if p is not None and p.timestamp_ns else None for p in provenance],
                 pa.timestamp("us", tz="UTC"),
             ),
+            pa.array([p and p.subject for p in provenance], pa.string()),
         ]
         if self.payloads:
             columns.append(pa.array([m.payload for m in messages], pa.binary()))

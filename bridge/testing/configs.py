@@ -78,7 +78,7 @@ class SourceSpec:
 
 
 def toml_value(value: Any) -> str:
-    """A TOML literal for a bool, number, string or list of those."""
+    """A TOML literal for a bool, number, string, list of those, or an inline table of those."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -87,6 +87,8 @@ def toml_value(value: Any) -> str:
         return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"no TOML form for {value!r}")
 
 

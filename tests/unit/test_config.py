@@ -308,6 +308,23 @@ RULES: list[tuple[tuple[tuple[str, Any], ...], str]] = [
     ((("sources.0.filter_subjects", ["a.b*"]),), "sources[edge-a].filter_subjects[0]: '*' must be a whole token"),
     ((("sources.0.filter_subjects", ["a.>.b"]),), "sources[edge-a].filter_subjects[0]: '>' must be the whole last"),
     ((("sources.0.filter_subjects", ["a", "a"]),), "sources[edge-a].filter_subjects: 'a' is listed twice"),
+    (
+        (("sources.0.filter_subjects", ["x.>"]), ("sources.0.subject_transforms", [{"src": "a.*", "dest": "b.$1"}])),
+        "sources[edge-a].subject_transforms: set either filter_subjects or subject_transforms: the transforms' src "
+        "are the consumer's filters",
+    ),
+    (
+        (("sources.0.subject_transforms", [{"src": "a.*", "dest": "b.$2"}]),),
+        "sources[edge-a].subject_transforms: dest 'b.$2'",
+    ),
+    (
+        (("sources.0.subject_transforms", [{"src": "a.>", "dest": "x.>"}, {"src": "a.b", "dest": "y"}]),),
+        "sources[edge-a].subject_transforms: src 'a.b' overlaps src 'a.>'",
+    ),
+    (
+        (("sources.0.subject_transforms", [{"src": "a.*", "dst": "b"}]),),
+        "sources[edge-a].subject_transforms[0].dst: unknown key",
+    ),
     ((("sources.0.subject_prefix", "site.*"),), "sources[edge-a].subject_prefix: must be a literal subject"),
     ((("sources.0.subject_prefix", "site."),), "sources[edge-a].subject_prefix: must not have empty tokens"),
     ((("sources.0.subject_prefix", ""),), "sources[edge-a].subject_prefix: must not be empty"),

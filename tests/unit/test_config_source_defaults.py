@@ -131,8 +131,8 @@ domain = "store3"
         "source_defaults.max_ack_pending: must be a whole number (got 'lots') (as applied to sources[store-1] and 2 "
         "more)",
         "source_defaults.colour: unknown key; allowed here: servers, stream, domain, consumer, deliver_subject, "
-        "manage_consumer, max_ack_pending, mode, ack_wait, filter_subjects, subject_prefix, rate_limit, "
-        "window_budget, auth, tls "
+        "manage_consumer, max_ack_pending, mode, ack_wait, filter_subjects, subject_transforms, subject_prefix, "
+        "rate_limit, window_budget, auth, tls "
         "(as applied to sources[store-1] and 2 more)",
     ]
 

@@ -27,6 +27,7 @@ from bridge.core.effects import (
 from bridge.core.engine import Phase, SourceEngine
 from bridge.core.inbound import Data, Heartbeat, Unrecognised
 from bridge.core.pipeline import BATCH_COMMIT_EOB, TargetLimits
+from bridge.core.transforms import SubjectTransforms
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CHECK_MAX, STRANDED_CONFIRM, stranded_spread
 from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
 from tests.unit.sim import Sim, SimConfig
@@ -217,6 +218,17 @@ def test_deliveries_are_published_in_order_with_provenance() -> None:
     assert engine.watermark == 5
     assert engine.position == (3, 5)
     assert engine.stats.delivered == 3
+
+
+def test_subject_transforms_place_each_copy_under_the_prefix_and_keep_the_origin_subject() -> None:
+    transforms = (("orders.*", "shop.{{wildcard(1)}}.{{partition(2,1)}}"),)
+    engine = start(subject_transforms=transforms)
+    sends = of(feed(engine, [(1, 1), (2, 2), (3, 3)]), Publish)
+    copies = [s.entry.message for s in sends if s.entry.message is not None]
+    mapped = SubjectTransforms(transforms)  # compared with the server's own in test_transforms_server
+    assert [c.subject for c in copies] == [f"agg.{mapped.apply(f'orders.{n}')}" for n in (1, 2, 3)]
+    assert all(c.subject.startswith("agg.shop.") for c in copies)
+    assert [c.headers[hdr.SUBJECT] for c in copies] == ["orders.1", "orders.2", "orders.3"]
 
 
 def test_origin_headers_go_through_the_policy() -> None:

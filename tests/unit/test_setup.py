@@ -92,6 +92,10 @@ def test_the_aggregate_captures_each_sources_copies_without_overlaps() -> None:
     # without a prefix the copies keep the origin's subjects: its filters when set, else its configured subjects
     assert copy_subjects(source(), ["orders.>"]) == ["orders.>"]
     assert copy_subjects(source(filter_subjects=["orders.eu.>"]), ["orders.>"]) == ["orders.eu.>"]
+    # transforms: where they put the copies (under the prefix when there is one), origin unread or not
+    transforms = [{"src": "orders.*", "dest": "shop.$1.{{split(1,-)}}"}, {"src": "audit.>"}]
+    assert copy_subjects(source(subject_transforms=transforms), None) == ["shop.*.>", "audit.>"]
+    assert copy_subjects(source(subject_prefix="edge.one", subject_transforms=transforms), None) == ["edge.one.>"]
     assert copy_subjects(source(), None) is None  # origin unread: unknown, never guessed
     assert copy_subjects(source(), []) is None  # a mirror has no subjects of its own
 

@@ -181,9 +181,11 @@ def test_provenance_columns_from_a_bridge_copy_and_null_otherwise() -> None:
     first = rows[0]
     assert (first["source"], first["origin_stream"], first["origin_seq"]) == ("edge1", "O", 12)
     assert first["origin_time"] == dt.datetime(2026, 11, 22, 14, 25, 16, 123456, tzinfo=dt.UTC)
+    assert first["origin_subject"] == "a.b"  # Bridge-Subject: before a prefix or a transform
     for row in rows[1:]:
-        assert (row["source"], row["origin_stream"], row["origin_seq"], row["origin_time"]) == (None,) * 4
+        provenance = (row["source"], row["origin_stream"], row["origin_seq"], row["origin_time"], row["origin_subject"])
+        assert provenance == (None,) * 5
     assert [r["headers"] for r in rows] == [[], [], []]
     names = [f.name for f in arrow_schema(True)]
     assert names == [c.split()[0] for c in spark_schema(True).split(", ")]
-    assert names[-5:] == ["source", "origin_stream", "origin_seq", "origin_time", "payload"]
+    assert names[-6:] == ["source", "origin_stream", "origin_seq", "origin_time", "origin_subject", "payload"]
