@@ -80,6 +80,10 @@ class OriginPort(Protocol):
         is updated (a create of the same durable: its position and deliveries are untouched); raises the
         ``bridge.errors`` family. In pull mode nothing changes on the server."""
 
+    copies_exist: Callable[[], Awaitable[bool]] | None
+    """Whether the aggregate holds copies of this source, set by the runner: asked before a start position is
+    applied to a consumer being created (``bridge.io.start``)."""
+
     async def set_window(self, max_ack_pending: int) -> None:
         """Grow the managed consumer's ``max_ack_pending`` in place (a create of the same durable, as
         :meth:`set_rate_limit`; in pull mode it covers the requests in flight and is never lowered); later binds

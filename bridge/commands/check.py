@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
+from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side, copies_in
 from bridge.commands.setup import copy_subjects, origin_missing, setup_command
 from bridge.commands.sources import registry_merged
 from bridge.config import BridgeConfig, SourceConfig, exposed_secrets
@@ -34,6 +34,7 @@ from bridge.io.connect import close_connection, open_connection
 from bridge.io.consumer import consumer_filters, ensure_consumer, source_mode
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi, server_level
 from bridge.io.kv import KvBucket, parse_view
+from bridge.io.start import CopiesExist, creation_fields, start_seq_of
 
 
 @dataclass
@@ -156,7 +157,7 @@ async def _check_coordination(config: BridgeConfig) -> bool:
     return True
 
 
-async def _check_source(src: SourceConfig, result: CheckResult) -> None:
+async def _check_source(src: SourceConfig, result: CheckResult, copies: CopiesExist) -> None:
     what = f"source {src.name}"
     try:
         nc = await open_connection(src, name=f"nats-bridge check {src.name}", error_type=BridgeError)
@@ -193,8 +194,13 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
 
         if presumed is None:
             say_mode()
+        deliver, decision = None, ""
+        if src.manage_consumer and src.start_position != "all":  # as the daemon's bind (bridge.io.start)
+            deliver, decision = await creation_fields(api, src, choice.mode, TIMEOUT, copies)
         try:
-            info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode)
+            info = await ensure_consumer(
+                api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode, deliver=deliver
+            )
         except ConsumerUnfit:
             if presumed is None:
                 raise
@@ -202,7 +208,9 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
             say_mode()
             if choice.mode is presumed.mode:
                 raise  # the durable confirms the mode its vetting refused: that refusal stands
-            info = await ensure_consumer(api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode)
+            info = await ensure_consumer(
+                api, src, manage=src.manage_consumer, timeout=TIMEOUT, mode=choice.mode, deliver=deliver
+            )
         else:
             if presumed is not None:
                 say_mode()
@@ -225,12 +233,53 @@ async def _check_source(src: SourceConfig, result: CheckResult) -> None:
     )
     if src.subject_transforms:
         _check_transforms(src, consumer_filters(info), result)
+    if src.start_position != "all":
+        _check_start(src, info, decision, retention, result)
     if rtt >= FAR:
         window = int(info.get("config", {}).get("max_ack_pending") or src.max_ack_pending)
         state = stream.get("state", {})
         mean = int(state.get("bytes", 0)) // max(1, int(state.get("messages", 0)))
         grows = src.manage_consumer and src.window_budget > 0  # both modes grow a managed consumer's window
         _print(True, what, _window_advice(window, rtt, kind, window_limit(src.window_budget, mean) if grows else 0))
+
+
+def _check_start(
+    src: SourceConfig, info: dict[str, Any], decision: str, retention: object, result: CheckResult
+) -> None:
+    """What the start position did or will do, what it leaves on the origin, and a bound consumer that differs."""
+    what = f"source {src.name}"
+    cfg = info.get("config", {})
+    placed = f"deliver_policy {cfg.get('deliver_policy')}"
+    if cfg.get("opt_start_seq"):
+        placed += f", opt_start_seq {cfg['opt_start_seq']}"
+    if start_seq_of(info):
+        placed += f", start sequence {start_seq_of(info)}"
+    if not src.manage_consumer:
+        if cfg.get("deliver_policy") == "all" and not start_seq_of(info):
+            _print(
+                False,
+                what,
+                f"start {src.start_position}, but the pre-created consumer {src.consumer} delivers from the first "
+                f"message ({placed}); the bridge never changes it: create it with the deliver policy you want, or "
+                "remove the start from the source",
+            )
+            result.ok = False
+            return
+        _print(True, what, f"start {src.start_position}: the pre-created consumer's own ({placed})")
+        return
+    done = decision or "the consumer exists: it keeps where it was created"
+    _print(True, what, f"start {src.start_position}: {done} ({placed})")
+    if retention in ("workqueue", "interest"):
+        _print(
+            True,
+            what,
+            f"note: on this {retention} origin what lies before the start is never acked by the bridge: "
+            + (
+                "it stays in the stream (within its limits) until someone purges it"
+                if retention == "workqueue"
+                else "the server removes it once no other consumer wants it"
+            ),
+        )
 
 
 def _check_transforms(src: SourceConfig, filters: list[str], result: CheckResult) -> None:
@@ -299,7 +348,7 @@ async def run_check(config: BridgeConfig, config_path: str) -> CheckResult:
         if config.coordination.enabled:
             tg.start_soon(one, _check_coordination(config))
         for src in config.sources:
-            tg.start_soon(_check_source, src, result)
+            tg.start_soon(_check_source, src, result, copies_in(config.target, src))
     ok = result.ok and not result.config_problems
     print("all checks passed" if ok else "some checks failed", flush=True)
     return result

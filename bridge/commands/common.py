@@ -8,10 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bridge.errors import ConfigError
+from bridge.errors import BridgeError, ConfigError
 
 if TYPE_CHECKING:
-    from bridge.config import AuthConfig, BridgeConfig, TlsConfig
+    from bridge.config import AuthConfig, BridgeConfig, SourceConfig, TargetConfig, TlsConfig
+    from bridge.io.start import CopiesExist
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -52,3 +53,23 @@ def bucket_side(config: BridgeConfig) -> BucketSide:
         return BucketSide(coordination.servers, coordination.auth, coordination.tls, coordination.api_prefix)
     target = config.target
     return BucketSide(target.servers, target.auth, target.tls, target.api_prefix)
+
+
+def copies_in(target: TargetConfig, source: SourceConfig) -> CopiesExist:
+    """Whether the aggregate holds any copy of ``source`` (read on a connection of its own when asked): a start
+    position is applied only to a consumer created for a source the aggregate has never seen (``bridge.io.start``)."""
+
+    async def exist() -> bool:
+        from bridge.io.aggregate import read_source_tail
+        from bridge.io.connect import close_connection, open_connection
+        from bridge.io.jsapi import JsApi
+
+        nc = await open_connection(target, name=f"nats-bridge {source.name} copies", error_type=BridgeError)
+        try:
+            api = JsApi(nc, target.api_prefix)
+            copies, _ = await read_source_tail(nc, api, target.stream, source.name, source.copies_filter, 0, 1, TIMEOUT)
+            return bool(copies)
+        finally:
+            await close_connection(nc)
+
+    return exist

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 from nats.aio.client import Client as NATS
 
-from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side
+from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side, copies_in
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig, exposed_secrets
 from bridge.config.loading import load_file
 from bridge.config.templates import prefix_pattern
@@ -42,6 +42,7 @@ from bridge.io.jsapi import (
     JsApi,
 )
 from bridge.io.kv import HISTORY, KvBucket
+from bridge.io.start import CopiesExist, creation_fields
 
 MIN_DUPLICATE_WINDOW = 120.0  # seconds: the server's own default
 DUPLICATE_WINDOW_ACK_TIMEOUTS = 4  # the window created: this many ack timeouts, at least MIN_DUPLICATE_WINDOW
@@ -302,7 +303,8 @@ def _consumer_detail(src: SourceConfig, mode: Mode) -> str:
         kind = f"pull, ack_policy explicit, ack_wait {go_duration(src.ack_wait)}"
     else:
         kind = f"ack_policy flow_control, deliver {src.deliver_subject}"
-    return f"{kind}, max_ack_pending {src.max_ack_pending}, deliver_policy all{filters}"
+    start = "deliver_policy all" if src.start_position == "all" else f"start {src.start_position}"
+    return f"{kind}, max_ack_pending {src.max_ack_pending}, {start}{filters}"
 
 
 # --- the servers ------------------------------------------------------------------------------------------
@@ -316,7 +318,7 @@ class SourceResult:
     subjects: list[str] | None = None
 
 
-async def _setup_source(src: SourceConfig, dry_run: bool) -> SourceResult:
+async def _setup_source(src: SourceConfig, dry_run: bool, copies: CopiesExist) -> SourceResult:
     result = SourceResult()
     what = f"source {src.name}"
     cwhat = f"consumer {src.stream}/{src.consumer} on {src.name}"
@@ -353,7 +355,7 @@ async def _setup_source(src: SourceConfig, dry_run: bool) -> SourceResult:
         except ModeUnsupported as exc:
             result.lines.append(Line(FAIL, cwhat, f"{mode_key(src.name)}: {exc}"))
             return result
-        result.lines += await _setup_consumer(api, src, cwhat, dry_run, choice.mode, existing)
+        result.lines += await _setup_consumer(api, src, cwhat, dry_run, choice.mode, existing, copies)
     except BridgeError as exc:
         result.lines.append(Line(FAIL, cwhat, str(exc)))
     finally:
@@ -369,7 +371,13 @@ def _consumer_lines(info: Mapping[str, Any], src: SourceConfig, cwhat: str, mode
 
 
 async def _setup_consumer(
-    api: JsApi, src: SourceConfig, cwhat: str, dry_run: bool, mode: Mode, info: Mapping[str, Any] | None
+    api: JsApi,
+    src: SourceConfig,
+    cwhat: str,
+    dry_run: bool,
+    mode: Mode,
+    info: Mapping[str, Any] | None,
+    copies: CopiesExist,
 ) -> list[Line]:
     if info is not None:
         return _consumer_lines(info, src, cwhat, mode)
@@ -384,8 +392,11 @@ async def _setup_consumer(
         ]
     if dry_run:
         return [Line(WOULD_CREATE, cwhat, _consumer_detail(src, mode))]
+    deliver, decision = None, ""
+    if src.start_position != "all":  # applied now, as the daemon's bind would (bridge.io.start)
+        deliver, decision = await creation_fields(api, src, mode, TIMEOUT, copies)
     try:
-        await api.add_consumer(src.stream, desired_for(mode, src), timeout=TIMEOUT)
+        await api.add_consumer(src.stream, desired_for(mode, src, deliver), timeout=TIMEOUT)
     except ApiError as exc:
         if exc.err_code == CONSUMER_EXISTS:  # a twin created it in the meantime, with another configuration
             raced = await api.find_consumer(src.stream, src.consumer, timeout=TIMEOUT)
@@ -401,7 +412,7 @@ async def _setup_consumer(
                 )
             ]
         return [Line(FAIL, cwhat, f"cannot create it: {exc.description} (err_code {exc.err_code})")]
-    return [Line(CREATED, cwhat, _consumer_detail(src, mode))]
+    return [Line(CREATED, cwhat, _consumer_detail(src, mode) + (f"; start {decision}" if decision else ""))]
 
 
 async def _setup_aggregate(
@@ -510,7 +521,7 @@ async def run_setup(config: BridgeConfig, *, dry_run: bool = False, replicas: in
     results: dict[str, SourceResult] = {}
 
     async def source(src: SourceConfig) -> None:
-        results[src.name] = await _setup_source(src, dry_run)
+        results[src.name] = await _setup_source(src, dry_run, copies_in(config.target, src))
 
     async with anyio.create_task_group() as tg:
         for src in config.sources:

@@ -209,6 +209,8 @@ async def collect_status(config: BridgeConfig, origins: Mapping[str, str] | None
         elif mark is not None:
             state.setdefault("error", f"aggregate: {mark}")
         state["rate_limit"] = src.rate_limit
+        if src.start_position != "all":
+            state["start"] = src.start_position
         if src.subject_transforms:
             state["subject_transforms"] = [{"src": t.src, "dest": t.dest} for t in src.subject_transforms]
         state["daemon"] = daemon_source_view(daemon, src.name)

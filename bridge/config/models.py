@@ -37,9 +37,11 @@ from bridge.config.env import ENV_PREFIX, LOADING, EnvSource, FileSource, LoadCo
 from bridge.config.templates import apply_source_defaults
 from bridge.config.validators import (
     SOURCE_NAME,
+    Ago,
     BucketName,
     FilterSubjects,
     InstanceId,
+    Instant,
     JetStreamName,
     ListenAddress,
     LiteralSubject,
@@ -251,6 +253,13 @@ class SourceConfig(BaseModel):
     # subject_prefix, when set, goes in front of the transformed subject.
     subject_transforms: list[SubjectTransformConfig] = Field(default_factory=list)
     subject_prefix: SubjectPrefix | None = None
+    # Where a source the aggregate has never seen starts (at most one of the four): its first message ("all"), what
+    # arrives after the consumer is created ("new"), a sequence, a time, or a time that long ago. Applied when the
+    # bridge creates the consumer; a source with copies in the aggregate resumes from them.
+    start: Annotated[Literal["all", "new"], BeforeValidator(lowercase)] = "all"
+    start_sequence: Annotated[int, int_between(1, 2**63 - 1)] | None = None
+    start_time: Instant | None = None
+    start_ago: Ago | None = None
     # Bytes per second the origin sends this source at most (0: no limit), for thin links: in flow-control mode the
     # consumer's rate_limit_bps (the server paces its deliveries). "64KiB", "50kbit" and the like are accepted.
     rate_limit: Rate = 0
@@ -300,6 +309,37 @@ class SourceConfig(BaseModel):
         except TransformError as exc:
             raise fail(str(exc)) from None
         return value
+
+    @model_validator(mode="after")
+    def _one_start(self) -> Self:
+        given = [
+            name
+            for name, value in (
+                ("start", self.start != "all"),
+                ("start_sequence", self.start_sequence is not None),
+                ("start_time", self.start_time is not None),
+                ("start_ago", self.start_ago is not None),
+            )
+            if value
+        ]
+        if len(given) > 1:
+            raise fail(
+                f'give one start position, not {" and ".join(given)}: start = "new", start_sequence, start_time or '
+                "start_ago"
+            )
+        return self
+
+    @property
+    def start_position(self) -> str:
+        """The start as ``check``, ``setup`` and ``status`` show it: ``all``, ``new``, ``sequence 42``, ``time <RFC
+        3339>`` or ``ago 86400s``."""
+        if self.start_sequence is not None:
+            return f"sequence {self.start_sequence}"
+        if self.start_time is not None:
+            return f"time {self.start_time.isoformat().replace('+00:00', 'Z')}"
+        if self.start_ago is not None:
+            return f"ago {self.start_ago:g}s"
+        return self.start
 
     @property
     def consumer_filters(self) -> list[str]:

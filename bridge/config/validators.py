@@ -10,6 +10,7 @@ import json
 import math
 import re
 import stat
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -253,6 +254,35 @@ def parse_size(value: Any) -> int:
     return round(size)
 
 
+_AGO = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)")
+AGO_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+AGO_HINT = 'give a duration with a unit: "90s", "30m", "24h", "7d"'
+
+
+def parse_ago(value: Any) -> float:
+    """A duration in seconds from ``<number><unit>``, the unit one of s, m, h, d (``"24h"``); more than 0."""
+    if isinstance(value, str) and (m := _AGO.fullmatch(value.strip())):
+        seconds = float(m.group(1)) * AGO_UNITS[m.group(2)]
+        if seconds > 0:
+            return seconds
+    raise fail(f"{show(value)} is not a duration: {AGO_HINT}")
+
+
+def parse_rfc3339(value: Any) -> datetime:
+    """An instant from an RFC 3339 time with its offset (``2026-11-30T08:00:00Z``, ``...+01:00``)."""
+    stamp: datetime | None = None
+    if isinstance(value, datetime):  # TOML's own offset date-time
+        stamp = value
+    elif isinstance(value, str):
+        try:
+            stamp = datetime.fromisoformat(value.strip())
+        except ValueError:
+            stamp = None
+    if stamp is None or stamp.tzinfo is None:
+        raise fail(f"{show(value)} is not an RFC 3339 time with an offset: write e.g. 2026-11-30T08:00:00Z")
+    return stamp.astimezone(UTC)
+
+
 def format_rate(rate: int) -> str:
     """A rate in bytes per second as people read it (``64KiB/s``), for logs and status."""
     if rate == 0:
@@ -357,4 +387,6 @@ ListenAddress = Annotated[str, AfterValidator(_listen)]
 BucketName = Annotated[str, AfterValidator(_bucket_name)]
 InstanceId = Annotated[str, AfterValidator(_instance_id)]
 Rate = Annotated[int, BeforeValidator(parse_rate)]  # bytes per second
+Ago = Annotated[float, BeforeValidator(parse_ago)]  # seconds
+Instant = Annotated[datetime, BeforeValidator(parse_rfc3339)]  # UTC
 Size = Annotated[int, BeforeValidator(parse_size)]  # bytes

@@ -213,6 +213,10 @@ class BoundConsumer:
     delivered: tuple[int, int] | None = None
     ack_floor_dseq: int | None = None
     ack_pending: int | None = None
+    # a WorkQueue start position's sequence (bridge.io.start; 0: none): below it nothing is the bridge's to ack
+    start_seq: int = 0
+    start_note: str = ""  # what this bind did with the source's start position, for the log ("": nothing)
+    started: bool = False  # this bind created the consumer at the start position
 
     @property
     def at_rest(self) -> bool:

@@ -310,7 +310,7 @@ class SourceEngine(Replication):
         if (
             not confirmed
             or not self._phases.takes_deliveries
-            or not (self.skipped_through < confirmed <= self.acked_stream_seq)
+            or not (max(self.skipped_through, self.start_floor) < confirmed <= self.acked_stream_seq)
             or confirmed > self.watermark
         ):
             return []
@@ -333,7 +333,7 @@ class SourceEngine(Replication):
         """Advance timers: publish ack timeouts, retries, silence, due resets, probes, stall state."""
         effects: list[Effect] = []
         self._tick(now, effects)
-        start = self.skipped_through + 1
+        start = max(self.skipped_through, self.start_floor) + 1  # what was skipped on purpose is not stranded
         if self._phases.takes_deliveries and self._stranded.due(now):
             self._stranded.start(now)
             if self.acked_stream_seq >= start:

@@ -118,6 +118,8 @@ class Replication(ABC):
         self._present: set[int] = set()
         self._last_activity = now
         self.skipped_through = 0  # the end of the newest range a forward reset skipped (never replicated)
+        self.start_floor = 0  # below a WorkQueue start position: never replicated, never the bridge's to ack
+        self._started = False  # the consumer was just created at the source's start position
         self._skip_note: str | None = None  # "<first>-<last>" of a skipped range, for the next copy's Bridge-Skipped
         self._consumer_created: str | None = None
         self._uncaptured: set[str] = set()  # subjects already warned about (bounded)
@@ -203,9 +205,18 @@ class Replication(ABC):
         paces its requests by it; flow-control mode has the server do it (the consumer's ``rate_limit_bps``)."""
         return
 
-    def consumer_bound(self, created: str | None) -> None:
-        """The consumer was created or looked up at start; ``created`` tells a later re-creation apart."""
+    def consumer_bound(self, created: str | None, start_seq: int = 0, *, started: bool = False) -> None:
+        """The consumer was created or looked up at start; ``created`` tells a later re-creation apart,
+        ``start_seq`` is a WorkQueue start position's sequence (0: none): what lies below it was skipped on purpose
+        when the consumer was created, and stays so for every process after; ``started``: this bind created it at
+        the source's start position (its ack floor is where the start put it)."""
         self._consumer_created = created
+        self._started = started
+        self.consumer_start(start_seq)
+
+    def consumer_start(self, start_seq: int) -> None:
+        """A bind found the consumer's WorkQueue start position at ``start_seq`` (0: none; never lowered)."""
+        self.start_floor = max(self.start_floor, start_seq - 1)
 
     def target_limits(self, limits: TargetLimits, now: float) -> list[Effect]:
         """What the target takes (read at start and on ``ReadTargetLimits``)."""
@@ -244,6 +255,13 @@ class Replication(ABC):
         self.pipeline.watermark = watermark
         self.accepted = watermark
         self._present = {seq for seq in present if seq > watermark}
+        floor = max(watermark, self.start_floor)
+        if self._started and floor > self.skipped_through:
+            # the start position put the consumer here, above messages never replicated (the aggregate has no copy
+            # of this source): the first copy says so (Bridge-Skipped), so a later recovery and the audit tell that
+            # from a hole
+            self._skip_note = f"1-{floor}"
+            self.skipped_through = self.accepted = self.pipeline.watermark = floor
         self._limits_read_at = now
         self._recovered(workqueue, now)
         effects: list[Effect] = [

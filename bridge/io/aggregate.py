@@ -218,10 +218,16 @@ async def read_source_tail(
                 if prov.stream_seq <= floor:
                     reached = True
                 else:
-                    copies.append(Copy(prov.stream_seq, prov.prev_seq))
+                    copies.append(Copy(prov.stream_seq, prov.prev_seq, _skipped_from(headers.get(hdr.SKIPPED))))
         hi, chunk = lo - 1, min(chunk * 2, MAX_CHUNK)
     copies.sort(key=lambda c: c.stream_seq)
     return copies, reached or hi < first
+
+
+def _skipped_from(value: str | None) -> int:
+    """The first sequence of a copy's ``Bridge-Skipped: <first>-<last>`` (0: none, or not readable)."""
+    first = (value or "").partition("-")[0]
+    return int(first) if first.isdigit() else 0
 
 
 async def read_range(

@@ -44,9 +44,10 @@ class ConsumerSettings(Protocol):
         ...
 
 
-def _common_config(source: ConsumerSettings) -> dict[str, Any]:
-    """What both kinds of consumer the bridge creates have in common: every message from the start, no limit on
-    redeliveries, the source's window and filters, and metadata naming the source."""
+def _common_config(source: ConsumerSettings, deliver: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What both kinds of consumer the bridge creates have in common: every message from the start (or ``deliver``:
+    a start position's deliver policy and metadata, ``bridge.io.start``), no limit on redeliveries, the source's
+    window and filters, and metadata naming the source."""
     config: dict[str, Any] = {
         "durable_name": source.consumer,
         "description": f"nats-bridge source {source.name}",
@@ -56,6 +57,9 @@ def _common_config(source: ConsumerSettings) -> dict[str, Any]:
         "replay_policy": "instant",
         "metadata": {"nats-bridge.source": source.name},
     }
+    if deliver:
+        config.update({k: v for k, v in deliver.items() if k != "metadata"})
+        config["metadata"].update(deliver.get("metadata") or {})
     filters = source.consumer_filters
     if len(filters) == 1:
         config["filter_subject"] = filters[0]
@@ -64,11 +68,11 @@ def _common_config(source: ConsumerSettings) -> dict[str, Any]:
     return config
 
 
-def desired_config(source: ConsumerSettings) -> dict[str, Any]:
+def desired_config(source: ConsumerSettings, deliver: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The flow-control consumer configuration the bridge creates for a managed source: ``rate_limit`` as the
     server's ``rate_limit_bps`` (bits per second; absent, or 0 on an update, for none)."""
     return {
-        **_common_config(source),
+        **_common_config(source, deliver),
         "deliver_subject": source.deliver_subject,
         "ack_policy": "flow_control",
         "flow_control": True,
@@ -77,10 +81,10 @@ def desired_config(source: ConsumerSettings) -> dict[str, Any]:
     }
 
 
-def desired_pull_config(source: ConsumerSettings) -> dict[str, Any]:
+def desired_pull_config(source: ConsumerSettings, deliver: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The pull consumer configuration the bridge creates for a managed source in pull mode: explicit acks with
     the source's ``ack_wait``, no deliver subject (heartbeats are asked per pull request, not configured)."""
-    return {**_common_config(source), "ack_policy": "explicit", "ack_wait": seconds_ns(source.ack_wait)}
+    return {**_common_config(source, deliver), "ack_policy": "explicit", "ack_wait": seconds_ns(source.ack_wait)}
 
 
 def consumer_kind(info: dict[str, Any]) -> ConsumerKind:
@@ -173,9 +177,9 @@ def pull_unfit_reasons(info: dict[str, Any], source: ConsumerSettings) -> list[s
     return reasons + _common_reasons(cfg)
 
 
-def desired_for(mode: Mode, source: ConsumerSettings) -> dict[str, Any]:
-    """The managed consumer's configuration in ``mode``."""
-    return desired_pull_config(source) if mode is Mode.PULL else desired_config(source)
+def desired_for(mode: Mode, source: ConsumerSettings, deliver: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The managed consumer's configuration in ``mode`` (``deliver``: its start, ``bridge.io.start``)."""
+    return desired_pull_config(source, deliver) if mode is Mode.PULL else desired_config(source, deliver)
 
 
 def unfit_for(mode: Mode, info: dict[str, Any], source: ConsumerSettings) -> list[str]:
@@ -194,7 +198,13 @@ def bound_missing_fix(mode: Mode, source: ConsumerSettings) -> str:
 
 
 async def ensure_consumer(
-    api: JsApi, source: ConsumerSettings, *, manage: bool, timeout: float, mode: Mode
+    api: JsApi,
+    source: ConsumerSettings,
+    *,
+    manage: bool,
+    timeout: float,
+    mode: Mode,
+    deliver: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Create/repair (managed) or look up and vet (bound) the source's consumer for ``mode``; return its info.
 
@@ -203,7 +213,9 @@ async def ensure_consumer(
     pull = mode is Mode.PULL
     if manage:
         try:
-            info = await api.create_consumer(source.stream, desired_for(mode, source), pedantic=True, timeout=timeout)
+            info = await api.create_consumer(
+                source.stream, desired_for(mode, source, deliver), pedantic=True, timeout=timeout
+            )
         except ApiError as exc:
             fixed = (
                 "ack_policy, deliver_policy, a push consumer's deliver_subject"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -38,6 +39,7 @@ from bridge.io.connect import describe
 from bridge.io.consumer import bound_consumer, consumer_filters, consumer_kind, ensure_consumer
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
 from bridge.io.shared import Member, OriginConnections, names_source
+from bridge.io.start import APPLIED, CopiesExist, creation_fields, start_seq_of
 from bridge.ports import Callback, ErrorCallback
 
 PENDING_BYTES = 512 * 1024 * 1024
@@ -60,6 +62,8 @@ class OriginClient:
         self.source = source
         self.timeout = timeout  # for every API request (the engine's reset_timeout)
         self.mode = mode  # set by the runner once chosen, before bind (bridge.core.modes)
+        # whether the aggregate holds copies of this source (the runner's), asked before a start position is applied
+        self.copies_exist: CopiesExist | None = None
         pool = connections if connections is not None else OriginConnections()
         self._shared = pool.for_settings(source)
         self._member: Member | None = None
@@ -142,12 +146,29 @@ class OriginClient:
         return consumer_kind(info) if info is not None else None
 
     async def bind(self) -> BoundConsumer:
-        src = self.source
+        src, api = self.source, self._jsapi()
+        deliver, note = None, ""
+        if src.manage_consumer and src.start_position != "all":
+            deliver, note = await creation_fields(api, src, self.mode, self.timeout, self.copies_exist)
         info = await ensure_consumer(
-            self._jsapi(), src, manage=src.manage_consumer, timeout=self.timeout, mode=self.mode
+            api, src, manage=src.manage_consumer, timeout=self.timeout, mode=self.mode, deliver=deliver
         )
         self._filters = consumer_filters(info)
-        return bound_consumer(info)
+        start_seq = start_seq_of(info)
+        bound = bound_consumer(info)
+        if (
+            start_seq > 1
+            and self.mode is Mode.FLOW_CONTROL
+            and info.get("config", {}).get("deliver_policy") == "all"
+            and bound.delivered is not None
+            and bound.delivered[1] == 0
+            and bound.ack_floor < start_seq - 1
+        ):
+            # a WorkQueue start (deliver all): the consumer never delivered (just created, or a crash came before
+            # this reset)
+            info = await api.reset_consumer(src.stream, src.consumer, self.timeout, seq=start_seq)
+            bound = bound_consumer(info)
+        return replace(bound, start_seq=start_seq, start_note=note, started=note.startswith(APPLIED))
 
     async def set_rate_limit(self, rate_limit: int) -> None:
         # pull mode paces its requests instead: its consumer has no rate limit

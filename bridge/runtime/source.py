@@ -200,6 +200,7 @@ class SourceRunner:
         self.origin: OriginPort = (
             origin if origin is not None else OriginClient(source, engine.reset_timeout, connections=connections)
         )
+        self.origin.copies_exist = self._copies_exist
         self.clock = clock
         self.observers = observers
         self._fence = fence
@@ -432,7 +433,8 @@ class SourceRunner:
             return  # abandoned (the task group is cancelled, nothing more starts) or stopping
         bound = await self._bind(stream)
         self._bound = bound  # the first reset that follows need not bind again
-        self.engine.consumer_bound(bound.created)
+        self.engine.consumer_bound(bound.created, bound.start_seq, started=bound.started)
+        self._log_start(bound)
         self.log.info(
             "consumer.bound",
             consumer=src.consumer,
@@ -494,6 +496,24 @@ class SourceRunner:
             )
             return
         self.log.info("source.retuned", rate_limit=source.rate_limit)
+
+    def _log_start(self, bound: BoundConsumer) -> None:
+        """What a bind did with the source's start position (``bridge.io.start``): applied, or ignored for copies."""
+        if bound.start_note:
+            self.log.info(
+                "consumer.start",
+                consumer=self.source.consumer,
+                start=self.source.start_position,
+                decision=bound.start_note,
+                start_seq=bound.start_seq or None,
+            )
+
+    async def _copies_exist(self) -> bool:
+        """Whether the aggregate holds any copy of this source (a start position is then not applied). Asked from
+        inside a bind, which holds this source's API slot already: the read takes none of its own."""
+        src = self.source
+        copies, _ = await self.target.read_tail(src.name, src.copies_filter, 0, 1, None)
+        return bool(copies)
 
     def _log_mode(self) -> None:
         if self.mode is not None:
@@ -984,6 +1004,8 @@ class SourceRunner:
                     if not await self._act():
                         return
                     if looked_up is not None:
+                        self._log_start(looked_up)
+                        self.engine.consumer_start(looked_up.start_seq)
                         effects = self.engine.consumer_at_rest(looked_up, self.clock())
                     if effects is None:
                         effects = await exchange()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -107,6 +107,7 @@ class FakeOrigin:
     lost: list[int] = field(default_factory=list)  # pull mode: stream sequences delivered to a stale inbox
     behind: bool = False  # what reading_behind says: the process has a backlog on this connection
     looks_soon: bool = False  # first_seq_soon answers (on the loop's next pass) rather than refusing
+    copies_exist: Callable[[], Awaitable[bool]] | None = None  # set by the runner (OriginPort); unused here
     _on_messages: Callable[[Sequence[Inbound]], None] | None = None
     _connected: bool = False
     _fc: int = 0

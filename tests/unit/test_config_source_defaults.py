@@ -132,7 +132,7 @@ domain = "store3"
         "more)",
         "source_defaults.colour: unknown key; allowed here: servers, stream, domain, consumer, deliver_subject, "
         "manage_consumer, max_ack_pending, mode, ack_wait, filter_subjects, subject_transforms, subject_prefix, "
-        "rate_limit, window_budget, auth, tls "
+        "start, start_sequence, start_time, start_ago, rate_limit, window_budget, auth, tls "
         "(as applied to sources[store-1] and 2 more)",
     ]
 

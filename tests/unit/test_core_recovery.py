@@ -43,6 +43,15 @@ def test_a_hole_stops_the_watermark_below_it() -> None:
     assert recover(copies) == Recovery(2, frozenset({4, 5}), 4)
 
 
+def test_a_range_skipped_on_purpose_is_no_hole() -> None:
+    # a start position (or a forward reset) skipped 1-20: the first copy says so, and the run goes on through it
+    copies = [Copy(21, 20, skipped_from=1), Copy(22, 21), Copy(23, 22)]
+    assert recover(copies) == Recovery(23, frozenset(), 3)
+    # a skip that does not begin just above the run is no link: 3 is still missing below it
+    copies = [Copy(1, 0), Copy(2, 1), Copy(6, 5, skipped_from=4), Copy(7, 6)]
+    assert recover(copies) == Recovery(2, frozenset({6, 7}), 4)
+
+
 def test_several_holes_everything_above_the_first_is_present() -> None:
     copies = [Copy(1, 0), Copy(3, 2), Copy(4, 3), Copy(6, 5)]
     assert recover(copies) == Recovery(1, frozenset({3, 4, 6}), 4)
