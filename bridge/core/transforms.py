@@ -537,6 +537,16 @@ def _index_placeholders(token: str, dest: str) -> tuple[int, list[int], int, str
     def bad(what: str, fix: str) -> TransformError:
         return TransformError(f"dest {_q(dest)}: {_q(token)} {what}: write {fix}")
 
+    def two(args: list[str], name: str, fix: str, more: str = "") -> int:
+        """The wildcard number of a function of two arguments (the first; the caller reads the second)."""
+        if len(args) != 2:
+            many = "argument" if len(args) == 1 else "arguments"
+            raise bad(f"has {len(args)} {many}, {name} takes two{more if len(args) > 2 else ''}", fix)
+        index = _atoi(args[0].strip(" "))
+        if index is None:
+            raise bad(f"has {_q(args[0])} for a wildcard number", fix)
+        return index
+
     args = _function_args(_WILDCARD_RE, token)
     if args is not None:
         fix = "{{wildcard(i)}} with i a wildcard number of src, 1 for its first '*'"
@@ -567,13 +577,7 @@ def _index_placeholders(token: str, dest: str) -> tuple[int, list[int], int, str
         args = _function_args(pattern, token)
         if args is not None:
             fix = _usage(name, second)
-            if len(args) < 2:
-                raise bad(f"has {len(args)} argument, {name} takes two", fix)
-            if len(args) > 2:
-                raise bad(f"has {len(args)} arguments, {name} takes two", fix)
-            index = _atoi(args[0].strip(" "))
-            if index is None:
-                raise bad(f"has {_q(args[0])} for a wildcard number", fix)
+            index = two(args, name, fix)
             value = _atoi(args[1].strip(" "), _INT32_MIN, _INT32_MAX)
             if value is None:
                 raise bad(f"has {_q(args[1])} for its {second} (an integer from -2147483648 to 2147483647)", fix)
@@ -581,16 +585,10 @@ def _index_placeholders(token: str, dest: str) -> tuple[int, list[int], int, str
 
     args = _function_args(_SPLIT_RE, token)
     if args is not None:
-        fix = "{{split(i, delimiter)}} with i a wildcard number of src and a delimiter without spaces"
-        if len(args) < 2:
-            raise bad(f"has {len(args)} argument, split takes two", fix)
-        if len(args) > 2:
-            raise bad(f"has {len(args)} arguments, split takes two (a delimiter cannot hold a comma)", fix)
-        index = _atoi(args[0].strip(" "))
-        if index is None:
-            raise bad(f"has {_q(args[0])} for a wildcard number", fix)
+        fix = "{{split(i, delimiter)}} with i a wildcard number of src and a delimiter without spaces or '.'"
+        index = two(args, "split", fix, " (a delimiter cannot hold a comma)")
         if " " in args[1] or "." in args[1]:
-            raise bad(f"has the delimiter {_q(args[1])}, which holds a space", fix)
+            raise bad(f"has the delimiter {_q(args[1])}, which holds a space or a '.'", fix)
         return _SPLIT, [index], -1, args[1]
 
     args = _function_args(_RANDOM_RE, token)
