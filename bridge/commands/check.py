@@ -31,7 +31,7 @@ from bridge.core.subjects import pattern_covers
 from bridge.core.window import FAR, window_carries, window_for, window_limit
 from bridge.errors import BridgeError, ConfigError, ConsumerUnfit
 from bridge.io.connect import close_connection, open_connection
-from bridge.io.consumer import consumer_filters, ensure_consumer, source_mode
+from bridge.io.consumer import consumer_filters, ensure_consumer, several_filters_problem, source_mode
 from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi, server_level
 from bridge.io.kv import KvBucket, parse_view
 from bridge.io.start import CopiesExist, creation_fields, start_seq_of
@@ -194,6 +194,9 @@ async def _check_source(src: SourceConfig, result: CheckResult, copies: CopiesEx
 
         if presumed is None:
             say_mode()
+        too_many = several_filters_problem(src) if server_level(stream)[0] is None else None
+        if too_many is not None:
+            raise ConsumerUnfit(too_many)
         deliver, decision = None, ""
         if src.manage_consumer and src.start_position != "all":  # as the daemon's bind (bridge.io.start)
             deliver, decision = await creation_fields(api, src, choice.mode, TIMEOUT, copies)

@@ -34,12 +34,13 @@ from bridge.core.transforms import SubjectTransforms
 from bridge.errors import ApiError, BridgeError
 from bridge.io.aggregate import SHORT_WINDOW_ACK_TIMEOUTS, duplicate_window_short
 from bridge.io.connect import close_connection, open_connection
-from bridge.io.consumer import bound_missing_fix, desired_for, source_mode, unfit_for
+from bridge.io.consumer import bound_missing_fix, desired_for, several_filters_problem, source_mode, unfit_for
 from bridge.io.jsapi import (
     CONSUMER_EXISTS,
     STREAM_NAME_IN_USE,
     STREAM_NOT_FOUND,
     JsApi,
+    server_level,
 )
 from bridge.io.kv import HISTORY, KvBucket
 from bridge.io.start import CopiesExist, creation_fields
@@ -349,6 +350,10 @@ async def _setup_source(src: SourceConfig, dry_run: bool, copies: CopiesExist) -
                     "subjects of its copies are unknown: give the source a subject_prefix",
                 )
             )
+        too_many = several_filters_problem(src) if server_level(stream)[0] is None else None
+        if too_many is not None:
+            result.lines.append(Line(FAIL, cwhat, too_many))
+            return result
         existing = await api.find_consumer(src.stream, src.consumer, timeout=TIMEOUT)
         try:
             choice = source_mode(src, stream, existing)

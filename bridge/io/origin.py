@@ -33,10 +33,16 @@ from bridge.core.effects import (
 )
 from bridge.core.frames import Frame
 from bridge.core.modes import ConsumerKind, Mode
-from bridge.errors import BridgeError, OriginUnavailable
+from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
 from bridge.io import wire
 from bridge.io.connect import describe
-from bridge.io.consumer import bound_consumer, consumer_filters, consumer_kind, ensure_consumer
+from bridge.io.consumer import (
+    bound_consumer,
+    consumer_filters,
+    consumer_kind,
+    ensure_consumer,
+    several_filters_problem,
+)
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
 from bridge.io.shared import Member, OriginConnections, names_source
 from bridge.io.start import APPLIED, CopiesExist, creation_fields, start_seq_of
@@ -64,6 +70,7 @@ class OriginClient:
         self.mode = mode  # set by the runner once chosen, before bind (bridge.core.modes)
         # whether the aggregate holds copies of this source (the runner's), asked before a start position is applied
         self.copies_exist: CopiesExist | None = None
+        self._old_server = False  # the origin runs a nats-server before 2.11 (stream(): no API level reported)
         pool = connections if connections is not None else OriginConnections()
         self._shared = pool.for_settings(source)
         self._member: Member | None = None
@@ -133,6 +140,7 @@ class OriginClient:
             raise _unavailable(f"origin stream {stream!r}", exc) from exc
         retention = info.get("config", {}).get("retention")
         level, version = server_level(info)
+        self._old_server = level is None  # before 2.11: the stream info carries no API level
         return OriginStream(
             retention == "workqueue", int(info.get("state", {}).get("last_seq", 0)), api_level=level, version=version
         )
@@ -147,6 +155,9 @@ class OriginClient:
 
     async def bind(self) -> BoundConsumer:
         src, api = self.source, self._jsapi()
+        problem = several_filters_problem(src) if self._old_server else None
+        if problem is not None:
+            raise ConsumerUnfit(problem)
         deliver, note = None, ""
         if src.manage_consumer and src.start_position != "all":
             deliver, note = await creation_fields(api, src, self.mode, self.timeout, self.copies_exist)

@@ -6,14 +6,14 @@ consumer re-created under an existing aggregate must not skip what the copies do
 keeps the deliver policy it was created with (the server refuses to change it).
 
 Every start is resolved to a sequence when the consumer is created: ``start_sequence`` itself, ``new`` the one after
-the stream's last message, a time (``start_time``, or ``start_ago`` before the creation) the first message stored
-at or after it (``STREAM.MSG.GET`` by time; a server before 2.11 cannot, and its consumer is given the time,
-``by_start_time``, instead). The sequence is kept in the consumer's metadata (:data:`START_SEQ`): whoever binds it
-later knows what lies below was skipped on purpose, whatever floors the server reports (a pull consumer started past
-the stream's end shows an ack floor of 0 before 2.14), and the stranded-message watch never looks there. On Limits
-and Interest origins the consumer is ``by_start_sequence``; a WorkQueue stream allows only ``deliver_policy: all``:
-the consumer is created with it and RESET to the start before its first delivery (a 2.14 API, so flow-control
-mode only). Nothing before the start is ever acked by the bridge.
+the stream's last message, a time (``start_time``, or ``start_ago`` before the creation) the first message stored at
+or after it (``STREAM.MSG.GET`` by time; on a server before 2.11, which cannot, a binary search by sequence). The
+sequence is kept in the consumer's metadata (:data:`START_SEQ`): whoever binds it later knows what lies below was
+skipped on purpose, whatever floors the server reports (a pull consumer started past the stream's end shows an ack
+floor of 0 before 2.14), and the stranded-message watch never looks there. On Limits and Interest origins the consumer
+is ``by_start_sequence``; a WorkQueue stream allows only ``deliver_policy: all``: the consumer is created with it and
+RESET to the start before its first delivery (a 2.14 API, so flow-control mode only). Nothing before the start is ever
+acked by the bridge.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from bridge.config import SourceConfig
 from bridge.core.modes import Mode
 from bridge.errors import ConsumerUnfit
-from bridge.io.jsapi import NO_MESSAGE_FOUND, ApiError, JsApi
+from bridge.io.jsapi import ANY_SUBJECT, NO_MESSAGE_FOUND, ApiError, JsApi
 
 START_SEQ = "nats-bridge.start_seq"  # consumer metadata: the WorkQueue start's sequence
 APPLIED = "applied"  # how a decision that applied the start begins
@@ -67,14 +67,33 @@ def start_moment(source: SourceConfig, now: datetime) -> datetime | None:
 
 
 async def first_seq_at(api: JsApi, stream: str, moment: datetime, timeout: float) -> int | None:
-    """The sequence of the stream's first message stored at or after ``moment`` (None: none yet)."""
+    """The sequence of the stream's first message stored at or after ``moment`` (None: none yet): one
+    ``STREAM.MSG.GET`` by time, or, on a server before 2.11 that cannot look a time up, a binary search by sequence
+    (store times rise with sequences; about 20 requests for a million messages)."""
     try:
         reply = await api.request(f"STREAM.MSG.GET.{stream}", {"start_time": rfc3339(moment)}, timeout)
     except ApiError as exc:
         if exc.err_code == NO_MESSAGE_FOUND:
             return None
-        raise
+        return await _search_by_seq(api, stream, moment, timeout)
     return int((reply.get("message") or {}).get("seq") or 0) or None
+
+
+async def _search_by_seq(api: JsApi, stream: str, moment: datetime, timeout: float) -> int | None:
+    wanted = int(moment.timestamp() * 1e9)
+    state = (await api.stream_info(stream, timeout=timeout)).get("state", {})
+    lo, hi = int(state.get("first_seq", 0)), int(state.get("last_seq", 0))
+    found: int | None = None
+    while lo and lo <= hi:  # the first stored message at or after `mid` (deleted ones are stepped over)
+        mid = (lo + hi) // 2
+        message = await api.get_message(stream, mid, ANY_SUBJECT, timeout)
+        if message is None or message.seq > hi:
+            hi = mid - 1
+        elif message.timestamp_ns >= wanted:
+            found, hi = message.seq, mid - 1
+        else:
+            lo = message.seq + 1
+    return found
 
 
 async def creation_fields(
@@ -103,16 +122,10 @@ async def creation_fields(
     moment = start_moment(source, datetime.now(UTC))
     seq: int | None = source.start_sequence
     if seq is None and moment is not None:
-        try:
-            seq = await first_seq_at(api, source.stream, moment, timeout) or last_seq + 1
-        except ApiError:
-            seq = None  # a server before 2.11 cannot look a time up: its consumer's own start time then does
+        seq = await first_seq_at(api, source.stream, moment, timeout) or last_seq + 1
     elif seq is None:
         seq = last_seq + 1  # "new": what comes after the stream's last message now
-    decision = f"{APPLIED}: {source.start_position}" + (f" (sequence {seq})" if seq is not None else "")
-    if seq is None:
-        assert moment is not None
-        return {"deliver_policy": "by_start_time", "opt_start_time": rfc3339(moment)}, decision
+    decision = f"{APPLIED}: {source.start_position} (sequence {seq})"
     # the start's sequence rides in the metadata: the engine's floor whatever the server reports (a pull
     # consumer started past the stream's end shows an ack floor of 0 before 2.14) and whoever binds it later
     start = {"metadata": {START_SEQ: str(seq)}}

@@ -194,6 +194,11 @@ PULL_TEST_ACK_WAIT = 5
 
 
 @functools.cache
+def server_release(binary: str) -> tuple[int, int, int]:
+    """``(major, minor, patch)`` of ``binary`` (:func:`_release`)."""
+    return _release(binary)
+
+
 def _release(binary: str) -> tuple[int, int, int]:
     """``(major, minor, patch)`` of ``binary``; cached, as scenarios ask per test and each answer starts a process.
     A pre-release counts as its release (``2.14.0-RC.1`` is ``(2, 14, 0)``)."""
