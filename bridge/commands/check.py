@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 
 from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, TIMEOUT, bucket_side, copies_in
-from bridge.commands.setup import copy_subjects, origin_missing, setup_command
+from bridge.commands.setup import copy_subjects, origin_missing, setup_command, transforms_text
 from bridge.commands.sources import registry_merged
 from bridge.config import BridgeConfig, SourceConfig, exposed_secrets
 from bridge.config.loading import load_file
@@ -289,7 +289,7 @@ def _check_transforms(src: SourceConfig, filters: list[str], result: CheckResult
     """Where the copies land, and whether the consumer delivers only what a transform's ``src`` covers (a bound
     consumer's filters are the operator's: what none covers would keep its subject)."""
     what = f"source {src.name}"
-    shown = ", ".join(f"{t.src} -> {t.dest}" if t.dest else f"{t.src} (kept)" for t in src.subject_transforms)
+    shown = transforms_text(src)
     copies = ", ".join(copy_subjects(src, None) or [])
     _print(True, what, f"subject transforms {shown}; copies on {copies}")
     srcs = [t.src for t in src.subject_transforms]

@@ -298,6 +298,11 @@ def exit_code(lines: Iterable[Line]) -> int:
     return EXIT_PROBLEM if any(line.problem for line in lines) else EXIT_OK
 
 
+def transforms_text(src: SourceConfig) -> str:
+    """``src -> dest, src (kept)``: a source's subject transforms as ``setup`` and ``check`` print them."""
+    return ", ".join(f"{t.src} -> {t.dest}" if t.dest else f"{t.src} (kept)" for t in src.subject_transforms)
+
+
 def _consumer_detail(src: SourceConfig, mode: Mode) -> str:
     filters = f", filter {', '.join(src.consumer_filters)}" if src.consumer_filters else ""
     if mode is Mode.PULL:
@@ -305,7 +310,8 @@ def _consumer_detail(src: SourceConfig, mode: Mode) -> str:
     else:
         kind = f"ack_policy flow_control, deliver {src.deliver_subject}"
     start = "deliver_policy all" if src.start_position == "all" else f"start {src.start_position}"
-    return f"{kind}, max_ack_pending {src.max_ack_pending}, {start}{filters}"
+    transforms = f"; copies by subject transforms {transforms_text(src)}" if src.subject_transforms else ""
+    return f"{kind}, max_ack_pending {src.max_ack_pending}, {start}{filters}{transforms}"
 
 
 # --- the servers ------------------------------------------------------------------------------------------
