@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded
+from bridge.commands.common import AUDIT_EXTRA, EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded, java_problem
 from bridge.errors import AuditError
 
 HELP = "prove with Spark that the aggregate holds every origin message once and in order"
@@ -45,11 +45,10 @@ def audit(path: str, origin_too: bool, out: str, master: str | None, as_json: bo
         from bridge.audit.job import AuditOptions, run_audit
         from bridge.audit.report import render_table
     except ImportError as exc:
-        print(
-            f"nats-bridge audit: {exc.name or exc} is not installed: install the audit extra "
-            "(pip install 'nats-bridge[audit]') and Java 17 or newer",
-            file=sys.stderr,
-        )
+        print(f"nats-bridge audit: {exc.name or exc} is not installed: {AUDIT_EXTRA}", file=sys.stderr)
+        return EXIT_UNAUDITED
+    if (java := java_problem()) is not None:
+        print(f"nats-bridge audit: {java}", file=sys.stderr)
         return EXIT_UNAUDITED
     try:
         report = run_audit(config, AuditOptions(origin_too=origin_too, out=Path(out), master=master))

@@ -73,3 +73,51 @@ def copies_in(target: TargetConfig, source: SourceConfig) -> CopiesExist:
             await close_connection(nc)
 
     return exist
+
+
+JAVA_NEEDED = 17  # Spark 4's minimum
+
+
+def java_problem(environ: dict[str, str] | None = None) -> str | None:
+    """Why Spark cannot start here for want of Java (None: a Java 17+ answers): ``JAVA_HOME``'s ``bin/java`` when it is
+    set, else the ``java`` on the PATH, asked for its version. Checked before Spark is started, which would otherwise
+    end in a JVM launcher's traceback."""
+    import os
+    import re
+    import shutil
+    import subprocess
+
+    env = dict(os.environ if environ is None else environ)
+    fix = (
+        f"install a Java {JAVA_NEEDED} or newer (e.g. apt install openjdk-{JAVA_NEEDED}-jre-headless) or set "
+        "JAVA_HOME to one"
+    )
+    home = env.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if not os.access(java, os.X_OK):
+            return f"Spark needs Java {JAVA_NEEDED} or newer; JAVA_HOME is {home!r}, which has no bin/java: {fix}"
+    else:
+        found = shutil.which("java", path=env.get("PATH", ""))
+        if found is None:
+            return (
+                f"Spark needs Java {JAVA_NEEDED} or newer and finds none (JAVA_HOME is not set, no java on the "
+                f"PATH): {fix}"
+            )
+        java = found
+    try:
+        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, env=env, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{java} -version failed ({exc}): {fix}"
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', done.stderr + done.stdout)
+    if match is None:
+        return f"{java} -version printed no version: {fix}"
+    major = int(match.group(1))
+    if major == 1 and match.group(2):  # "1.8.0_392": Java 8
+        major = int(match.group(2))
+    if major < JAVA_NEEDED:
+        return f"Spark needs Java {JAVA_NEEDED} or newer; {java} is Java {major}: {fix}"
+    return None
+
+
+AUDIT_EXTRA = "install the audit extra (pip install 'nats-bridge[audit]'; from a checkout, pip install '.[audit]')"

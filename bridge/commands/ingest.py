@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from bridge.commands.common import EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded
+from bridge.commands.common import AUDIT_EXTRA, EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded, java_problem
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -163,11 +163,10 @@ def ingest(
     try:
         from bridge.spark.session import WORKER_LATE_RETRIES, spark_session, stop_spark, worker_was_late
     except ImportError as exc:
-        print(
-            f"nats-bridge ingest: {exc.name or exc} is not installed: install the audit extra "
-            "(pip install 'nats-bridge[audit]') and Java 17 or newer",
-            file=sys.stderr,
-        )
+        print(f"nats-bridge ingest: {exc.name or exc} is not installed: {AUDIT_EXTRA}", file=sys.stderr)
+        return EXIT_UNAUDITED
+    if (java := java_problem()) is not None:
+        print(f"nats-bridge ingest: {java}", file=sys.stderr)
         return EXIT_UNAUDITED
     stop = threading.Event()
 

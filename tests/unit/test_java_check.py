@@ -1,0 +1,75 @@
+"""Spark's Java, checked before Spark starts (``bridge.commands.common.java_problem``): no Java, a wrong
+``JAVA_HOME`` or an old Java is one line naming the fix, and ``ingest``/``audit`` exit 3 with it (README), not a
+JVM launcher's traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge.commands.common import EXIT_UNAUDITED, java_problem
+from bridge.testing.configs import SourceSpec, write_config
+from bridge.testing.processes import REPO_ROOT, child_env
+
+
+def fake_java(tmp_path: Path, version_line: str) -> Path:
+    """A JAVA_HOME whose ``bin/java -version`` prints ``version_line`` on stderr, as a JVM does."""
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text(f"#!/bin/sh\necho '{version_line}' >&2\n")
+    java.chmod(0o755)
+    return home
+
+
+def test_no_java_at_all() -> None:
+    problem = java_problem({"PATH": ""})
+    assert problem is not None and "finds none (JAVA_HOME is not set, no java on the PATH)" in problem
+    assert "apt install openjdk-17-jre-headless" in problem
+
+
+def test_a_java_home_without_java(tmp_path: Path) -> None:
+    problem = java_problem({"PATH": "", "JAVA_HOME": str(tmp_path)})
+    assert problem is not None and f"JAVA_HOME is {str(tmp_path)!r}, which has no bin/java" in problem
+
+
+@pytest.mark.parametrize(
+    ("line", "major"),
+    [('openjdk version "11.0.22" 2024-01-16', 11), ('java version "1.8.0_392"', 8)],
+)
+def test_an_old_java_is_named_with_its_version(tmp_path: Path, line: str, major: int) -> None:
+    problem = java_problem({"PATH": "", "JAVA_HOME": str(fake_java(tmp_path, line))})
+    assert problem is not None and f"is Java {major}:" in problem
+
+
+@pytest.mark.parametrize("line", ['openjdk version "17.0.15" 2025-04-15', 'openjdk version "21" 2023-09-19'])
+def test_java_17_and_newer_pass(tmp_path: Path, line: str) -> None:
+    assert java_problem({"PATH": "", "JAVA_HOME": str(fake_java(tmp_path, line))}) is None
+
+
+@pytest.mark.parametrize("command", ["ingest", "audit"])
+def test_the_spark_commands_exit_3_with_one_line_without_java(tmp_path: Path, command: str) -> None:
+    config = write_config(
+        tmp_path / "bridge.toml", target_url="nats://127.0.0.1:1", sources=[SourceSpec("edge1", "nats://127.0.0.1:1")]
+    )
+    env = {k: v for k, v in child_env().items() if k != "JAVA_HOME"}
+    env["PATH"] = os.path.dirname(sys.executable)  # the interpreter, and no java
+    args = ["--to", str(tmp_path / "t"), "--checkpoint", str(tmp_path / "c")] if command == "ingest" else []
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge", command, "-c", str(config), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_UNAUDITED, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"nats-bridge {command}: Spark needs Java 17 or newer and finds none (JAVA_HOME is not set, no java on the "
+        "PATH): install a Java 17 or newer (e.g. apt install openjdk-17-jre-headless) or set JAVA_HOME to one"
+    ]
