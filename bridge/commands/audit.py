@@ -11,7 +11,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bridge.commands.common import AUDIT_EXTRA, EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded, java_problem
+from bridge.commands.common import (
+    AUDIT_EXTRA,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_UNAUDITED,
+    aggregate_problem,
+    guarded,
+    java_problem,
+)
 from bridge.errors import AuditError
 
 HELP = "prove with Spark that the aggregate holds every origin message once and in order"
@@ -49,6 +57,9 @@ def audit(path: str, origin_too: bool, out: str, master: str | None, as_json: bo
         return EXIT_UNAUDITED
     if (java := java_problem()) is not None:
         print(f"nats-bridge audit: {java}", file=sys.stderr)
+        return EXIT_UNAUDITED
+    if (unread := aggregate_problem(config.target, path)) is not None:
+        print(f"nats-bridge audit: {unread}", file=sys.stderr)
         return EXIT_UNAUDITED
     try:
         report = run_audit(config, AuditOptions(origin_too=origin_too, out=Path(out), master=master))

@@ -121,3 +121,43 @@ def java_problem(environ: dict[str, str] | None = None) -> str | None:
 
 
 AUDIT_EXTRA = "install the audit extra (pip install 'nats-bridge[audit]'; from a checkout, pip install '.[audit]')"
+
+
+def aggregate_problem(target: TargetConfig, config_path: str) -> str | None:
+    """Why the aggregate cannot be read (None: it can): the target unreachable, or the stream missing. Asked before
+    Spark starts, whose own failure would be a JVM trace with the cause somewhere inside."""
+    import anyio
+
+    from bridge.io.connect import close_connection, open_connection
+    from bridge.io.jsapi import STREAM_NOT_FOUND, ApiError, JsApi
+
+    async def look() -> str | None:
+        try:
+            nc = await open_connection(target, name="nats-bridge spark preflight", error_type=BridgeError)
+        except BridgeError as exc:
+            return f"the target cannot be reached: {exc}"
+        try:
+            await JsApi(nc, target.api_prefix).stream_info(target.stream, timeout=TIMEOUT)
+        except ApiError as exc:
+            if exc.err_code == STREAM_NOT_FOUND:
+                return (
+                    f"aggregate stream {target.stream!r} does not exist on the target: correct target.stream (or "
+                    f"target.domain), or create it with nats-bridge setup -c {config_path}"
+                )
+            return f"aggregate stream {target.stream!r}: {exc.description}"
+        except BridgeError as exc:
+            return f"aggregate stream {target.stream!r}: {exc}"
+        finally:
+            await close_connection(nc)
+        return None
+
+    return anyio.run(look)
+
+
+def directory_problem(option: str, path: str) -> str | None:
+    """Why ``path`` cannot be the directory ``option`` names (None: it is one, or does not exist yet)."""
+    import os
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{option} {path!r} exists and is not a directory: name a directory (it is created when missing)"
+    return None

@@ -24,7 +24,17 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from bridge.commands.common import AUDIT_EXTRA, EXIT_OK, EXIT_PROBLEM, EXIT_UNAUDITED, guarded, java_problem
+from bridge.commands.common import (
+    AUDIT_EXTRA,
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_UNAUDITED,
+    aggregate_problem,
+    directory_problem,
+    guarded,
+    java_problem,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -165,8 +175,15 @@ def ingest(
     except ImportError as exc:
         print(f"nats-bridge ingest: {exc.name or exc} is not installed: {AUDIT_EXTRA}", file=sys.stderr)
         return EXIT_UNAUDITED
+    for option, where in (("--to", to), ("--checkpoint", checkpoint)):
+        if (wrong := directory_problem(option, where)) is not None:
+            print(f"nats-bridge ingest: {wrong}", file=sys.stderr)
+            return EXIT_CONFIG
     if (java := java_problem()) is not None:
         print(f"nats-bridge ingest: {java}", file=sys.stderr)
+        return EXIT_UNAUDITED
+    if (unread := aggregate_problem(config.target, path)) is not None:
+        print(f"nats-bridge ingest: {unread}", file=sys.stderr)
         return EXIT_UNAUDITED
     stop = threading.Event()
 
@@ -189,7 +206,8 @@ def ingest(
                 now = time.monotonic()
                 rate = (progress.rows - last_rows) / max(now - last_at, 1e-9)
                 last_rows, last_at = progress.rows, now
-                print(progress.line(rate), flush=True)
+                if progress.seen:  # from the first batch on: before it there is nothing to say
+                    print(progress.line(rate), flush=True)
             if query.isActive:
                 query.stop()  # between batches or in one: an uncommitted batch is written again on the next start
             failure = query.exception()

@@ -337,7 +337,8 @@ async def test_cli_prints_the_damage_and_exits_non_zero(
     )
     code = await off_loop(lambda: cli.main(["audit", "-c", str(missing), "--out", str(out)]), timeout=60)
     assert code == 3
-    assert "stream 'NOPE' not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "aggregate stream 'NOPE' does not exist on the target: correct target.stream" in err, err
 
 
 @pytest.mark.anyio

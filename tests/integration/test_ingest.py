@@ -20,7 +20,7 @@ import pytest
 from bridge.testing.configs import AGGREGATE, ORIGIN, SourceSpec, write_config
 from bridge.testing.jetstream import Publisher, aggregate_count, connect, create_aggregate, create_stream
 from bridge.testing.polling import wait_until
-from bridge.testing.processes import REPO_ROOT, BridgeFactory, child_env
+from bridge.testing.processes import REPO_ROOT, BridgeFactory, child_env, run_cli
 from bridge.testing.servers import Topology
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -158,3 +158,34 @@ def test_ingest_without_spark_says_what_to_install(tmp_path: Path) -> None:
     )
     assert done.returncode == 3, done.stderr
     assert "audit extra" in done.stderr and time.monotonic() - started < 60
+
+
+@pytest.mark.anyio
+async def test_a_missing_aggregate_or_a_file_for_a_directory_is_one_line_before_spark(
+    topology: Topology, tmp_path: Path
+) -> None:
+    """Mistakes a person makes are named in one line, with the fix, before any JVM starts (README's exit codes)."""
+    config = write_config(
+        tmp_path / "bridge.toml",
+        target_url=topology.hub.url,
+        target_stream="AGGX",
+        sources=[SourceSpec("edge1", topology.leaf.url)],
+    )
+    a_file = tmp_path / "table"
+    a_file.write_text("not a directory")
+
+    def ingest(to: Path) -> subprocess.CompletedProcess[str]:
+        return run_cli("ingest", "-c", str(config), "--to", str(to), "--checkpoint", str(tmp_path / "c"), timeout=60)
+
+    wrong = await anyio.to_thread.run_sync(lambda: ingest(a_file))
+    assert wrong.returncode == 2, wrong.stderr
+    assert wrong.stderr.strip().splitlines() == [
+        f"nats-bridge ingest: --to {str(a_file)!r} exists and is not a directory: name a directory (it is created "
+        "when missing)"
+    ]
+    missing = await anyio.to_thread.run_sync(lambda: ingest(tmp_path / "t"))
+    assert missing.returncode == 3, missing.stderr
+    assert missing.stderr.strip().splitlines() == [
+        "nats-bridge ingest: aggregate stream 'AGGX' does not exist on the target: correct target.stream (or "
+        f"target.domain), or create it with nats-bridge setup -c {config}"
+    ]
