@@ -30,14 +30,10 @@ holding another stream's offsets is refused). A micro-batch from ``{"seq": a}`` 
 sequences ``a+1..b`` as the batch reader reads a stream: contiguous ranges split by ``rows_per_partition`` or
 ``partitions``, each read with batched Direct Get on its own connection, deleted sequences stepped over.
 
-Admission control needs PySpark 4.2 or newer (``DataSourceStreamReader.latestOffset(start, limit)``,
-``getDefaultReadLimit``, ``SupportsTriggerAvailableNow``), found by feature detection: ``maxMessagesPerTrigger``
-is a ``ReadMaxRows`` read limit, and ``Trigger.AvailableNow`` reads up to the last sequence stored when the query
-started, in micro-batches of at most ``maxMessagesPerTrigger``. On PySpark 4.1 Spark calls ``latestOffset()``
-without a start or a limit: each micro-batch takes every message stored when it is planned,
-``maxMessagesPerTrigger`` is accepted but has no effect, and ``Trigger.AvailableNow`` is Spark's generic
-fallback (everything stored when the query starts, as one micro-batch). Offsets, ``failOnDataLoss`` and the
-columns are the same on every version.
+Admission control (``DataSourceStreamReader.latestOffset(start, limit)``, ``getDefaultReadLimit``,
+``SupportsTriggerAvailableNow``, PySpark 4.2 and newer; the package asks for the 4.3 it is tested with):
+``maxMessagesPerTrigger`` is a ``ReadMaxRows`` read limit, and ``Trigger.AvailableNow`` reads up to the last
+sequence stored when the query started, in micro-batches of at most ``maxMessagesPerTrigger``.
 """
 
 from __future__ import annotations
@@ -49,22 +45,16 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from bridge.errors import AuditError
 from bridge.spark.options import ReadOptions
 from bridge.spark.read import SeqRange, bounds_and_seq_at, plan_ranges, read_partition, stream_bounds
-
-try:  # PySpark 4.2+: admission control and Trigger.AvailableNow for Python stream readers
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable,
-        ReadLimit,
-        ReadMaxRows,
-        SupportsTriggerAvailableNow,
-    )
-except ImportError:  # PySpark 4.1: latestOffset() takes no arguments (module docstring)
-    ADMISSION_CONTROL = False
-else:
-    ADMISSION_CONTROL = True
 
 log = logging.getLogger(__name__)
 
@@ -182,12 +172,12 @@ class JetStreamStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         """The end of the next micro-batch from ``start``, within ``limit`` (a ``ReadMaxRows`` from
-        ``maxMessagesPerTrigger``, or ``ReadAllAvailable``) and the end of a ``Trigger.AvailableNow`` run. Spark 4.1
-        gives neither: the stream's last sequence."""
+        ``maxMessagesPerTrigger``, or ``ReadAllAvailable``) and the end of a ``Trigger.AvailableNow`` run; without a
+        start, the stream's last sequence."""
         first, last, _ = self._bounds()
         if start is None:
             return offset(self.opts.stream, last)
-        max_rows = limit.max_rows if ADMISSION_CONTROL and isinstance(limit, ReadMaxRows) else None
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         seq = offset_seq(self.opts.stream, start)
         return offset(self.opts.stream, end_seq(seq, first, last, target=self._target, max_rows=max_rows))
 
@@ -224,5 +214,4 @@ class JetStreamStreamReader(DataSourceStreamReader):
         """Nothing to release: the stream keeps its messages by its own limits, whatever was read."""
 
 
-if ADMISSION_CONTROL:  # an ABC: registered, it is one for Spark's isinstance check
-    SupportsTriggerAvailableNow.register(JetStreamStreamReader)
+SupportsTriggerAvailableNow.register(JetStreamStreamReader)  # an ABC: registered, it is one for Spark's isinstance

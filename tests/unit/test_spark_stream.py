@@ -21,7 +21,6 @@ from bridge.spark import JetStreamDataSource
 from bridge.spark.options import ReadOptions
 from bridge.spark.rows import BatchBuilder, arrow_schema, spark_schema
 from bridge.spark.stream import (
-    ADMISSION_CONTROL,
     JetStreamStreamReader,
     check_data_loss,
     end_seq,
@@ -148,7 +147,6 @@ def test_one_source_class_reads_batch_and_stream_and_leaves_write_options_to_the
         assert name in vars(JetStreamDataSource)
 
 
-@pytest.mark.skipif(not ADMISSION_CONTROL, reason="PySpark before 4.2: no admission control API")
 def test_admission_control_and_available_now_are_offered_to_spark() -> None:
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
