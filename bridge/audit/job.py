@@ -42,7 +42,7 @@ def read_stream(spark: SparkSession, options: dict[str, str]) -> tuple[DataFrame
     The rows are bounded at that last sequence (pushed down to the reads): Spark plans the read only when an
     action runs, and every action (or a cache rebuilt) must see the same snapshot, not what was stored since."""
     opts = ReadOptions.parse(options)
-    _, last, messages = asyncio.run(stream_bounds(opts))
+    _, last, messages, _ = asyncio.run(stream_bounds(opts))
     if opts.partitions is None:  # at least one per core, else one per rows_per_partition messages
         wanted = max(spark.sparkContext.defaultParallelism, math.ceil(messages / opts.rows_per_partition), 1)
         options = {**options, "partitions": str(wanted)}

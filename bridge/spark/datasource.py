@@ -76,7 +76,7 @@ class JetStreamReader(DataSourceReader):
 
     def partitions(self) -> list[SeqRange]:
         """Contiguous sequence ranges covering the stream as it is now (within any pushed-down ``seq`` bounds)."""
-        first, last, messages = asyncio.run(stream_bounds(self.opts))
+        first, last, messages, _ = asyncio.run(stream_bounds(self.opts))
         first = max(first, self.lowest)
         last = last if self.highest is None else min(last, self.highest)
         return plan_ranges(first, last, min(messages, last - first + 1), self.opts)

@@ -10,7 +10,7 @@ import asyncio
 import datetime as dt
 import math
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pyarrow as pa
 from nats.aio.client import Client as NATS
@@ -47,8 +47,18 @@ def plan_ranges(first: int, last: int, messages: int, opts: ReadOptions) -> list
     return [SeqRange(lo, min(last, lo + step - 1)) for lo in range(first, last + 1, step)]
 
 
-async def stream_bounds(opts: ReadOptions) -> tuple[int, int, int]:
-    """``(first_seq, last_seq, messages)`` of the stream now; :class:`AuditError` when it cannot be read directly."""
+class Bounds(NamedTuple):
+    """What a stream holds now: its first and last sequence, how many messages, and when it was created (the
+    server's ``created``: a stream deleted and created again under the same name has another)."""
+
+    first: int
+    last: int
+    messages: int
+    created: str | None = None
+
+
+async def stream_bounds(opts: ReadOptions) -> Bounds:
+    """The stream's :class:`Bounds` now; :class:`AuditError` when it cannot be read directly."""
     nc = await open_connection(opts, name="nats-bridge spark", error_type=AuditError)
     try:
         return await _bounds(nc, opts)
@@ -72,7 +82,7 @@ async def stream_info(nc: NATS, opts: StreamOptions, error: type[BridgeError], f
         raise error(f"stream {opts.stream!r}: {exc}") from None
 
 
-async def _bounds(nc: NATS, opts: ReadOptions) -> tuple[int, int, int]:
+async def _bounds(nc: NATS, opts: ReadOptions) -> Bounds:
     info = await stream_info(nc, opts, AuditError, "check the stream and domain options")
     if not info.get("config", {}).get("allow_direct"):
         raise AuditError(
@@ -80,10 +90,16 @@ async def _bounds(nc: NATS, opts: ReadOptions) -> tuple[int, int, int]:
             f"allow_direct to true (nats stream edit {opts.stream} --allow-direct); it costs nothing at rest"
         )
     state = info.get("state", {})
-    return int(state.get("first_seq", 0)), int(state.get("last_seq", 0)), int(state.get("messages", 0))
+    created = info.get("created")
+    return Bounds(
+        int(state.get("first_seq", 0)),
+        int(state.get("last_seq", 0)),
+        int(state.get("messages", 0)),
+        created if isinstance(created, str) else None,
+    )
 
 
-async def bounds_and_seq_at(opts: ReadOptions, when: dt.datetime) -> tuple[tuple[int, int, int], int | None]:
+async def bounds_and_seq_at(opts: ReadOptions, when: dt.datetime) -> tuple[Bounds, int | None]:
     """The stream's bounds (:func:`stream_bounds`) and the sequence of its first message stored at or after
     ``when`` (``STREAM.MSG.GET`` with ``start_time``), None when none is."""
     nc = await open_connection(opts, name="nats-bridge spark", error_type=AuditError)

@@ -54,14 +54,32 @@ from pyspark.sql.streaming.datasource import (
 
 from bridge.errors import AuditError
 from bridge.spark.options import ReadOptions
-from bridge.spark.read import SeqRange, bounds_and_seq_at, plan_ranges, read_partition, stream_bounds
+from bridge.spark.read import Bounds, SeqRange, bounds_and_seq_at, plan_ranges, read_partition, stream_bounds
 
 log = logging.getLogger(__name__)
 
 
-def offset(stream: str, seq: int) -> dict[str, Any]:
-    """The offset after reading ``stream`` up to ``seq``."""
-    return {"stream": stream, "seq": seq}
+def offset(stream: str, seq: int, created: str | None = None) -> dict[str, Any]:
+    """The offset after reading ``stream`` up to ``seq``, with the stream's creation time when known (a stream deleted
+    and created again under the name starts its sequences again: :func:`recreated`)."""
+    return {"stream": stream, "seq": seq} if created is None else {"stream": stream, "seq": seq, "created": created}
+
+
+def recreated(stream: str, start: Mapping[str, Any], now: Bounds) -> bool:
+    """Whether the stream the offset ``start`` was read from is gone and ``now`` is another of the same name: its
+    creation time differs, or its sequences have not reached the offset's (an offset without one: only the latter)."""
+    created = start.get("created")
+    return (created is not None and now.created is not None and created != now.created) or offset_seq(
+        stream, start
+    ) > now.last
+
+
+def recreated_problem(stream: str, start: Mapping[str, Any], now: Bounds) -> str:
+    """What the query met, for the error (``failOnDataLoss``) or the warning."""
+    return (
+        f"stream {stream!r} was deleted and created again (created {now.created or '?'}, last sequence {now.last}) "
+        f"since this query read it up to sequence {offset_seq(stream, start)} (created {start.get('created', '?')})"
+    )
 
 
 def offset_seq(stream: str, value: Mapping[str, Any]) -> int:
@@ -151,10 +169,10 @@ class JetStreamStreamReader(DataSourceStreamReader):
         self._target: int | None = None  # Trigger.AvailableNow: the last sequence when the query started
         self._latest: int | None = None  # the stream's last sequence when last looked at
 
-    def _bounds(self) -> tuple[int, int, int]:
-        first, last, messages = asyncio.run(stream_bounds(self.opts))
-        self._latest = last
-        return first, last, messages
+    def _bounds(self) -> Bounds:
+        bounds = asyncio.run(stream_bounds(self.opts))
+        self._latest = bounds.last
+        return bounds
 
     def initialOffset(self) -> dict[str, Any]:
         """Where a new query starts (the options ``startingSequence``, ``startingTime``, ``latest``); resolved
@@ -163,23 +181,37 @@ class JetStreamStreamReader(DataSourceStreamReader):
             at_time: int | None = None
             when = self.opts.starting_time_utc
             if when is not None:
-                (first, last, _), at_time = asyncio.run(bounds_and_seq_at(self.opts, when))
-                self._latest = last
+                bounds, at_time = asyncio.run(bounds_and_seq_at(self.opts, when))
+                self._latest = bounds.last
             else:
-                first, last, _ = self._bounds()
-            self._initial = offset(self.opts.stream, initial_seq(self.opts, first, last, at_time))
+                bounds = self._bounds()
+            seq = initial_seq(self.opts, bounds.first, bounds.last, at_time)
+            self._initial = offset(self.opts.stream, seq, bounds.created)
         return self._initial
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, Any]:
         """The end of the next micro-batch from ``start``, within ``limit`` (a ``ReadMaxRows`` from
         ``maxMessagesPerTrigger``, or ``ReadAllAvailable``) and the end of a ``Trigger.AvailableNow`` run; without a
         start, the stream's last sequence."""
-        first, last, _ = self._bounds()
+        now = self._bounds()
+        stream = self.opts.stream
         if start is None:
-            return offset(self.opts.stream, last)
+            return offset(stream, now.last, now.created)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        seq = offset_seq(self.opts.stream, start)
-        return offset(self.opts.stream, end_seq(seq, first, last, target=self._target, max_rows=max_rows))
+        seq = offset_seq(stream, start)
+        if recreated(stream, start, now):
+            what = recreated_problem(stream, start, now)
+            if self.opts.fail_on_data_loss:
+                raise AuditError(
+                    f"{what}: its sequences start again, and what the old one held after that offset is gone; give "
+                    "the query a new checkpointLocation, or set failOnDataLoss to false to read the new stream from "
+                    "its first message"
+                )
+            log.warning("%s; failOnDataLoss is false: reading the new stream from its first message", what)
+            seq = 0
+            self._target = None if self._target is None else now.last
+        end = end_seq(seq, now.first, now.last, target=self._target, max_rows=max_rows)
+        return offset(stream, end, now.created)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``maxMessagesPerTrigger`` as ``ReadMaxRows``; without it, ``ReadAllAvailable``."""
@@ -194,17 +226,20 @@ class JetStreamStreamReader(DataSourceStreamReader):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """``Trigger.AvailableNow``: read up to the stream's last sequence now, nothing stored later."""
-        _, self._target, _ = self._bounds()
+        self._target = self._bounds().last
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[SeqRange]:
         """The sequences after ``start`` up to ``end`` as contiguous ranges; what the stream deleted before it
         was read fails the query or, with ``failOnDataLoss`` false, is logged and skipped."""
-        low, high = offset_seq(self.opts.stream, start), offset_seq(self.opts.stream, end)
+        stream = self.opts.stream
+        low, high = offset_seq(stream, start), offset_seq(stream, end)
+        if start.get("created") is not None and end.get("created") not in (None, start.get("created")):
+            low = 0  # a re-created stream (latestOffset decided, with failOnDataLoss false): from its beginning
         if high <= low:
             return []
-        first, _, messages = self._bounds()
-        read_from = check_data_loss(self.opts.stream, low, high, first, fail=self.opts.fail_on_data_loss)
-        return plan_batch(self.opts, read_from, high, messages)
+        now = self._bounds()
+        read_from = check_data_loss(stream, low, high, now.first, fail=self.opts.fail_on_data_loss)
+        return plan_batch(self.opts, read_from, high, now.messages)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The rows of one range, one Arrow record batch per Direct Get batch."""

@@ -14,11 +14,14 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyarrow", reason="the audit extra is not installed")
 
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
 from bridge.core.headers import build_header_block, parse_header_block
 from bridge.errors import AuditError
 from bridge.io.directget import StoredMessage
 from bridge.spark import JetStreamDataSource
 from bridge.spark.options import ReadOptions
+from bridge.spark.read import Bounds
 from bridge.spark.rows import BatchBuilder, arrow_schema, spark_schema
 from bridge.spark.stream import (
     JetStreamStreamReader,
@@ -187,3 +190,35 @@ def test_provenance_columns_from_a_bridge_copy_and_null_otherwise() -> None:
     names = [f.name for f in arrow_schema(True)]
     assert names == [c.split()[0] for c in spark_schema(True).split(", ")]
     assert names[-6:] == ["source", "origin_stream", "origin_seq", "origin_time", "origin_subject", "payload"]
+
+
+class Frozen(JetStreamStreamReader):
+    """The reader with the stream's state given, not read (``_bounds`` is its one read of the server here)."""
+
+    def __init__(self, options: ReadOptions, now: Bounds) -> None:
+        super().__init__(options)
+        self.now = now
+
+    def _bounds(self) -> Bounds:
+        self._latest = self.now.last
+        return self.now
+
+
+def test_a_recreated_stream_fails_the_query_or_is_read_again_from_its_start(caplog: pytest.LogCaptureFixture) -> None:
+    old = {"stream": "S", "seq": 500, "created": "2026-11-30T01:00:00Z"}
+    new = Bounds(1, 40, 40, "2026-11-30T02:00:00Z")
+    with pytest.raises(AuditError, match=r"deleted and created again .* new checkpointLocation, or set failOnDataLoss"):
+        Frozen(opts(), new).latestOffset(old, ReadAllAvailable())
+    lenient = Frozen(opts(failOnDataLoss="false"), new)
+    with caplog.at_level(logging.WARNING):
+        end = lenient.latestOffset(old, ReadMaxRows(25))
+    assert end == {"stream": "S", "seq": 25, "created": new.created}  # from the new stream's first message
+    assert "reading the new stream from its first message" in caplog.text
+    assert [(r.first, r.last) for r in lenient.partitions(old, end)] == [(1, 25)]
+    # an offset written before creation times were kept: a last sequence below it tells the same
+    older = {"stream": "S", "seq": 500}
+    with pytest.raises(AuditError, match="deleted and created again"):
+        Frozen(opts(), new).latestOffset(older, ReadAllAvailable())
+    # the same stream: nothing changes
+    same = Bounds(1, 600, 600, "2026-11-30T01:00:00Z")
+    assert Frozen(opts(), same).latestOffset(old, ReadAllAvailable()) == {**old, "seq": 600}
