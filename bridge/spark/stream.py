@@ -168,10 +168,11 @@ class JetStreamStreamReader(DataSourceStreamReader):
         self._initial: dict[str, Any] | None = None
         self._target: int | None = None  # Trigger.AvailableNow: the last sequence when the query started
         self._latest: int | None = None  # the stream's last sequence when last looked at
+        self._created: str | None = None  # and its creation time
 
     def _bounds(self) -> Bounds:
         bounds = asyncio.run(stream_bounds(self.opts))
-        self._latest = bounds.last
+        self._latest, self._created = bounds.last, bounds.created
         return bounds
 
     def initialOffset(self) -> dict[str, Any]:
@@ -222,7 +223,7 @@ class JetStreamStreamReader(DataSourceStreamReader):
         """The stream's last sequence as last seen (for the query's progress)."""
         if self._latest is None:
             self._bounds()
-        return None if self._latest is None else offset(self.opts.stream, self._latest)
+        return None if self._latest is None else offset(self.opts.stream, self._latest, self._created)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """``Trigger.AvailableNow``: read up to the stream's last sequence now, nothing stored later."""
