@@ -132,7 +132,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bridge.commands import ingest as ingest_command
 
         return ingest_command.ingest(
-            args.config, args.to, args.checkpoint, args.trigger, args.master, args.max_messages_per_trigger
+            args.config,
+            args.to,
+            args.checkpoint,
+            args.trigger,
+            args.master,
+            args.max_messages_per_trigger,
+            verbose=args.verbose,
         )
     if args.command == "demo":
         from bridge.commands.demo import run_demo

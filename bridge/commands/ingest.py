@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -34,6 +35,7 @@ from bridge.commands.common import (
     directory_problem,
     guarded,
     java_problem,
+    spark_failure,
 )
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "until SIGTERM/Ctrl-C)",
     )
     parser.add_argument("--master", help="Spark master URL (default: embedded local[*])")
+    parser.add_argument("--verbose", action="store_true", help="with a failure, Spark's whole traceback too")
     parser.add_argument(
         "--max-messages-per-trigger", type=int, default=None, help="admission control: at most this many per batch"
     )
@@ -159,7 +162,14 @@ def start_query(
 
 
 def ingest(
-    path: str, to: str, checkpoint: str, trigger: str, master: str | None, max_per_trigger: int | None = None
+    path: str,
+    to: str,
+    checkpoint: str,
+    trigger: str,
+    master: str | None,
+    max_per_trigger: int | None = None,
+    *,
+    verbose: bool = False,
 ) -> int:
     """Run the ingest query until it has taken what is there (available-now) or until SIGTERM/Ctrl-C."""
     from bridge.config import load_config
@@ -223,8 +233,13 @@ def ingest(
                 continue
             break
         if failure is not None:
-            print(f"nats-bridge ingest: the query failed: {failure}", file=sys.stderr)
+            print(f"nats-bridge ingest: the query failed: {spark_failure(failure)}", file=sys.stderr)
             code = EXIT_PROBLEM
+    except Exception as exc:  # Spark refused the query: said now, while the JVM holding its text still runs
+        print(f"nats-bridge ingest: the query could not run: {spark_failure(exc)}", file=sys.stderr)
+        if verbose:
+            traceback.print_exc()
+        code = EXIT_PROBLEM
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -244,5 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     return guarded(
-        lambda: ingest(args.config, args.to, args.checkpoint, args.trigger, args.master, args.max_messages_per_trigger)
+        lambda: ingest(
+            args.config,
+            args.to,
+            args.checkpoint,
+            args.trigger,
+            args.master,
+            args.max_messages_per_trigger,
+            verbose=args.verbose,
+        )
     )

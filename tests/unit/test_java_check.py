@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.commands.common import EXIT_UNAUDITED, java_problem
+from bridge.commands.common import EXIT_UNAUDITED, java_problem, spark_failure
 from bridge.testing.configs import SourceSpec, write_config
 from bridge.testing.processes import REPO_ROOT, child_env
 
@@ -73,3 +73,20 @@ def test_the_spark_commands_exit_3_with_one_line_without_java(tmp_path: Path, co
         f"nats-bridge {command}: Spark needs Java 17 or newer and finds none (JAVA_HOME is not set, no java on the "
         "PATH): install a Java 17 or newer (e.g. apt install openjdk-17-jre-headless) or set JAVA_HOME to one"
     ]
+
+
+def test_a_spark_failure_is_one_line_the_bridges_own_message_when_it_is_in_there() -> None:
+    inside = RuntimeError(
+        "An error occurred while calling o42.start.\n: org.apache.spark.SparkException: [PYTHON_DATA_SOURCE_ERROR]\n"
+        'Traceback (most recent call last):\n  File "read.py", line 65, in stream_info\n'
+        "bridge.errors.AuditError: stream 'AGGX' not found on nats://hub:4222: check the stream and domain options\n"
+        "\tat org.apache.spark.sql..."
+    )
+    assert spark_failure(inside) == "stream 'AGGX' not found on nats://hub:4222: check the stream and domain options"
+    assert spark_failure(RuntimeError("\n  the first line\nsecond")) == "the first line"
+
+    class Gone(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("the gateway is closed")
+
+    assert spark_failure(Gone()) == "Gone"
