@@ -579,7 +579,7 @@ class Fleet:
         lease = self.leases.get(name)
         if lease is None:
             return []
-        resuming = lease.machine.suspended
+        resuming, waited = lease.machine.suspended, lease.machine.release_waits
         event = LeaseEvent.RENEWED
         if resuming and now >= max(lease.renewed_at, sent_at) + self.timing.ttl - self.timing.guard:
             event = LeaseEvent.RENEWED_LATE
@@ -588,6 +588,9 @@ class Fleet:
         lease.renewals += 1
         lease.failing = 0
         self._written(lease, revision, sent_at)
+        if waited:
+            lease.valid_until = -math.inf  # the sources stopped: the renew moves the revision, not the fence
+            return self._release_after_renew(lease, waited)
         if not resuming or event is LeaseEvent.RENEWED_LATE:
             return []
         notice = Notice(
@@ -609,8 +612,11 @@ class Fleet:
                 return []
             lease.renew_failures += 1
             return self._lost(lease, LeaseEvent.RENEW_REFUSED, f"renew refused: {reason}")
+        waited = lease is not None and lease.machine.release_waits
         if lease is None or not lease.machine.process(LeaseEvent.RENEW_FAILED):
             return []
+        if waited:  # the renew may have landed or not: the delete tries our last known revision
+            return self._release_after_renew(lease, waited)
         lease.renew_failures += 1
         lease.failing += 1
         # try again soon: the fence still has time (a renew is due every ttl/3, the fence closes at 4/5 ttl)
@@ -636,10 +642,13 @@ class Fleet:
         whose reply never came was stored after all. Nobody else wrote since, so the lease is still ours; the fence
         stays where the last *confirmed* write put it (this write's send time is unknown), and a renew goes out now.
         """
+        waited = name in self.leases and self.leases[name].machine.release_waits
         lease = self._answered(name, LeaseEvent.RENEW_ADOPTED)
         if lease is None:
             return []
         lease.revision = revision
+        if waited:
+            return self._release_after_renew(lease, waited)
         lease.next_renew = self._due = now
         return []
 
@@ -694,6 +703,14 @@ class Fleet:
             return self._lost(lease, LeaseEvent.LOST, "fence passed while draining")
         lease.machine.process(LeaseEvent.SOURCE_STOPPED)
         lease.valid_until = -math.inf  # the sources have stopped: nothing may act on them once the delete can land
+        if lease.machine.release_waits:
+            return []  # a renew is in flight: the delete goes out with its reply, on the revision it brings
+        return [Release(lease.name, lease.revision)]
+
+    def _release_after_renew(self, lease: Lease, waited: bool) -> list[FleetEffect]:
+        """The delete a stopped lease's renew reply was waited for (``waited``: it was in RELEASING_RENEWING)."""
+        if not waited or lease.machine.release_waits or not lease.machine.can(LeaseEvent.RELEASED):
+            return []
         return [Release(lease.name, lease.revision)]
 
     def released(self, name: str, ok: bool, reason: str, now: float) -> list[FleetEffect]:

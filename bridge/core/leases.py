@@ -29,17 +29,19 @@ slow.
 
 A renew goes out when due from OWNED and DRAINING. While it is in flight the lease is in that state's renewing
 twin, which moves along the line above as the state does (a handover or a stop does not wait for the reply), and
-the reply is taken only there::
+the reply is taken only there. The delete alone waits for it: it names the revision we last wrote, which a renew
+landing first would move, so a delete sent beside a renew is refused and the key lingers a TTL (seen in a rolling
+update: the successor waited 3 s). From RELEASING_RENEWING the delete goes out with the reply, on the revision it
+brings::
 
     OWNED    --renew_sent--> RENEWING --hand_over--> DRAINING_RENEWING --source_stopped--> RELEASING_RENEWING
     DRAINING --renew_sent--> DRAINING_RENEWING
 
     RENEWING           --renewed / renew_failed / renew_adopted--> OWNED
     DRAINING_RENEWING  --renewed / renew_failed / renew_adopted--> DRAINING
-    RELEASING_RENEWING --renewed / renew_failed / renew_adopted--> RELEASING
+    RELEASING_RENEWING --renewed / renew_failed / renew_adopted--> RELEASING  (the delete goes out now)
     RENEWING, DRAINING_RENEWING, RELEASING_RENEWING --renew_refused--> STANDBY   (the key is someone else's)
     RENEWING, DRAINING_RENEWING                     --lost-->          STANDBY
-    RELEASING_RENEWING                              --released-->      STANDBY
 
 (In the draining states the fence passing still loses the lease: a drain that cannot answer is no drain.)
 
@@ -64,6 +66,7 @@ whole story:
 ``source_runs``   OWNED, RENEWING, DRAINING, DRAINING_RENEWING: the source may act, so the ticker watches the
                   fence (``fence_passed`` where the table lists it, else ``lost``, once it passes)
 ``renews``        OWNED, DRAINING, SUSPENDED: a renew goes out when one is due (none is in flight)
+``release_waits`` RELEASING_RENEWING: the delete goes out with the renew's reply (whatever it is)
 ================  =================================================================================================
 
 What users see (``status``, metrics) are five names, ``public_state``: standby, acquiring, owned (OWNED,
@@ -85,7 +88,7 @@ class LeaseState(Enum):
     DRAINING = "draining"  # ours, being given up: a graceful StopSource is under way, renews go on
     DRAINING_RENEWING = "draining_renewing"  # DRAINING, and a renew is in flight
     RELEASING = "releasing"  # the source stopped: the delete is in flight and the fence closed
-    RELEASING_RENEWING = "releasing_renewing"  # RELEASING, and a renew sent while draining is not answered yet
+    RELEASING_RENEWING = "releasing_renewing"  # the source stopped; the delete waits for a renew's reply
     SUSPENDED = "suspended"  # ours, but the fence passed before a renew succeeded: the sources pause, renews go on
     SUSPENDED_RENEWING = "suspended_renewing"  # SUSPENDED, and a renew is in flight
 
@@ -155,7 +158,6 @@ TRANSITIONS: dict[LeaseState, dict[LeaseEvent, LeaseState]] = {
     LeaseState.RELEASING_RENEWING: {
         **dict.fromkeys(_RENEW_REPLIES, LeaseState.RELEASING),
         LeaseEvent.RENEW_REFUSED: LeaseState.STANDBY,
-        LeaseEvent.RELEASED: LeaseState.STANDBY,
     },
 }
 
@@ -171,6 +173,8 @@ KEPT = SERVING | SUSPENDED
 SOURCE_RUNS = frozenset({LeaseState.OWNED, LeaseState.RENEWING, LeaseState.DRAINING, LeaseState.DRAINING_RENEWING})
 # a renew goes out when due: the lease must outlive a long drain too, and one renew is in flight at a time
 RENEWS = frozenset({LeaseState.OWNED, LeaseState.DRAINING, LeaseState.SUSPENDED})
+# the sources stopped and the key is to be deleted, once the renew in flight is answered (the delete names its revision)
+RELEASE_WAITS = frozenset({LeaseState.RELEASING_RENEWING})
 
 PUBLIC_STATE: dict[LeaseState, str] = {
     LeaseState.STANDBY: "standby",
@@ -189,7 +193,18 @@ PUBLIC_STATE: dict[LeaseState, str] = {
 class LeaseMachine:
     """One lease's state; changed only through ``process`` and the table."""
 
-    __slots__ = ("_row", "_state", "kept", "owned", "renews", "serving", "source_runs", "standby", "suspended")
+    __slots__ = (
+        "_row",
+        "_state",
+        "kept",
+        "owned",
+        "release_waits",
+        "renews",
+        "serving",
+        "source_runs",
+        "standby",
+        "suspended",
+    )
 
     def __init__(self, state: LeaseState = LeaseState.STANDBY) -> None:
         self._enter(state)
@@ -230,3 +245,4 @@ class LeaseMachine:
         self.suspended = state in SUSPENDED
         self.source_runs = state in SOURCE_RUNS
         self.renews = state in RENEWS
+        self.release_waits = state in RELEASE_WAITS
