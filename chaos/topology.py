@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,7 +195,7 @@ class ChaosTopology:
             for i, port in enumerate(kv_ports)
         ]
         for proxy in (self.leaf_proxy, self.hub_proxy, *self.kv_proxies):
-            await proxy.start()
+            await _start_proxy(proxy)
         self.leaf_nc = await _connect(leaf.url, "chaos leaf")
         self.hub_nc = await _connect([node.url for node in self.hubs], "chaos hub")
         await self._create_streams()
@@ -302,3 +303,19 @@ class ChaosTopology:
         payload = json.dumps(body).encode() if body is not None else b""
         reply = await nc.request(f"$JS.API.{subject}", payload, timeout=timeout)
         return json.loads(reply.data)
+
+
+BIND_ATTEMPTS = 5
+
+
+async def _start_proxy(proxy: FaultProxy) -> None:
+    """Start ``proxy`` on its claimed port, or on another claimed one when a process beside this one (the other CI
+    lane's servers) took it between the claim and the bind (seen once: errno 98 in the chaos smoke)."""
+    for attempt in range(BIND_ATTEMPTS):
+        try:
+            await proxy.start()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or attempt == BIND_ATTEMPTS - 1:
+                raise
+            proxy.port = free_ports(1)[0]
