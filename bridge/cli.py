@@ -131,15 +131,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "ingest":
         from bridge.commands import ingest as ingest_command
 
-        return ingest_command.ingest(
-            args.config,
-            args.to,
-            args.checkpoint,
-            args.trigger,
-            args.master,
-            args.max_messages_per_trigger,
-            verbose=args.verbose,
-        )
+        return ingest_command.ingest_args(args)
     if args.command == "demo":
         from bridge.commands.demo import run_demo
 

@@ -16,9 +16,8 @@ from bridge.commands.common import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNAUDITED,
-    aggregate_problem,
     guarded,
-    java_problem,
+    spark_cannot_run,
 )
 from bridge.errors import AuditError
 
@@ -55,12 +54,8 @@ def audit(path: str, origin_too: bool, out: str, master: str | None, as_json: bo
     except ImportError as exc:
         print(f"nats-bridge audit: {exc.name or exc} is not installed: {AUDIT_EXTRA}", file=sys.stderr)
         return EXIT_UNAUDITED
-    if (java := java_problem()) is not None:
-        print(f"nats-bridge audit: {java}", file=sys.stderr)
-        return EXIT_UNAUDITED
-    if (unread := aggregate_problem(config.target, path)) is not None:
-        print(f"nats-bridge audit: {unread}", file=sys.stderr)
-        return EXIT_UNAUDITED
+    if (cannot := spark_cannot_run("audit", config.target, path)) is not None:
+        return cannot
     try:
         report = run_audit(config, AuditOptions(origin_too=origin_too, out=Path(out), master=master))
     except AuditError as exc:

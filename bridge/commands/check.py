@@ -194,7 +194,7 @@ async def _check_source(src: SourceConfig, result: CheckResult, copies: CopiesEx
 
         if presumed is None:
             say_mode()
-        too_many = several_filters_problem(src) if server_level(stream)[0] is None else None
+        too_many = several_filters_problem(src, stream)
         if too_many is not None:
             raise ConsumerUnfit(too_many)
         deliver, decision = None, ""
@@ -252,13 +252,14 @@ def _check_start(
     """What the start position did or will do, what it leaves on the origin, and a bound consumer that differs."""
     what = f"source {src.name}"
     cfg = info.get("config", {})
+    start_seq = start_seq_of(info)
     placed = f"deliver_policy {cfg.get('deliver_policy')}"
     if cfg.get("opt_start_seq"):
         placed += f", opt_start_seq {cfg['opt_start_seq']}"
-    if start_seq_of(info):
-        placed += f", start sequence {start_seq_of(info)}"
+    if start_seq:
+        placed += f", start sequence {start_seq}"
     if not src.manage_consumer:
-        if cfg.get("deliver_policy") == "all" and not start_seq_of(info):
+        if cfg.get("deliver_policy") == "all" and not start_seq:
             _print(
                 False,
                 what,

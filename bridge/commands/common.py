@@ -154,6 +154,16 @@ def aggregate_problem(target: TargetConfig, config_path: str) -> str | None:
     return anyio.run(look)
 
 
+def spark_cannot_run(command: str, target: TargetConfig, config_path: str) -> int | None:
+    """Before a Spark command starts Spark: the one line (printed) and exit code when Java or the aggregate is not
+    there to run it on (:func:`java_problem`, :func:`aggregate_problem`); None when both are."""
+    problem = java_problem() or aggregate_problem(target, config_path)
+    if problem is None:
+        return None
+    print(f"nats-bridge {command}: {problem}", file=sys.stderr)
+    return EXIT_UNAUDITED
+
+
 def directory_problem(option: str, path: str) -> str | None:
     """Why ``path`` cannot be the directory ``option`` names (None: it is one, or does not exist yet)."""
     import os

@@ -31,10 +31,9 @@ from bridge.commands.common import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNAUDITED,
-    aggregate_problem,
     directory_problem,
     guarded,
-    java_problem,
+    spark_cannot_run,
     spark_failure,
 )
 
@@ -189,12 +188,8 @@ def ingest(
         if (wrong := directory_problem(option, where)) is not None:
             print(f"nats-bridge ingest: {wrong}", file=sys.stderr)
             return EXIT_CONFIG
-    if (java := java_problem()) is not None:
-        print(f"nats-bridge ingest: {java}", file=sys.stderr)
-        return EXIT_UNAUDITED
-    if (unread := aggregate_problem(config.target, path)) is not None:
-        print(f"nats-bridge ingest: {unread}", file=sys.stderr)
-        return EXIT_UNAUDITED
+    if (cannot := spark_cannot_run("ingest", config.target, path)) is not None:
+        return cannot
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -258,14 +253,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nats-bridge ingest")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    return guarded(
-        lambda: ingest(
-            args.config,
-            args.to,
-            args.checkpoint,
-            args.trigger,
-            args.master,
-            args.max_messages_per_trigger,
-            verbose=args.verbose,
-        )
+    return guarded(lambda: ingest_args(args))
+
+
+def ingest_args(args: argparse.Namespace) -> int:
+    """:func:`ingest` with the options :func:`add_arguments` parsed (this command's ``main`` and ``bridge.cli``)."""
+    return ingest(
+        args.config,
+        args.to,
+        args.checkpoint,
+        args.trigger,
+        args.master,
+        args.max_messages_per_trigger,
+        verbose=args.verbose,
     )

@@ -70,7 +70,7 @@ class OriginClient:
         self.mode = mode  # set by the runner once chosen, before bind (bridge.core.modes)
         # whether the aggregate holds copies of this source (the runner's), asked before a start position is applied
         self.copies_exist: CopiesExist | None = None
-        self._old_server = False  # the origin runs a nats-server before 2.11 (stream(): no API level reported)
+        self._stream_info: dict[str, Any] = {}  # the origin stream's STREAM.INFO, as stream() last read it
         pool = connections if connections is not None else OriginConnections()
         self._shared = pool.for_settings(source)
         self._member: Member | None = None
@@ -140,7 +140,7 @@ class OriginClient:
             raise _unavailable(f"origin stream {stream!r}", exc) from exc
         retention = info.get("config", {}).get("retention")
         level, version = server_level(info)
-        self._old_server = level is None  # before 2.11: the stream info carries no API level
+        self._stream_info = info
         return OriginStream(
             retention == "workqueue", int(info.get("state", {}).get("last_seq", 0)), api_level=level, version=version
         )
@@ -155,7 +155,7 @@ class OriginClient:
 
     async def bind(self) -> BoundConsumer:
         src, api = self.source, self._jsapi()
-        problem = several_filters_problem(src) if self._old_server else None
+        problem = several_filters_problem(src, self._stream_info) if self._stream_info else None
         if problem is not None:
             raise ConsumerUnfit(problem)
         deliver, note = None, ""
