@@ -55,6 +55,10 @@ def core_digest() -> str:
 def _compiled_build() -> str:
     """``compiled``, or why the source runs: ``interpreted`` (nothing compiled), ``interpreted (stale build)``,
     ``interpreted (NATS_BRIDGE_PURE_PYTHON)``."""
+    if not _CORE_DIR.is_dir():
+        # imported from a zip (the package Spark ships to a cluster's executors, bridge/spark/session.py): no
+        # extension module loads from one, and the zip importer finds the core's sources by itself
+        return "interpreted"
     if not any(p.name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)) for p in _CORE_DIR.iterdir()):
         return "interpreted"
     if os.environ.get(PURE_ENV, "") not in ("", "0"):

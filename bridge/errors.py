@@ -79,3 +79,13 @@ class ConsumerUnfit(BridgeError):
 class AuditError(BridgeError):
     """The audit cannot read a stream (missing, without ``allow_direct``, unreachable) or was given a bad option;
     the message names the stream or option and the fix."""
+
+
+class SparkJobFailed(AuditError):
+    """The audit's Spark job failed once Spark was asked to start it (a stream deleted while it was read, a master
+    that cannot be reached, ...). The message is Spark's failure in one line; ``detail`` is the whole traceback,
+    the JVM's included, written down while that JVM still ran (the text of a JVM exception is fetched from it)."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail

@@ -3,7 +3,9 @@
 Every copy the bridge writes names its origin (``Bridge-Source``, ``Bridge-Stream``, ``Bridge-Seq``), the origin
 sequence the bridge accepted just before it (``Bridge-Prev``), the origin store time (``Bridge-Time``) and, on the
 first copy after a forward reset, the range that reset skipped (``Bridge-Skipped``); see
-:mod:`bridge.core.headers`. Per source (and origin stream):
+:mod:`bridge.core.headers`. The origin and its time are the ``jetstream`` data source's typed columns
+(:mod:`bridge.spark.rows`), parsed as the bridge itself reads a copy; the rest comes from the headers map
+(:data:`HEADERS`). Per source (and origin stream):
 
 * **duplicates**: copies of an origin sequence after its first (aggregate order).
 * **reordered**: first copies stored after a first copy of a higher origin sequence (the chaos checker's rule).
@@ -21,6 +23,10 @@ first copy after a forward reset, the range that reset skipped (``Bridge-Skipped
 Sequences before a source's first copy are judged as a gap from 0 when its chain starts at 0; otherwise the bridge
 began on a consumer whose ack floor was already higher and they are not judged (``chain_start`` says where).
 Ranges are kept as ranges; nothing here builds a list of sequences.
+
+A message whose provenance does not parse (no ``Bridge-Source``, ``Bridge-Stream`` or ``Bridge-Seq``, or a
+``Bridge-Seq``, ``Bridge-Prev`` or ``Bridge-Time`` that is not a number) is **foreign**, as the bridge's own restart
+recovery takes it: not a copy, so its origin sequence is missing from its source's chain and judged as such.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from pyspark.sql import functions as F
 from bridge.core import headers as hdr
 
 KEYS = ["source", "origin_stream"]
-PROVENANCE_HEADERS = [hdr.SOURCE, hdr.STREAM, hdr.SEQ, hdr.PREV, hdr.TIME, hdr.SKIPPED, hdr.SUBJECT, hdr.MSG_ID]
+# the provenance the data source has no typed column for: the only headers the audit asks it for
+HEADERS = [hdr.PREV, hdr.SKIPPED, hdr.MSG_ID]
 
 # gap kinds
 LOST = "lost"
@@ -65,24 +72,34 @@ class Findings:
 
 
 def provenance(aggregate: DataFrame) -> DataFrame:
-    """The aggregate's rows with their provenance as columns (null where a header is missing)."""
+    """The aggregate's rows with their provenance as the audit's columns.
+
+    ``source``, ``origin_stream``, ``oseq`` and ``origin_time`` are the data source's typed columns: null on a
+    message that is not a bridge copy (then it is foreign, :func:`analyse`). ``prev`` is ``Bridge-Prev`` (0 without
+    it, as :func:`bridge.core.headers.parse_provenance` reads it), ``skip_from``/``skip_to`` the ``Bridge-Skipped``
+    range, and ``inconsistent`` says the ``Nats-Msg-Id`` is not the one the bridge writes for that provenance. A
+    header value Spark cannot read as the number it should be counts as absent: with ANSI casts (Spark 4's default)
+    a plain cast would fail the whole audit on one malformed message."""
     h = F.col("headers")
-    skipped = F.split(h[hdr.SKIPPED], "-")
+    skipped = [F.regexp_extract(h[hdr.SKIPPED], r"^(\d+)-(\d+)$", group).try_cast("long") for group in (1, 2)]
+    readable_skip = skipped[0].isNotNull() & skipped[1].isNotNull()
+    # what hdr.msg_id makes of the parsed provenance: the bridge writes both from the same values
+    written_id = F.concat(
+        F.col("source"), F.lit(":"), F.col("origin_stream"), F.lit(":"), F.col("origin_seq").cast("string")
+    )
     return aggregate.select(
         F.col("seq").alias("agg_seq"),
         F.col("timestamp").alias("agg_time"),
         F.col("payload_hash"),
-        h[hdr.SOURCE].alias("source"),
-        h[hdr.STREAM].alias("origin_stream"),
-        h[hdr.SEQ].cast("long").alias("oseq"),
-        F.coalesce(h[hdr.PREV].cast("long"), F.lit(0)).alias("prev"),
-        F.timestamp_micros(F.floor(h[hdr.TIME].cast("long") / 1000)).alias("origin_time"),
-        F.when(h[hdr.SKIPPED].isNotNull(), skipped[0].cast("long")).alias("skip_from"),
-        F.when(h[hdr.SKIPPED].isNotNull(), skipped[1].cast("long")).alias("skip_to"),
-        # the Nats-Msg-Id the bridge writes for this provenance, from the same header text (null without it)
-        F.coalesce(h[hdr.MSG_ID] != F.concat_ws(":", h[hdr.SOURCE], h[hdr.STREAM], h[hdr.SEQ]), F.lit(False)).alias(
-            "inconsistent"
-        ),
+        F.col("source"),
+        F.col("origin_stream"),
+        F.col("origin_seq").alias("oseq"),
+        F.coalesce(h[hdr.PREV].try_cast("long"), F.lit(0)).alias("prev"),
+        F.col("origin_time"),
+        F.when(readable_skip, skipped[0]).alias("skip_from"),
+        F.when(readable_skip, skipped[1]).alias("skip_to"),
+        # a copy without Nats-Msg-Id is not judged by this check
+        F.coalesce(h[hdr.MSG_ID] != written_id, F.lit(False)).alias("inconsistent"),
     )
 
 

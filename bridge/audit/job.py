@@ -15,6 +15,7 @@ import math
 import shutil
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,9 @@ from pyspark.sql import functions as F
 
 from bridge.audit import analysis as an
 from bridge.audit.report import AuditReport, SourceReport, write_chart, write_json
+from bridge.commands.common import spark_failure
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig
-from bridge.errors import AuditError
+from bridge.errors import AuditError, SparkJobFailed
 from bridge.spark.options import ReadOptions, side_options
 from bridge.spark.read import stream_bounds
 from bridge.spark.session import prepare, running_session, spark_session, stop_spark
@@ -203,7 +205,7 @@ def run_audit(
 ) -> AuditReport:
     """Audit the aggregate of ``config`` (every source found in it; with ``origin_too`` also each configured
     source's origin) and write the report files into ``options.out``. Raises :class:`AuditError` when a stream
-    cannot be read.
+    cannot be read, :class:`SparkJobFailed` when Spark fails.
 
     Runs on ``spark``, else on the session already running in this process, else on one of its own
     (:func:`spark_session`), which it stops at the end; a session it did not start is left running."""
@@ -221,11 +223,16 @@ def run_audit(
                 "which the audit uses; run it in a process of its own to choose the master"
             )
     own = spark is None
-    spark = spark_session(options.master, app_name="nats-bridge-audit") if spark is None else prepare(spark)
     try:
+        spark = spark_session(options.master, app_name="nats-bridge-audit") if spark is None else prepare(spark)
         return _audit(config, options, spark, progress, started)
+    except AuditError:
+        raise
+    except Exception as exc:
+        # put in words here, before the session is stopped: a JVM exception's text is fetched from the JVM
+        raise SparkJobFailed(f"the Spark job failed: {spark_failure(exc)}", traceback.format_exc()) from exc
     finally:
-        if own:
+        if own and spark is not None:
             stop_spark(spark)  # the executors and the JVM go now, not at interpreter exit
 
 
@@ -242,7 +249,7 @@ def _audit(
     # origin's bounds are read: a running bridge cannot make a copy look "extra" (a sequence above the origin's
     # last). The other order would let copies stored between the two reads name sequences the origin read
     # does not reach.
-    aggregate, agg_last = read_stream(spark, {**side_options(target), "headers": ",".join(an.PROVENANCE_HEADERS)})
+    aggregate, agg_last = read_stream(spark, {**side_options(target), "headers": ",".join(an.HEADERS)})
     progress(f"reading aggregate {target.stream} (up to sequence {agg_last}) on {', '.join(target.servers)}")
     aggregate = aggregate.cache()
     origins: DataFrame | None = None

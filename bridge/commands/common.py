@@ -3,6 +3,7 @@ and where the coordination bucket is reached."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -154,9 +155,42 @@ def aggregate_problem(target: TargetConfig, config_path: str) -> str | None:
     return anyio.run(look)
 
 
-def spark_cannot_run(command: str, target: TargetConfig, config_path: str) -> int | None:
-    """Before a Spark command starts Spark: the one line (printed) and exit code when Java or the aggregate is not
-    there to run it on (:func:`java_problem`, :func:`aggregate_problem`); None when both are."""
+_MASTER_FORMS = "local, local[N], local[*], spark://HOST:PORT, yarn or k8s://HOST:PORT"
+
+
+def master_problem(master: str | None) -> tuple[int, str] | None:
+    """Why ``--master`` cannot be used (the exit code and the line; None: it can, or none was given): not a
+    master URL Spark knows (2), or a standalone master that nothing answers at (3). Asked before Spark starts, whose
+    own answer would be a launcher's trace ending in ``JAVA_GATEWAY_EXITED``."""
+    import re
+    import socket
+
+    if master is None or re.fullmatch(r"local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[[\d, ]+\]|yarn|k8s://\S+", master):
+        return None
+    found = re.fullmatch(r"spark://([^,/\s]+:\d+(,[^,/\s]+:\d+)*)", master)
+    if found is None:
+        return EXIT_CONFIG, f"--master {master!r} is not a Spark master URL: use {_MASTER_FORMS}"
+    errors = []
+    for address in found.group(1).split(","):  # a standby master's list: any one answering will do
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+            return None
+        except OSError as exc:
+            errors.append(f"{address}: {exc.strerror or exc}")
+    return EXIT_UNAUDITED, (
+        f"no Spark master answers at {master} ({'; '.join(errors)}): start it, or fix --master "
+        "(without it the job runs embedded)"
+    )
+
+
+def spark_cannot_run(command: str, target: TargetConfig, config_path: str, master: str | None = None) -> int | None:
+    """Before a Spark command starts Spark: the one line (printed) and exit code when ``--master`` is wrong
+    (:func:`master_problem`), or Java or the aggregate is not there to run it on (:func:`java_problem`,
+    :func:`aggregate_problem`); None when all are."""
+    if (wrong := master_problem(master)) is not None:
+        print(f"nats-bridge {command}: {wrong[1]}", file=sys.stderr)
+        return wrong[0]
     problem = java_problem() or aggregate_problem(target, config_path)
     if problem is None:
         return None
@@ -171,6 +205,11 @@ def directory_problem(option: str, path: str) -> str | None:
     if os.path.exists(path) and not os.path.isdir(path):
         return f"{option} {path!r} exists and is not a directory: name a directory (it is created when missing)"
     return None
+
+
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    """``--verbose`` of the Spark commands: a failure is one line, and with it the whole traceback too."""
+    parser.add_argument("--verbose", action="store_true", help="with a failure, Spark's whole traceback too")
 
 
 def spark_failure(exc: BaseException) -> str:

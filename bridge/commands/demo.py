@@ -111,8 +111,18 @@ def _audit(config: BridgeConfig, out: Path, keep: bool) -> int:
     except ImportError as exc:
         print(f"demo --audit: {exc.name} is not installed: pip install '.[demo,audit]' (and Java 17+)", file=sys.stderr)
         return 1
+    from bridge.commands.common import java_problem
+    from bridge.errors import AuditError
+
+    if (no_java := java_problem()) is not None:
+        print(f"demo --audit: {no_java}", file=sys.stderr)
+        return 1
     print("\nauditing the aggregate with nats-bridge audit (Spark, embedded) ...", flush=True)
-    report = run_audit(config, AuditOptions(out=out))
+    try:
+        report = run_audit(config, AuditOptions(out=out))
+    except AuditError as exc:  # a stream it could not read, or Spark's failure: one line, as `audit` says it
+        print(f"demo --audit: {exc}", file=sys.stderr)
+        return 1
     print(render_table(report))
     if keep:
         print(f"audit report in {out}")

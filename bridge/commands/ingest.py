@@ -31,6 +31,7 @@ from bridge.commands.common import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNAUDITED,
+    add_verbose,
     directory_problem,
     guarded,
     spark_cannot_run,
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "until SIGTERM/Ctrl-C)",
     )
     parser.add_argument("--master", help="Spark master URL (default: embedded local[*])")
-    parser.add_argument("--verbose", action="store_true", help="with a failure, Spark's whole traceback too")
+    add_verbose(parser)
     parser.add_argument(
         "--max-messages-per-trigger", type=int, default=None, help="admission control: at most this many per batch"
     )
@@ -188,7 +189,7 @@ def ingest(
         if (wrong := directory_problem(option, where)) is not None:
             print(f"nats-bridge ingest: {wrong}", file=sys.stderr)
             return EXIT_CONFIG
-    if (cannot := spark_cannot_run("ingest", config.target, path)) is not None:
+    if (cannot := spark_cannot_run("ingest", config.target, path, master)) is not None:
         return cannot
     stop = threading.Event()
 

@@ -64,8 +64,10 @@ def prepare(spark: SparkSession) -> SparkSession:
     """Make ``spark`` ready for the bridge's jobs, whoever started it: the ``jetstream`` data source registered, ``seq``
     bounds pushed down to it, and the package shipped to its executors."""
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")  # seq bounds reach the jetstream source
-    spark.dataSource.register(JetStreamDataSource)
+    # shipped first: a Python data source's workers get only the files added (addPyFile) before its registration,
+    # which fixes its function's includes; registered before, a cluster's executors could not import the bridge
     _ship_package(spark)
+    spark.dataSource.register(JetStreamDataSource)
     return spark
 
 

@@ -25,10 +25,15 @@ The options, schema and reads are the batch reader's (:mod:`bridge.spark.datasou
   on from the first sequence. A message deleted individually is simply absent (a gap in ``seq``), unless it was
   the stream's first one after the offset: the stream's state cannot tell that from limits, so it counts as lost.
 
-Offsets are ``{"stream": <name>, "seq": <last sequence read>}``: JSON, stable across restarts (a checkpoint
-holding another stream's offsets is refused). A micro-batch from ``{"seq": a}`` to ``{"seq": b}`` reads the
-sequences ``a+1..b`` as the batch reader reads a stream: contiguous ranges split by ``rows_per_partition`` or
-``partitions``, each read with batched Direct Get on its own connection, deleted sequences stepped over.
+Offsets are ``{"stream": <name>, "seq": <last sequence read>, "created": <the stream's creation time>}``: JSON,
+stable across restarts (a checkpoint holding another stream's offsets is refused; one without ``created``, from an
+older release, is read as it is). A stream deleted and created again under its name (its creation time differs from
+the offset's, or its last sequence is below the offset's) fails the query, or with ``failOnDataLoss`` false is logged
+and read from its first message; a micro-batch planned on the old stream and run again by a restart is failed, or
+skipped, the same way (its sequences would be the new stream's messages). A micro-batch from ``{"seq": a}`` to
+``{"seq": b}`` reads the sequences ``a+1..b`` as the batch reader reads a stream: contiguous ranges split by
+``rows_per_partition`` or ``partitions``, each read with batched Direct Get on its own connection, deleted sequences
+stepped over.
 
 Admission control (``DataSourceStreamReader.latestOffset(start, limit)``, ``getDefaultReadLimit``,
 ``SupportsTriggerAvailableNow``, PySpark 4.2 and newer; the package asks for the 4.3 it is tested with):
@@ -74,11 +79,13 @@ def recreated(stream: str, start: Mapping[str, Any], now: Bounds) -> bool:
     ) > now.last
 
 
-def recreated_problem(stream: str, start: Mapping[str, Any], now: Bounds) -> str:
-    """What the query met, for the error (``failOnDataLoss``) or the warning."""
+def recreated_problem(stream: str, start: Mapping[str, Any], now: Bounds, *, planned: bool = False) -> str:
+    """What the query met, for the error (``failOnDataLoss``) or the warning: ``start`` is the offset it read up to,
+    or with ``planned`` the end of a micro-batch it planned and is running again (a restart)."""
+    did = "planned a micro-batch of it up to" if planned else "read it up to"
     return (
         f"stream {stream!r} was deleted and created again (created {now.created or '?'}, last sequence {now.last}) "
-        f"since this query read it up to sequence {offset_seq(stream, start)} (created {start.get('created', '?')})"
+        f"since this query {did} sequence {offset_seq(stream, start)} (created {start.get('created', '?')})"
     )
 
 
@@ -231,7 +238,9 @@ class JetStreamStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[SeqRange]:
         """The sequences after ``start`` up to ``end`` as contiguous ranges; what the stream deleted before it
-        was read fails the query or, with ``failOnDataLoss`` false, is logged and skipped."""
+        was read fails the query or, with ``failOnDataLoss`` false, is logged and skipped. So is the whole
+        micro-batch when the stream it was planned on was deleted and created again since (a restart running a
+        batch its checkpoint planned but did not commit): its sequences would be the new stream's messages."""
         stream = self.opts.stream
         low, high = offset_seq(stream, start), offset_seq(stream, end)
         if start.get("created") is not None and end.get("created") not in (None, start.get("created")):
@@ -239,6 +248,20 @@ class JetStreamStreamReader(DataSourceStreamReader):
         if high <= low:
             return []
         now = self._bounds()
+        if recreated(stream, end, now):
+            what = recreated_problem(stream, end, now, planned=True)
+            if self.opts.fail_on_data_loss:
+                raise AuditError(
+                    f"{what}: that batch's messages are gone (the new stream's under the same sequences are others); "
+                    "give the query a new checkpointLocation, or set failOnDataLoss to false to skip the batch and "
+                    "read the new stream from its first message"
+                )
+            log.warning(
+                "%s; failOnDataLoss is false: the micro-batch is skipped, the new stream is read from its first "
+                "message",
+                what,
+            )
+            return []
         read_from = check_data_loss(stream, low, high, now.first, fail=self.opts.fail_on_data_loss)
         return plan_batch(self.opts, read_from, high, now.messages)
 

@@ -313,6 +313,10 @@ class _Acks:
     duplicates: int = 0
     failed: list[tuple[tuple[str, str], str]] = field(default_factory=list)  # ((message id, subject), why)
     progress: asyncio.Event = field(default_factory=asyncio.Event)
+    disconnects: int = 0  # connections lost while publishing: what explains acks that never came
+
+    async def on_disconnected(self) -> None:
+        self.disconnects += 1
 
     def on_outcomes(self, outcomes: Sequence[AckOutcome]) -> None:
         for outcome in outcomes:
@@ -357,24 +361,31 @@ async def publish_all(
 ) -> SinkCommit:
     """Publish ``(message id, message)`` pairs with at most ``opts.window`` in flight; return when every one is
     acked. Raises :class:`SinkError` once nothing is in flight any more (acked, refused or timed out) if any
-    publish failed."""
+    publish failed, and as soon as ``opts.timeout`` seconds pass without an ack (the rows not sent yet never are:
+    the task fails, and its retry publishes them all again under the same ids). The error says when the connection
+    was lost meanwhile."""
     source = iter(messages)
     first = next(source, None)
     if first is None:
         return SinkCommit(partition, 0, 0, 0)  # an empty partition opens no connection
     source = itertools.chain([first], source)
-    nc = await open_connection(opts, name="nats-bridge-spark-sink", error_type=SinkError)
     acks = _Acks()
+    nc = await open_connection(
+        opts, name="nats-bridge-spark-sink", error_type=SinkError, on_disconnected=acks.on_disconnected
+    )
     publisher = _StreamCheckingPublisher(nc, acks.on_outcomes, opts.stream)
     sent = 0
     problem = ""
     denied: PermissionDenied | None = None
+    silent = False  # a whole timeout passed without an ack
+    lost = 0  # connections lost before the close (which counts as one)
     try:
         await publisher.start()
         while not acks.failed and not problem:
             room = opts.window - len(acks.pending)
             if room <= 0:
                 if not await acks.wait(opts.timeout):
+                    silent = True
                     break
                 continue
             try:
@@ -392,9 +403,12 @@ async def publish_all(
             for order, _, why in await publisher.publish(batch):
                 acks.failed.append((acks.pending.pop(order, ("?", "?")), why))
             await asyncio.sleep(0)  # let the read loop hand over the acks that arrived
-        while acks.pending:  # settle every publish in flight
+        # settle every publish in flight; not after a silent timeout, which fails the task now: acks arriving late
+        # would empty what is in flight and end the task as if done, its rows not sent yet never published
+        while acks.pending and not silent:
             if not await acks.wait(opts.timeout):
                 break
+        lost = acks.disconnects
         # an ack that never came is explained by a permission the server denied, if it did; asked before closing,
         # which forgets the connection's denials
         record = permissions.record_for(nc)
@@ -418,6 +432,9 @@ async def publish_all(
         (msg_id, subject), why = acks.failed[0]
         more = f" (and {len(acks.failed) - 1} more)" if len(acks.failed) > 1 else ""
         problem = f"publish of {msg_id} to {subject} refused: {why}{more}" + (f"; then {problem}" if problem else "")
+    if problem and lost:
+        times = "" if lost == 1 else f" {lost} times"
+        problem += f" (the connection to the server was lost{times} meanwhile)"
     if problem:
         raise SinkError(
             f"cannot write to {where}: {problem}; {acks.stored} of {sent} sent were acked "

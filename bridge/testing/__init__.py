@@ -19,6 +19,8 @@ nothing here imports pytest), the chaos suite (``chaos/``) and the benchmark (``
   flow-control answers.
 * :mod:`bridge.testing.http`: GETs on loopback listeners (server monitoring, the bridge's ``/metrics`` and
   ``/readyz``, a standby's readiness), and requests written by hand for tests of an HTTP server itself.
+* :mod:`bridge.testing.spark_cluster`: a Spark standalone cluster on loopback (a master and workers from the installed
+  pyspark's ``spark-class``), a worker killed while its executor runs a task, and every process it started stopped.
 * :mod:`bridge.testing.security`: TLS certificates, NKeys, operator/account/user JWTs and creds files.
 * :mod:`bridge.testing.fakes`: in-memory stand-ins for the source runner's ports, for unit tests (no servers).
 * :mod:`bridge.testing.engines`: the stream, consumer and settings for driving the core's engines by hand.

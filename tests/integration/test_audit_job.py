@@ -8,6 +8,7 @@ the command line and the demo run in this process too, on it, and must leave it 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import operator
@@ -28,6 +29,7 @@ import structlog
 from nats.aio.client import Client
 
 from bridge import cli
+from bridge.audit import job
 from bridge.audit.job import AuditOptions, run_audit
 from bridge.audit.report import AuditReport, SourceReport
 from bridge.config import load_config
@@ -82,7 +84,7 @@ class Copy:
     skipped: str | None = None
     payload: bytes | None = None
     dedupe: bool = True  # False: no Nats-Msg-Id, so the aggregate stores a second copy
-    msg_id: str | None = None  # a Nats-Msg-Id other than the one the bridge writes for this provenance
+    altered: dict[str, str | None] | None = None  # headers other than the bridge writes (None: without it)
 
 
 async def publish_copies(nc: Client, copies: list[Copy], source: str = "edge1") -> None:
@@ -99,8 +101,11 @@ async def publish_copies(nc: Client, copies: list[Copy], source: str = "edge1") 
             skipped=c.skipped,
         )
         headers = hdr.parse_header_block(block)
-        if c.msg_id is not None:
-            headers[hdr.MSG_ID] = c.msg_id
+        for name, value in (c.altered or {}).items():
+            if value is None:
+                del headers[name]
+            else:
+                headers[name] = value
         if not c.dedupe:
             del headers[hdr.MSG_ID]
         await js.publish(f"edge.{source}.{c.seq}", c.payload or default_payload(c.seq - 1), headers=headers)
@@ -122,7 +127,7 @@ def damaged_plan() -> list[Copy]:
         if 100 <= s <= 109 or 400 <= s <= 409 or 450 <= s <= 454 or s == 300:
             continue
         if s == 250:
-            plan.append(Copy(250, 249, msg_id="edge2:ORDERS:250"))
+            plan.append(Copy(250, 249, altered={hdr.MSG_ID: "edge2:ORDERS:250"}))
         elif s == 410:
             plan.append(Copy(410, 409, skipped="400-409"))
         elif s == 455:
@@ -198,7 +203,9 @@ async def test_finds_exactly_the_injected_damage(spark: Any, topology: Topology,
 
 
 @pytest.mark.anyio
-async def test_where_each_chain_starts_decides_what_is_judged(spark: Any, topology: Topology, tmp_path: Path) -> None:
+async def test_where_each_chain_starts_and_what_parses_decide_what_is_judged(
+    spark: Any, topology: Topology, tmp_path: Path
+) -> None:
     async with connect(topology.hub.url) as nc:
         await create_aggregate(nc)
         # fresh: the origin had dropped 1..4 before the bridge's consumer existed
@@ -211,6 +218,20 @@ async def test_where_each_chain_starts_decides_what_is_judged(spark: Any, topolo
             [Copy(11, 10, skipped="1-10"), Copy(12, 11), Copy(12, 11, dedupe=False), Copy(12, 11, dedupe=False)],
             source="skipped",
         )
+        # forged: provenance the bridge never writes. 3 and 4 do not parse (a Bridge-Prev that is no number, no
+        # Bridge-Stream), so they are foreign, as the bridge's recovery takes them; 5's Bridge-Seq parses as 5,
+        # for which the bridge writes the Nats-Msg-Id forged:ORDERS:5
+        await publish_copies(
+            nc,
+            [
+                Copy(1, 0),
+                Copy(2, 1),
+                Copy(3, 2, altered={hdr.PREV: "two"}),
+                Copy(4, 3, altered={hdr.STREAM: None}),
+                Copy(5, 4, altered={hdr.SEQ: "05", hdr.MSG_ID: "forged:ORDERS:05"}),
+            ],
+            source="forged",
+        )
     report = await audit(spark, config_file(tmp_path, topology), out=None)
     fresh, late, skipped = only(report, "fresh"), only(report, "late"), only(report, "skipped")
     assert (fresh.chain_start, fresh.not_delivered, fresh.lost, fresh.ok) == (0, 4, 0, True)
@@ -219,6 +240,14 @@ async def test_where_each_chain_starts_decides_what_is_judged(spark: Any, topolo
     assert skipped.examples["skipped"] == [[1, 10]]
     assert (skipped.duplicates, skipped.examples["duplicate"]) == (2, [[12, 12]]), "extra copies, like the checker"
     assert not fresh.configured and only(report, "edge1").copies == 0
+
+    forged = only(report, "forged")
+    assert (forged.copies, forged.first_seq, forged.last_seq, forged.lost, forged.inconsistent) == (3, 1, 5, 2, 1)
+    assert forged.examples == {"lost": [[3, 4]], "inconsistent_provenance": [[5, 5]]}
+    assert report.foreign == 2
+    assert sorted((s.source, s.origin_stream) for s in report.sources) == [
+        (name, ORIGIN) for name in ("edge1", "forged", "fresh", "late", "skipped")
+    ]
 
 
 @pytest.mark.anyio
@@ -307,7 +336,11 @@ async def test_a_bridge_writing_during_the_audit_shows_no_false_extra(
 
 @pytest.mark.anyio
 async def test_cli_prints_the_damage_and_exits_non_zero(
-    spark: Any, topology: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any,
+    topology: Topology,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with connect(topology.hub.url) as nc:
         await create_aggregate(nc)
@@ -339,6 +372,44 @@ async def test_cli_prints_the_damage_and_exits_non_zero(
     assert code == 3
     err = capsys.readouterr().err
     assert "aggregate stream 'NOPE' does not exist on the target: correct target.stream" in err, err
+
+    # --out naming a file: said before Spark starts, not once the whole job ran
+    code = await off_loop(lambda: cli.main(["audit", "-c", str(config), "--out", str(config)]), timeout=60)
+    printed = capsys.readouterr()
+    assert (code, printed.out) == (2, ""), printed
+    assert printed.err == (
+        f"nats-bridge audit: --out {str(config)!r} exists and is not a directory: name a directory (it is created "
+        "when missing)\n"
+    )
+
+    # the aggregate deleted once the pre-flight found it and its bounds were read, before Spark reads its rows:
+    # Spark's own failure, said in one line (the traceback only with --verbose), and nothing judged
+    async def delete_aggregate() -> None:
+        async with connect(topology.hub.url) as nc:
+            await js_request(nc, f"STREAM.DELETE.{AGGREGATE}")
+
+    read_stream = job.read_stream
+
+    def read_then_delete(session: Any, options: dict[str, str]) -> tuple[Any, int]:
+        found = read_stream(session, options)
+        anyio.from_thread.run(delete_aggregate)
+        return found
+
+    monkeypatch.setattr(job, "read_stream", read_then_delete)
+    for verbose in ([], ["--verbose"]):
+        async with connect(topology.hub.url) as nc:
+            await create_aggregate(nc)
+        code = await off_loop(functools.partial(cli.main, ["audit", "-c", str(config), "--out", str(out), *verbose]))
+        printed = capsys.readouterr()
+        said = [line for line in printed.err.splitlines() if not line.startswith("reading aggregate ")]
+        assert code == 3 and printed.out == "", (code, printed)
+        assert said[0].startswith(f"nats-bridge audit: the Spark job failed: stream '{AGGREGATE}' not found"), said
+        if verbose:
+            # Spark's text, the worker's AuditError in it, fetched while the JVM ran
+            assert f"bridge.errors.AuditError: stream '{AGGREGATE}' not found" in printed.err, said
+        else:
+            assert len(said) == 1, said
+    assert await off_loop(spark.range(3).count) == 3, "a failed audit stopped a Spark session it did not start"
 
 
 @pytest.mark.anyio

@@ -1,7 +1,9 @@
 """The ``jetstream`` sink publishes DataFrame rows to a real stream with publish acks and deterministic message ids:
 a batch write lands every row once with its subject, payload and headers; a rewrite with the same ids, and a
 streaming query's restart or replayed micro-batch, add nothing; a refused publish fails the write with the
-server's reason.
+server's reason. Through a TCP proxy (``chaos.proxy``): an ack that never comes (a blackhole) and a connection cut in
+the middle of a batch fail the write with the sink's error, readable in PySpark's, and the write run again (a job
+rerun with the same ``id_prefix``, a query restarted on its checkpoint) stores each row once.
 
 One SparkSession for the run (the ``spark`` fixture); the streams are on the topology's hub.
 """
@@ -9,7 +11,10 @@ One SparkSession for the run (the ``spark`` fixture); the streams are on the top
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import re
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,8 +22,11 @@ import pytest
 from pyspark.sql.types import BinaryType, MapType, StringType, StructField, StructType
 
 from bridge.spark import JetStreamDataSource
-from bridge.testing.jetstream import StoredMsg, connect, create_stream, read_stream
+from bridge.spark.session import WORKER_LATE_RETRIES, worker_was_late
+from bridge.testing.jetstream import StoredMsg, connect, create_stream, read_stream, stream_messages
+from bridge.testing.polling import POLL
 from bridge.testing.servers import Topology
+from chaos.proxy import FaultProxy, proxy_to
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -197,3 +205,195 @@ def test_a_missing_stream_or_bad_column_is_one_error_before_any_task(spark: Any,
         ).save()
     with pytest.raises(Exception, match="only appends"):
         df.write.format(sink).mode("overwrite").options(servers=url, stream="COLS", subject="cols.a").save()
+
+
+# --- faults on the link: an ack timeout and a lost connection, through a TCP proxy ----------------------------------
+
+RATE = 4096  # bytes per second each way through the proxy: a write takes many seconds, so a fault lands mid-way
+FAULTY = {"window": "4", "timeout": "2"}  # few publishes in flight (a fault stops the flow at once), a short wait
+
+
+class Link:
+    """A :class:`~chaos.proxy.FaultProxy` in front of ``url``, served by an event loop in a thread of its own: Spark's
+    calls block the test's thread (where its session is active), and the proxy must forward meanwhile."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sink-link", daemon=True)
+        self._thread.start()
+        self._proxy = proxy_to(url, "sink-link")
+        self.proxy = self._call(self._proxy.__aenter__())
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
+
+    def do(self, action: Callable[[FaultProxy], object]) -> None:
+        """Run ``action`` on the proxy, on its loop (its control methods are not thread-safe)."""
+
+        async def act() -> None:
+            action(self.proxy)
+
+        self._call(act())
+
+    def strike_when_stored(self, stream: str, fault: Callable[[FaultProxy], object]) -> Future[int]:
+        """Apply ``fault`` once the first messages are stored in ``stream`` (polled on the proxy's loop, which applies
+        it at once); the future holds how many were stored then."""
+
+        async def watch() -> int:
+            async with connect(self.url) as nc:
+                while (count := await stream_messages(nc, stream)) == 0:
+                    await asyncio.sleep(POLL)
+            fault(self.proxy)
+            return count
+
+        return asyncio.run_coroutine_threadsafe(watch(), self._loop)
+
+    def close(self) -> None:
+        """Close the proxy (aborting its connections), stop the loop and join its thread."""
+        try:
+            self._call(self._proxy.__aexit__(None, None, None))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+            assert not self._thread.is_alive(), "the proxy's thread did not stop"
+            self._loop.close()
+
+
+@pytest.fixture
+def link(topology: Topology) -> Iterator[Link]:
+    """A proxy to the topology's hub, on a thread of its own; closed at teardown."""
+    proxied = Link(topology.hub.url)
+    try:
+        yield proxied
+    finally:
+        proxied.close()
+
+
+def fail_mid_write(write: Callable[[], object], link: Link, stream: str, fault: Callable[[FaultProxy], object]) -> str:
+    """Run ``write`` (a Spark write, or a query to its end) with ``fault`` armed to strike once its first rows are
+    stored; the text of the error it fails with, read while the JVM holds it. Started again when Spark gave up on
+    its Python worker before the fault (its fixed 10 s, missed on a loaded machine)."""
+    struck = link.strike_when_stored(stream, fault)
+    try:
+        for _ in range(WORKER_LATE_RETRIES + 1):
+            try:
+                write()
+            except Exception as exc:
+                if worker_was_late(exc) and not struck.done():
+                    continue
+                text = str(exc)
+                break
+            raise AssertionError(f"the write to {stream} did not fail")
+        else:
+            raise AssertionError(f"Spark's Python worker was late {WORKER_LATE_RETRIES + 1} times")
+    finally:
+        struck.cancel()  # nothing, once it struck
+    assert not struck.cancelled(), f"the write failed before the fault: {text[-3000:]}"
+    struck.result()  # the watcher's own failure, if any
+    assert "<exception str() failed>" not in text
+    return text
+
+
+def again_if_late(call: Callable[[], T]) -> T:
+    """``call()``, a write whose rows have the same ids when run again, started again while Spark gave up on its Python
+    worker (its fixed 10 s, missed on a loaded machine)."""
+    for attempt in range(WORKER_LATE_RETRIES + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if not (worker_was_late(exc) and attempt < WORKER_LATE_RETRIES):
+                raise
+    raise AssertionError("unreachable")
+
+
+def assert_each_row_once(got: list[StoredMsg], expected: list[bytes], id_pattern: str) -> dict[str, list[int]]:
+    """Every payload of ``expected`` stored once, each with a ``Nats-Msg-Id`` matching ``id_pattern`` (a regex whose
+    last group is the row index); the row indexes by id prefix (all but the index), each counting from 0 without a
+    gap."""
+    assert sorted(m.data for m in got) == sorted(expected), "each row stored once"
+    rows_of: dict[str, list[int]] = {}
+    for m in got:
+        msg_id = m.headers["Nats-Msg-Id"]
+        assert re.fullmatch(id_pattern, msg_id), msg_id
+        prefix, index = msg_id.rsplit(":", 1)
+        rows_of.setdefault(prefix, []).append(int(index))
+    assert all(sorted(v) == list(range(len(v))) for v in rows_of.values()), rows_of
+    return rows_of
+
+
+def test_an_ack_timeout_fails_the_write_readably_and_the_rerun_stores_each_row_once(
+    spark: Any, sink: str, topology: Topology, link: Link
+) -> None:
+    url = topology.hub.url
+    run(_create(url, "SLOW", ["sink.>"]))
+    df = spark.createDataFrame(rows(N), ROW_SCHEMA, verifySchema=True)  # 2 slices, fixed order: the same ids again
+    options = {"servers": link.proxy.url, "stream": "SLOW", "id_prefix": "job-2"}
+
+    def write(**extra: str) -> None:
+        df.write.format(sink).mode("append").options(**options, **extra).save()
+
+    link.do(lambda proxy: proxy.set_rate(RATE))
+    # a blackhole: the connections stay open, and nothing more reaches the server or comes back
+    text = fail_mid_write(lambda: write(**FAULTY), link, "SLOW", lambda proxy: proxy.stall(True))
+    assert "SinkError: cannot write to stream 'SLOW', partition " in text, text[-3000:]
+    assert "no publish ack within 2s for " in text, text[-3000:]
+    assert "a retry publishes the same ids" in text
+    assert 0 < len(stored(topology, "SLOW")) < N, "the write failed mid-way"
+
+    # the publishes the blackhole held arrive late; the job runs again and the stream stores only what is missing
+    link.do(FaultProxy.heal)
+    again_if_late(write)
+    got = stored(topology, "SLOW")
+    assert len(got) == N
+    assert_each_row_once(got, [payload for _, payload, _ in rows(N)], r"job-2:\d+:\d+")
+
+
+def test_a_connection_cut_mid_batch_fails_the_query_readably_and_its_replay_stores_each_row_once(
+    spark: Any, sink: str, topology: Topology, link: Link, tmp_path: Path
+) -> None:
+    url = topology.hub.url
+    payloads = [f"copy-{i}:".encode() + b"x" * 200 for i in range(60)]  # 16 KB: seconds through the proxy
+
+    async def fill() -> None:
+        async with connect(url) as nc:
+            await create_stream(nc, "FROM", ["from.>"], allow_direct=True)
+            await create_stream(nc, "COPY", ["copy.>"], allow_direct=True)
+            js = nc.jetstream(timeout=10)
+            for i, payload in enumerate(payloads):
+                await js.publish(f"from.{i % 3}", payload)
+
+    run(fill())
+    # a copy from one stream to another: the jetstream reader, 30 messages a micro-batch, into the sink
+    copy = (
+        spark.readStream.format("jetstream")
+        .options(servers=url, stream="FROM", payloads="true", maxMessagesPerTrigger="30")
+        .load()
+        .selectExpr("concat('copy.', subject) as subject", "payload")
+        .writeStream.format(sink)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+    )
+
+    def run_copy(**extra: str) -> str:
+        query = copy.options(servers=link.proxy.url, stream="COPY", **extra).start()
+        try:
+            assert query.awaitTermination(90), "the copy did not finish within 90 s"
+        finally:
+            query.stop()
+        return str(query.id)
+
+    link.do(lambda proxy: proxy.set_rate(RATE))
+    text = fail_mid_write(lambda: run_copy(**FAULTY), link, "COPY", FaultProxy.cut)
+    assert "SinkError: cannot write to stream 'COPY', partition " in text, text[-3000:]
+    assert "the connection to the server was lost meanwhile" in text, text[-3000:]
+    assert 0 < len(stored(topology, "COPY")) < len(payloads), "the batch failed mid-way"
+
+    # the restart replays the batch that failed (its commit was never written), then reads on
+    link.do(FaultProxy.heal)
+    query_id = again_if_late(run_copy)
+    got = stored(topology, "COPY")
+    assert len(got) == len(payloads)
+    rows_of = assert_each_row_once(got, payloads, re.escape(query_id) + r":\d+:\d+:\d+")
+    assert {prefix.split(":")[1] for prefix in rows_of} == {"0", "1"}, "two micro-batches of 30"
+    assert {m.subject for m in got} == {f"copy.from.{i}" for i in range(3)}

@@ -1,6 +1,6 @@
 """``spark.readStream.format("jetstream")`` on a real stream and the test session's Spark: every message once and in
-order, offsets that survive a restart, ``maxMessagesPerTrigger``, where a query starts, data loss, and the
-provenance columns.
+order, offsets that survive a restart, ``maxMessagesPerTrigger``, where a query starts, data loss, a stream deleted and
+created again under a query, and the provenance columns.
 
 Queries write with ``foreachBatch`` into a list (each micro-batch's sequences, in the order Spark hands them over)
 and mostly run with ``Trigger.AvailableNow``; each is bounded in time.
@@ -165,7 +165,8 @@ def test_where_a_query_starts(spark: Any, topology: Topology, tmp_path: Path) ->
     by_time.available_now()
     assert by_time.seqs() == after, "the first message stored at or after startingTime, and on"
 
-    latest = Query(spark, url, "START", tmp_path / "latest", latest="true")
+    # with a trigger interval, not AvailableNow: maxMessagesPerTrigger still caps each micro-batch
+    latest = Query(spark, url, "START", tmp_path / "latest", latest="true", maxMessagesPerTrigger="4")
     query = latest.writer.trigger(processingTime="200 milliseconds").start()
     late = 0
 
@@ -184,6 +185,7 @@ def test_where_a_query_starts(spark: Any, topology: Topology, tmp_path: Path) ->
     finally:
         query.stop()
     assert latest.seqs() == new, "latest: only what was stored after the query started"
+    assert all(len(b) <= 4 for b in latest.batches), latest.batches
 
     with pytest.raises(Exception, match=r"startingSequence and latest given"):
         Query(spark, url, "START", tmp_path / "both", startingSequence="3", latest="true").available_now()
@@ -257,3 +259,38 @@ def test_provenance_columns_from_bridge_copies_and_null_on_plain_messages(
             assert abs(round(stamp.timestamp() * 1_000_000) - (origin_ns + i * 1000) // 1000) <= 1
         # parsed from all the headers, whatever the headers option keeps
         assert [r["headers"] for r in rows] == [{}, {}, {}, {"X": "1"}, {}]
+
+
+def test_a_recreated_stream_fails_the_query_naming_it_unless_fail_on_data_loss_is_false(
+    spark: Any, topology: Topology, tmp_path: Path
+) -> None:
+    url = topology.hub.url
+    old = run(publish(url, "REDO", 30, create=True))
+    checkpoint = tmp_path / "chk"
+    first = Query(spark, url, "REDO", checkpoint)
+    first.available_now()
+    assert first.seqs() == old
+
+    async def recreate() -> list[int]:
+        async with connect(url) as nc:
+            await js_request(nc, "STREAM.DELETE.REDO")
+        # more messages than the query read: only the creation time tells the new stream from the old one
+        return await publish(url, "REDO", 45, create=True)
+
+    new = run(recreate())
+    assert new == list(range(1, 46))
+    failed = Query(spark, url, "REDO", checkpoint)
+    text = failed.failure()
+    assert "AuditError: stream 'REDO' was deleted and created again" in text, text[-3000:]
+    assert "<exception str() failed>" not in text
+    assert "new checkpointLocation" in text and "failOnDataLoss" in text
+    assert failed.seqs() == []
+
+    # batch 0 as if its commit was lost: the restart runs it again, on a stream that is not the one it was planned on
+    (checkpoint / "commits" / "0").unlink()
+    (checkpoint / "commits" / ".0.crc").unlink(missing_ok=True)
+    goes_on = Query(spark, url, "REDO", checkpoint, failOnDataLoss="false")
+    goes_on.available_now()
+    assert (checkpoint / "commits" / "0").exists(), "batch 0 was not run again"
+    # batch 0 skipped (its messages are gone: the new stream's 1..30 are others), then the new stream from its start
+    assert [b for b in goes_on.batches if b] == [new], goes_on.batches

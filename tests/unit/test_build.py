@@ -76,6 +76,17 @@ def test_an_edited_core_runs_its_source_not_the_older_compiled_modules(tmp_path:
     assert _probe(tmp_path) == ("interpreted (stale build)", str(tmp_path / "bridge" / "core" / "engine.py"))
 
 
+def test_the_package_shipped_to_spark_executors_imports_from_its_zip_with_the_core_from_source() -> None:
+    """Spark puts the package on a cluster's executors as a zip (bridge/spark/session.py): no extension module loads
+    from one, and the core has no directory there to look for compiled modules in: its sources run."""
+    pytest.importorskip("pyspark", reason="the audit extra is not installed")
+    from bridge.spark.session import package_archive
+
+    archive = package_archive()
+    build, engine = _probe(archive.parent, PYTHONPATH=str(archive))
+    assert (build, engine) == ("interpreted", str(archive / "bridge" / "core" / "engine.py"))
+
+
 def test_bridge_children_keep_the_build_choice_but_no_configuration_override(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

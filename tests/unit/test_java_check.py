@@ -5,13 +5,14 @@ JVM launcher's traceback."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from bridge.commands.common import EXIT_UNAUDITED, java_problem, spark_failure
+from bridge.commands.common import EXIT_CONFIG, EXIT_UNAUDITED, java_problem, master_problem, spark_failure
 from bridge.testing.configs import SourceSpec, write_config
 from bridge.testing.processes import REPO_ROOT, child_env
 
@@ -90,3 +91,31 @@ def test_a_spark_failure_is_one_line_the_bridges_own_message_when_it_is_in_there
             raise RuntimeError("the gateway is closed")
 
     assert spark_failure(Gone()) == "Gone"
+
+
+@pytest.mark.parametrize(
+    "master", [None, "local", "local[*]", "local[4]", "local[2,3]", "yarn", "k8s://https://k:6443"]
+)
+def test_master_urls_spark_knows_pass(master: str | None) -> None:
+    assert master_problem(master) is None
+
+
+@pytest.mark.parametrize("master", ["bogus://x", "spark://nohost", "spark://h:7077/path", "local[two]", ""])
+def test_a_master_that_is_no_url_is_a_usage_error_naming_the_forms(master: str) -> None:
+    code, line = master_problem(master) or (0, "")
+    assert code == EXIT_CONFIG and f"--master {master!r} is not a Spark master URL: use local" in line
+
+
+def test_a_standalone_master_nothing_answers_at_is_exit_3_and_one_answering_passes() -> None:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            refused = closed.getsockname()[1]  # bound, never listening: a connect is refused
+            assert master_problem(f"spark://127.0.0.1:{port}") is None
+            assert master_problem(f"spark://127.0.0.1:{refused},127.0.0.1:{port}") is None  # one of a list will do
+            code, line = master_problem(f"spark://127.0.0.1:{refused}") or (0, "")
+    assert code == EXIT_UNAUDITED
+    assert line.startswith(f"no Spark master answers at spark://127.0.0.1:{refused} (127.0.0.1:{refused}: ")

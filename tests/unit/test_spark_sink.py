@@ -1,6 +1,11 @@
-"""The ``jetstream`` sink's pure parts: options, message ids, rows to messages, the ack's stream check."""
+"""The ``jetstream`` sink's pure parts: options, message ids, rows to messages, the ack's stream check; and how a task
+ends when its acks stop (the connection and publisher faked)."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -17,6 +22,8 @@ from pyspark.sql.types import (
 
 from bridge.core.headers import parse_header_block
 from bridge.core.targetwire import AckOutcome
+from bridge.io import permissions
+from bridge.spark import writer
 from bridge.spark.writer import (
     RowConverter,
     SinkError,
@@ -174,3 +181,60 @@ def test_acks_are_checked_against_the_stream() -> None:
     assert nobody.error == "no stream captures the subject (no responders)"
     refused = check_ack(AckOutcome(1, 0, False, error="maximum messages exceeded (code 503)"), b"", "X")
     assert refused.error == "maximum messages exceeded (code 503)"
+
+
+class _Silent:
+    """Stands in for the connection, the publisher and ``_Acks.wait`` in :func:`publish_all`: every publish is sent,
+    the first wait for an ack times out, and at the next one every ack in flight arrives."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.published: list[int] = []
+        self.waits = 0
+        self.publisher: Any = None
+        test = self
+
+        class Publisher:
+            acks_subject = "_INBOX.acks.>"
+
+            def __init__(self, nc: object, on_outcomes: Callable[[Sequence[AckOutcome]], None], stream: str) -> None:
+                self.on_outcomes = on_outcomes
+                test.publisher = self
+
+            async def start(self) -> None: ...
+
+            async def stop(self) -> None: ...
+
+            async def publish(self, batch: Sequence[tuple[Any, ...]]) -> list[tuple[int, int, str]]:
+                test.published += [publication[1] for publication in batch]
+                return []
+
+        class Connection:
+            async def close(self) -> None: ...
+
+        async def open_connection(*args: object, **kwargs: object) -> Connection:
+            return Connection()
+
+        async def wait(acks: Any, timeout: float) -> bool:
+            self.waits += 1
+            if self.waits == 1:
+                return False  # a whole timeout without an ack
+            self.publisher.on_outcomes([AckOutcome(order, 0, True) for order in list(acks.pending)])
+            return True
+
+        monkeypatch.setattr(writer, "open_connection", open_connection)
+        monkeypatch.setattr(writer, "_StreamCheckingPublisher", Publisher)
+        monkeypatch.setattr(writer._Acks, "wait", wait)
+        monkeypatch.setattr(permissions, "record_for", lambda nc: None)
+
+
+def test_a_task_whose_acks_stop_for_a_timeout_fails_even_if_they_come_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    silent = _Silent(monkeypatch)
+    opts = WriteOptions.parse({**BASE, "window": "2", "timeout": "3"})
+    conv = RowConverter.for_schema(FULL, opts)
+    messages = [(f"job:0:{i}", conv.convert(("a.b", b"x", None), f"job:0:{i}")) for i in range(5)]
+    # the window filled, then no ack for a whole timeout: the task fails, its other rows unsent (they were once
+    # dropped: the acks that came after it settled the two in flight, and the task reported success for 2 of 5 rows)
+    with pytest.raises(SinkError, match=r"no publish ack within 3s for 2 of 2 messages \(first: job:0:0 on a\.b\)"):
+        asyncio.run(writer.publish_all(opts, messages, 0))
+    assert silent.published == [0, 1]
+    assert silent.waits == 1, "one timeout, not two: the option is the wait"

@@ -222,3 +222,22 @@ def test_a_recreated_stream_fails_the_query_or_is_read_again_from_its_start(capl
     # the same stream: nothing changes
     same = Bounds(1, 600, 600, "2026-11-30T01:00:00Z")
     assert Frozen(opts(), same).latestOffset(old, ReadAllAvailable()) == {**old, "seq": 600}
+
+
+def test_a_batch_planned_on_a_stream_since_recreated_fails_or_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    # a restart runs again the batch its checkpoint planned but did not commit: 30..60 of the old stream
+    start = {"stream": "S", "seq": 30, "created": "2026-11-30T01:00:00Z"}
+    end = {**start, "seq": 60}
+    new = Bounds(1, 100, 100, "2026-11-30T02:00:00Z")  # 31..60 exist again, but they are the new stream's
+    with pytest.raises(AuditError, match=r"planned a micro-batch of it up to sequence 60 .* new checkpointLocation"):
+        Frozen(opts(), new).partitions(start, end)
+    with caplog.at_level(logging.WARNING):
+        assert Frozen(opts(failOnDataLoss="false"), new).partitions(start, end) == []
+    assert "the micro-batch is skipped" in caplog.text
+    # an offset without a creation time: a batch ending past the stream's last sequence tells the same
+    old_end = {"stream": "S", "seq": 160}
+    with pytest.raises(AuditError, match="deleted and created again"):
+        Frozen(opts(), new).partitions({"stream": "S", "seq": 130}, old_end)
+    # the same stream: the batch is read
+    same = Bounds(1, 100, 100, "2026-11-30T01:00:00Z")
+    assert [(r.first, r.last) for r in Frozen(opts(), same).partitions(start, end)] == [(31, 60)]
