@@ -12,9 +12,10 @@
 # example: chgrp 10001 bridge.toml && chmod 0640 bridge.toml (0644 when it holds no secret: `run` warns about a
 # password or token in a file every user can read). A file it cannot read stops `run` with exit 2 and the reason.
 # For /metrics, /healthz and /readyz to be reachable from outside the container
-# (Kubernetes probes, Prometheus, -p 9464:9464), the file must set [http] listen = "0.0.0.0:9464"; the
-# HEALTHCHECK below runs inside, where the default 127.0.0.1:9464 answers too. Keep the port 9464 (or change
-# the HEALTHCHECK with it) and the listener enabled.
+# (Kubernetes probes, Prometheus, -p 9464:9464), the file must set [http] listen = "0.0.0.0:9464". The
+# HEALTHCHECK below runs inside and asks the address the file (or NATS_BRIDGE_HTTP__LISTEN) gives, so any port
+# works; keep the listener enabled. Mounted elsewhere than /etc/nats-bridge/bridge.toml, the file's path must
+# change in both CMD and HEALTHCHECK.
 #
 # Stopping: on SIGTERM the bridge drains for up to engine.shutdown_grace (10 s by default), which is exactly
 # `docker stop`'s default timeout; give it more (--stop-timeout 30, compose stop_grace_period: 30s).
@@ -60,10 +61,11 @@ ENV PATH=/opt/nats-bridge/bin:$PATH \
 # The mounted configuration must be readable by this uid or gid (10001): see the top of this file.
 USER 10001:10001
 EXPOSE 9464
-# /healthz answers from the daemon's event loop: a blocked loop fails this check. Exit status 1 on any error
-# status, refused connection or timeout (urlopen raises). Kubernetes ignores HEALTHCHECK and uses its probes.
+# /healthz answers from the daemon's event loop: a blocked loop fails this check. `nats-bridge health` reads
+# http.listen from the configuration and exits 1 on any error status, refused connection or timeout (4 s).
+# Kubernetes ignores HEALTHCHECK and uses its probes.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4)"]
+    CMD ["nats-bridge", "health", "-c", "/etc/nats-bridge/bridge.toml"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["nats-bridge"]
 CMD ["run", "-c", "/etc/nats-bridge/bridge.toml"]

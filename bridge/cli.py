@@ -1,9 +1,9 @@
-"""The ``nats-bridge`` command: ``run``, ``check``, ``setup``, ``status``, ``reset``, ``sources``, ``audit``,
-``ingest``, ``demo``.
+"""The ``nats-bridge`` command: ``run``, ``check``, ``setup``, ``status``, ``reset``, ``health``, ``sources``,
+``audit``, ``ingest``, ``demo``.
 
 Exit codes: 0 success; 1 a check, setup, the audit, ingest or the demo found a problem, or the bridge could not
 run; 2 invalid configuration or usage (one line per problem, no traceback); 3 the audit could not read a stream
-(nothing judged), or Spark is not installed.
+or its Spark job failed (nothing judged), or Spark cannot run (no Java 17+, not installed).
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--seq", type=int, help="next origin sequence to deliver (default: the ack floor + 1)")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
+    health = sub.add_parser(
+        "health", help="ask the running daemon at its configured http.listen: alive (/healthz) or --ready (/readyz)"
+    )
+    health.add_argument("-c", "--config", required=True, help="TOML configuration file")
+    health.add_argument("--ready", action="store_true", help="ask /readyz instead of /healthz")
+
     sources_command.add_arguments(sub.add_parser("sources", help=sources_command.HELP))
     audit_command.add_arguments(sub.add_parser("audit", help=audit_command.HELP))
     ingest_command.add_arguments(sub.add_parser("ingest", help=ingest_command.HELP))
@@ -120,6 +126,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bridge.commands.reset import reset
 
         return reset(args.config, args.source, args.seq, args.yes)
+    if args.command == "health":
+        from bridge.commands.health import health
+
+        return health(args.config, args.ready)
     if args.command == "sources":
         from bridge.commands import sources as sources_command
 
@@ -127,7 +137,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "audit":
         from bridge.commands import audit as audit_command
 
-        return audit_command.audit(args.config, args.origin_too, args.out, args.master, args.json)
+        return audit_command.audit_args(args)
     if args.command == "ingest":
         from bridge.commands import ingest as ingest_command
 

@@ -34,6 +34,7 @@ settings.register_profile("busy-machine", deadline=None)
 settings.load_profile("busy-machine")
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
+_CONTAINER_DIR = Path(__file__).parent / "container"
 _LOG_TAIL_LINES = 40
 
 
@@ -61,11 +62,14 @@ _SPARK_MODULES = ("test_audit_", "test_spark_", "test_ingest")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test under tests/integration/ as ``integration``, so ``-m 'not integration'`` skips them, and
-    every test of Spark (the audit, the stream reader and sink, ingest) as ``spark``."""
+    """Mark every test under tests/integration/ as ``integration``, so ``-m 'not integration'`` skips them, every
+    test under tests/container/ as ``container``, and every test of Spark (the audit, the stream reader and sink,
+    ingest) as ``spark``."""
     for item in items:
         if item.path.is_relative_to(_INTEGRATION_DIR):
             item.add_marker(pytest.mark.integration)
+        if item.path.is_relative_to(_CONTAINER_DIR):
+            item.add_marker(pytest.mark.container)
         if "spark" in getattr(item, "fixturenames", ()) or item.path.name.startswith(_SPARK_MODULES):
             item.add_marker(pytest.mark.spark)
 

@@ -6,8 +6,11 @@
 # stays on 2.15.1), every test on 2.15.1 (the pinned default), the chaos smoke set (every fault kind once, against
 # real servers; chaos/README.md) with the Spark audit run on four scenarios' aggregates and compared with the chaos
 # checker, on 2.15.1, and again with a 2.12.8 origin (pull mode: the fault kinds it cannot have are skipped), the
-# bench's smoke set (bench/README.md), and the core's tests again on its pure-Python build.
-# Needs only Python >= 3.11 with its headers, a C compiler, Java >= 17 (for the Spark audit tests) and access to PyPI.
+# bench's smoke set (bench/README.md), the core's tests again on its pure-Python build, and the container image
+# built from the Dockerfile with podman and run as a sidecar (tests/container/).
+# Needs only Python >= 3.11 with its headers, a C compiler, Java >= 17 (for the Spark audit tests) and access to PyPI;
+# the container test also podman, runc and mmdebstrap (Debian: apt-get install podman runc mmdebstrap) and Debian's
+# package mirror, and says it was skipped without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,20 +41,20 @@ done
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
-# Two lanes run side by side (most of the suite waits on servers, not on the CPU): lane A has the tests on 2.15.1
-# but the Spark ones, the core's tests on its pure-Python build, both chaos smoke sets and the bench's smoke set;
-# lane B 2.14.0, the Spark tests, the 2.12.8 and the 2.10.26 origins. Each step's seconds are in the verdict table: keep the lanes even.
-# Each lane's output goes to a log of its own; lane B's is printed when both are done. Every test starts its own servers on ports nobody else
-# holds, so the lanes do not meet. Every step runs whatever an earlier one did (a failing test must not hide the
-# chaos or bench verdicts); each records its verdict, all are printed in one table at the end, and the run fails if
-# any step did.
+# Three lanes run side by side (most of the suite waits on servers, not on the CPU): lane A has the tests on 2.15.1
+# but the Spark ones, the core's tests on its pure-Python build, the chaos smoke set and the bench's smoke set; lane B
+# 2.14.0 and the Spark tests; lane C the container image, the origins older than 2.14 (2.12.8, 2.10.26) and the
+# thin-link bench. Each step's seconds are in the verdict table: keep the lanes even. Lanes B and C write logs of
+# their own, printed when all are done. Every test starts its own servers on ports nobody else holds, so the lanes
+# do not meet. Every step runs whatever an earlier one did (a failing test must not hide the chaos or bench
+# verdicts); each records its verdict, all are printed in one table at the end, and the run fails if any step did.
 
 # the unit tests that drive bridge/core (engines and their property tests, pipeline, fleet and lease tables)
 PURE_CORE_TESTS="tests/unit/test_core_*.py tests/unit/test_pull_properties.py tests/unit/test_lease_table.py
     tests/unit/test_pipeline_size_limit.py tests/unit/test_pipeline_batches.py"
 
 mkdir -p .cache
-rm -f .cache/verdicts-a .cache/verdicts-b .cache/lane-a.done .cache/lane-b.done
+rm -f .cache/verdicts-[abc] .cache/lane-[abc].done
 
 # step LANE NAME COMMAND...: run COMMAND, then append NAME's verdict and time to .cache/verdicts-LANE
 step() {
@@ -67,8 +70,9 @@ step() {
 lane_a() {
     # (pullfaults, pull mode's own fault scenarios, run in lane B against a real old origin, 2.12.8; the Spark
     # tests run in lane B on this same server version)
-    step a "all tests on nats-server 2.15.1 but the Spark ones (lane B) and pull mode's faults (lane B, 2.12.8 origin)" \
-        .venv/bin/python -m pytest -q -p no:cacheprovider -m "not spark and not pullfaults"
+    step a "all tests on nats-server 2.15.1 but the Spark ones (lane B), pull mode's faults and the container (lane C)" \
+        .venv/bin/python -m pytest -q -p no:cacheprovider -m "not spark and not pullfaults and not container" \
+        --durations=15
     # the tests that drive the core (bridge/core) again, on its pure-Python build: the other unit tests do not
     # depend on how the core was built
     step a "core tests on the pure-Python core (NATS_BRIDGE_PURE_PYTHON=1, for machines without a C compiler)" \
@@ -78,10 +82,6 @@ lane_a() {
     step a "chaos smoke set on nats-server 2.15.1, four aggregates then audited (nats-bridge audit must agree)" \
         .venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke \
         --audit-only nemesis,reset-forward,consumer-delete,owner-kill
-    # (no Spark audit here: the aggregate it reads is the same in both modes, and the run above audits it)
-    step a "chaos smoke set with a nats-server 2.12.8 origin (pull mode)" \
-        .venv/bin/python -m chaos run --smoke --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
-        --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke-pull
     # the bench's smoke set: every bench command, tiny; nothing recorded
     step a "bench smoke: run" .venv/bin/python -m bench run --quick --sizes 256,16384 --retention workqueue \
         --no-record --out .cache/bench-smoke
@@ -103,40 +103,58 @@ lane_a() {
 lane_b() {
     # (pull mode's own faults, pullfaults, forced onto a flow-control origin prove nothing more than on 2.12.8)
     step b "integration tests on nats-server 2.14.0" env NATS_SERVER_BIN="$PWD/$old/bin/nats-server" \
-        .venv/bin/python -m pytest -q -m "integration and not spark and not pullfaults" -p no:cacheprovider
+        .venv/bin/python -m pytest -q -m "integration and not spark and not pullfaults" -p no:cacheprovider \
+        --durations=15
     # the Spark tests read the hub's aggregate through the reader and sink, which do not depend on the origin's
     # server version: they run once, on 2.15.1
-    step b "Spark tests (stream reader, sink, ingest, audit) on nats-server 2.15.1" \
-        .venv/bin/python -m pytest -q -m spark -p no:cacheprovider
+    step b "Spark tests (stream reader, sink, ingest, audit, a standalone cluster) on nats-server 2.15.1" \
+        .venv/bin/python -m pytest -q -m spark -p no:cacheprovider --durations=10
+    touch .cache/lane-b.done
+}
+
+lane_c() {
+    # the image built from the Dockerfile with podman and run as a sidecar (tests/container/; skipped, saying why,
+    # on a machine without podman, runc and mmdebstrap; .ci/run installs them and makes a skip a failure)
+    step c "the container image: built with podman from the Dockerfile, run as a sidecar with its twin" \
+        .venv/bin/python -m pytest -q -m container -p no:cacheprovider -rs
+    # (no Spark audit here: the aggregate it reads is the same in both modes, and lane A's chaos run audits it)
+    step c "chaos smoke set with a nats-server 2.12.8 origin (pull mode)" \
+        .venv/bin/python -m chaos run --smoke --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
+        --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke-pull
     # pull mode's own fault scenarios (pullfaults) and the target's outages run against the newest old origin
-    step b "pull-mode tests with a nats-server 2.12.8 origin" \
+    step c "pull-mode tests with a nats-server 2.12.8 origin" \
         env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
         .venv/bin/python -m pytest -q -m pullmode -p no:cacheprovider
     # the oldest origin: the scenarios that hold in both modes, but the target's outages (the origin's version
     # plays no part in them; above, on 2.12.8) and pull mode's own faults (lane B)
-    step b "pull-mode tests with a nats-server 2.10.26 origin" \
+    step c "pull-mode tests with a nats-server 2.10.26 origin" \
         env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.10.26/bin/nats-server" \
         .venv/bin/python -m pytest -q -m "pullmode and not pullfaults" -p no:cacheprovider \
         --ignore tests/integration/test_bridge_target_down.py
     # the thin-link bench's smoke (lane A holds the others; this one is mostly waiting on a 50 kbit/s proxy)
-    step b "bench smoke: thin (a 50 kbit/s link, cut once)" \
+    step c "bench smoke: thin (a 50 kbit/s link, cut once)" \
         .venv/bin/python -m bench thin --quick --out .cache/bench-smoke/thin.json
-    touch .cache/lane-b.done
+    touch .cache/lane-c.done
 }
 
 started=$SECONDS
 lane_b > .cache/lane-b.log 2>&1 &
 lane_b_pid=$!
+lane_c > .cache/lane-c.log 2>&1 &
+lane_c_pid=$!
 lane_a &
 lane_a_pid=$!
 wait "$lane_a_pid" || true
 wait "$lane_b_pid" || true
-echo "== lane B (older servers, Spark tests): its log, .cache/lane-b.log =="
+wait "$lane_c_pid" || true
+echo "== lane B (2.14.0, Spark tests): its log, .cache/lane-b.log =="
 cat .cache/lane-b.log
-echo "== verdicts: every step of both lanes, $(( (SECONDS - started) / 60 )) min for both =="
-cat .cache/verdicts-a .cache/verdicts-b 2>/dev/null
-for lane in a b; do
+echo "== lane C (the container, origins older than 2.14): its log, .cache/lane-c.log =="
+cat .cache/lane-c.log
+echo "== verdicts: every step of the three lanes, $(( (SECONDS - started) / 60 )) min for all =="
+cat .cache/verdicts-a .cache/verdicts-b .cache/verdicts-c 2>/dev/null
+for lane in a b c; do
     [ -e ".cache/lane-$lane.done" ] || { echo "lane ${lane^^} ended before its last step" >&2; exit 1; }
 done
-failed=$(cat .cache/verdicts-a .cache/verdicts-b | grep -c "FAILED" || true)
+failed=$(cat .cache/verdicts-a .cache/verdicts-b .cache/verdicts-c | grep -c "FAILED" || true)
 [ "$failed" -eq 0 ] || { echo "$failed step(s) failed" >&2; exit 1; }

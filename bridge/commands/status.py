@@ -30,7 +30,7 @@ from bridge.io.aggregate import read_source_tail
 from bridge.io.connect import close_connection, open_connection
 from bridge.io.jsapi import JsApi
 from bridge.io.kv import KvBucket, parse_view
-from bridge.observe.http import parse_listen
+from bridge.observe.http import local_url
 
 
 def status(path: str, as_json: bool) -> int:
@@ -140,14 +140,9 @@ def _iso(unix: float) -> str | None:
 
 def daemon_view(listen: str) -> tuple[dict[str, Any] | None, str]:
     """The running daemon's /readyz body, or None and why not."""
-    if not listen:
-        return None, "http listener disabled in the configuration"
-    host, port = parse_listen(listen)  # validated with the configuration
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    if port == 0:
-        return None, "http listener on a random port"
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/readyz"
+    url, why_not = local_url(listen, "/readyz")  # listen was validated with the configuration
+    if url is None:
+        return None, why_not
     try:
         try:
             with urllib.request.urlopen(url, timeout=3) as reply:

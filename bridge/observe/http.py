@@ -73,6 +73,19 @@ def format_listen(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def local_url(listen: str, path: str) -> tuple[str | None, str]:
+    """The URL at which a process on this host reaches ``path`` of a listener configured as ``listen``, or None and
+    why it cannot (disabled, or a random port); an all-interfaces address is reached on loopback."""
+    if not listen:
+        return None, "http listener disabled in the configuration"
+    host, port = parse_listen(listen)
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if port == 0:
+        return None, "http listener on a random port"
+    return f"http://{format_listen(host, port)}{path}", ""
+
+
 class ListenError(Exception):
     """The listener could not bind its address: ``address`` (``HOST:PORT``), the ``cause``, and the ``fix``."""
 

@@ -18,7 +18,10 @@ nothing here imports pytest), the chaos suite (``chaos/``) and the benchmark (``
   Direct Get, exact-sequence assertions (every source replicated exactly), and a tap auditing the bridge's
   flow-control answers.
 * :mod:`bridge.testing.http`: GETs on loopback listeners (server monitoring, the bridge's ``/metrics`` and
-  ``/readyz``, a standby's readiness), and requests written by hand for tests of an HTTP server itself.
+  ``/readyz``, a standby's readiness), requests written by hand for tests of an HTTP server itself, and a stand-in
+  listener for the commands that ask the daemon's.
+* :mod:`bridge.testing.container`: the container image under podman: a base image from Debian's packages (cached),
+  the Dockerfile built on it, containers run and removed by name.
 * :mod:`bridge.testing.spark_cluster`: a Spark standalone cluster on loopback (a master and workers from the installed
   pyspark's ``spark-class``), a worker killed while its executor runs a task, and every process it started stopped.
 * :mod:`bridge.testing.security`: TLS certificates, NKeys, operator/account/user JWTs and creds files.

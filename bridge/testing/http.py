@@ -8,9 +8,13 @@ HTTP server itself (``bridge.observe.http``): its headers, its framing, its answ
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -21,6 +25,7 @@ if TYPE_CHECKING:
     from bridge.testing.processes import BridgeProcess
 
 __all__ = [
+    "answering",
     "exchange",
     "get",
     "http_get",
@@ -34,6 +39,32 @@ __all__ = [
 ]
 
 LOOPBACK = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def answering(answers: Mapping[str, tuple[int, bytes]]) -> Iterator[int]:
+    """A stand-in HTTP listener on loopback for what asks a daemon's listener (``status``, ``health``): each path's
+    ``(status, body)``, 404 for any other; yields its port, and stops with the block."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = answers.get(self.path, (404, b""))
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+        server.server_close()
 
 
 def get(url: str, timeout: float) -> tuple[int, bytes]:

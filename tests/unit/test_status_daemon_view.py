@@ -3,34 +3,10 @@ never a crash (a daemon mid-failure answers 500 with a text page)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
-
 import pytest
 
 from bridge.commands.status import daemon_source_view, daemon_view, print_status
-
-
-def serving(status: int, body: bytes) -> Iterator[int]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(status)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        thread.join(timeout=5)
-        server.server_close()
+from bridge.testing.http import answering
 
 
 @pytest.mark.parametrize(
@@ -43,7 +19,7 @@ def serving(status: int, body: bytes) -> Iterator[int]:
     ],
 )
 def test_thedaemon_view_is_its_json_or_a_reason(status: int, body: bytes, ok: bool) -> None:
-    for port in serving(status, body):
+    with answering({"/readyz": (status, body)}) as port:
         view, note = daemon_view(f"127.0.0.1:{port}")
         assert (view is not None) is ok, note
         assert f":{port}/readyz" in note
