@@ -140,7 +140,7 @@ async def main():
     js = nc.jetstream()
     info = await js.stream_info("AGG")
     seqs = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+    for seq in range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else ():
         msg = await js.get_msg("AGG", seq)
         seqs.append(int(msg.headers["Bridge-Seq"]))
     origin = await js.stream_info("ORDERS")
