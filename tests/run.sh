@@ -42,8 +42,8 @@ done
 .venv/bin/mypy
 
 # Three lanes run side by side (most of the suite waits on servers, not on the CPU): lane A has the tests on 2.15.1
-# but the Spark ones, the core's tests on its pure-Python build, the chaos smoke set and the bench's smoke set; lane B
-# 2.14.0 and the Spark tests; lane C the container image, the origins older than 2.14 (2.12.8, 2.10.26) and the
+# but the Spark ones, the core's tests on its pure-Python build and the bench's smoke set; lane B 2.14.0 and the Spark
+# tests; lane C the container image, both chaos smoke sets, the origins older than 2.14 (2.12.8, 2.10.26) and the
 # thin-link bench. Each step's seconds are in the verdict table: keep the lanes even. Lanes B and C write logs of
 # their own, printed when all are done. Every test starts its own servers on ports nobody else holds, so the lanes
 # do not meet. Every step runs whatever an earlier one did (a failing test must not hide the chaos or bench
@@ -77,11 +77,6 @@ lane_a() {
     # depend on how the core was built
     step a "core tests on the pure-Python core (NATS_BRIDGE_PURE_PYTHON=1, for machines without a C compiler)" \
         env NATS_BRIDGE_PURE_PYTHON=1 .venv/bin/python -m pytest -q -p no:cacheprovider $PURE_CORE_TESTS
-    # the audit costs seconds of Spark per aggregate: the scenarios whose faults leave the most for it to explain
-    # (every kind at once, skipped and never-delivered ranges, a handover between processes) are audited
-    step a "chaos smoke set on nats-server 2.15.1, four aggregates then audited (nats-bridge audit must agree)" \
-        .venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke \
-        --audit-only nemesis,reset-forward,consumer-delete,owner-kill
     # the bench's smoke set: every bench command, tiny; nothing recorded
     step a "bench smoke: run" .venv/bin/python -m bench run --quick --sizes 256,16384 --retention workqueue \
         --no-record --out .cache/bench-smoke
@@ -117,7 +112,12 @@ lane_c() {
     # on a machine without podman, runc and mmdebstrap; .ci/run installs them and makes a skip a failure)
     step c "the container image: built with podman from the Dockerfile, run as a sidecar with its twin" \
         .venv/bin/python -m pytest -q -m container -p no:cacheprovider -rs
-    # (no Spark audit here: the aggregate it reads is the same in both modes, and lane A's chaos run audits it)
+    # the audit costs seconds of Spark per aggregate: the scenarios whose faults leave the most for it to explain
+    # (every kind at once, skipped and never-delivered ranges, a handover between processes) are audited
+    step c "chaos smoke set on nats-server 2.15.1, four aggregates then audited (nats-bridge audit must agree)" \
+        .venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke \
+        --audit-only nemesis,reset-forward,consumer-delete,owner-kill
+    # (no Spark audit here: the aggregate it reads is the same in both modes, and the run above audits it)
     step c "chaos smoke set with a nats-server 2.12.8 origin (pull mode)" \
         .venv/bin/python -m chaos run --smoke --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
         --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke-pull
