@@ -194,7 +194,7 @@ async def _check_source(src: SourceConfig, result: CheckResult, copies: CopiesEx
 
         if presumed is None:
             say_mode()
-        too_many = several_filters_problem(src, stream)
+        too_many = several_filters_problem(src, server_level(stream)[0])
         if too_many is not None:
             raise ConsumerUnfit(too_many)
         deliver, decision = None, ""

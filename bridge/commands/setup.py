@@ -40,6 +40,7 @@ from bridge.io.jsapi import (
     STREAM_NAME_IN_USE,
     STREAM_NOT_FOUND,
     JsApi,
+    server_level,
 )
 from bridge.io.kv import HISTORY, KvBucket
 from bridge.io.start import CopiesExist, creation_fields
@@ -355,7 +356,7 @@ async def _setup_source(src: SourceConfig, dry_run: bool, copies: CopiesExist) -
                     "subjects of its copies are unknown: give the source a subject_prefix",
                 )
             )
-        too_many = several_filters_problem(src, stream)
+        too_many = several_filters_problem(src, server_level(stream)[0])
         if too_many is not None:
             result.lines.append(Line(FAIL, cwhat, too_many))
             return result

@@ -87,12 +87,13 @@ def desired_pull_config(source: ConsumerSettings, deliver: Mapping[str, Any] | N
     return {**_common_config(source, deliver), "ack_policy": "explicit", "ack_wait": seconds_ns(source.ack_wait)}
 
 
-def several_filters_problem(source: SourceConfig, stream_info: Mapping[str, Any]) -> str | None:
-    """Why ``source`` cannot run on the origin ``stream_info`` describes (None: it can): a server before 2.11 (its
-    stream info reports no API level) and a consumer of several filter subjects, which there can skip messages (seen
-    on 2.10.26, in pull mode: 3 of 600 matching messages never delivered, nothing to tell the bridge)."""
+def several_filters_problem(source: SourceConfig, api_level: int | None) -> str | None:
+    """Why ``source`` cannot run on an origin whose STREAM.INFO reported ``api_level`` (None: it can): a server before
+    2.11 (no API level reported, :func:`bridge.io.jsapi.server_level`) and a consumer of several filter subjects,
+    which there can skip messages (seen on 2.10.26, in pull mode: 3 of 600 matching messages never delivered, nothing
+    to tell the bridge)."""
     filters = source.consumer_filters
-    if server_level(stream_info)[0] is not None or len(filters) < 2:
+    if api_level is not None or len(filters) < 2:
         return None
     return (
         f"sources[{source.name}]: {len(filters)} filter subjects (filter_subjects, or the srcs of subject_transforms) "

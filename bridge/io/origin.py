@@ -70,7 +70,7 @@ class OriginClient:
         self.mode = mode  # set by the runner once chosen, before bind (bridge.core.modes)
         # whether the aggregate holds copies of this source (the runner's), asked before a start position is applied
         self.copies_exist: CopiesExist | None = None
-        self._stream_info: dict[str, Any] = {}  # the origin stream's STREAM.INFO, as stream() last read it
+        self._stream: OriginStream | None = None  # what stream() last read of the origin stream
         pool = connections if connections is not None else OriginConnections()
         self._shared = pool.for_settings(source)
         self._member: Member | None = None
@@ -140,10 +140,10 @@ class OriginClient:
             raise _unavailable(f"origin stream {stream!r}", exc) from exc
         retention = info.get("config", {}).get("retention")
         level, version = server_level(info)
-        self._stream_info = info
-        return OriginStream(
+        self._stream = OriginStream(
             retention == "workqueue", int(info.get("state", {}).get("last_seq", 0)), api_level=level, version=version
         )
+        return self._stream
 
     async def consumer_kind(self) -> ConsumerKind | None:
         src = self.source
@@ -155,7 +155,7 @@ class OriginClient:
 
     async def bind(self) -> BoundConsumer:
         src, api = self.source, self._jsapi()
-        problem = several_filters_problem(src, self._stream_info) if self._stream_info else None
+        problem = several_filters_problem(src, self._stream.api_level) if self._stream is not None else None
         if problem is not None:
             raise ConsumerUnfit(problem)
         deliver, note = None, ""

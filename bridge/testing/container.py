@@ -93,18 +93,9 @@ class Podman:
     def __post_init__(self) -> None:
         self.env = {**os.environ, "CONTAINERS_CONF": str(_conf(self.workdir))}
 
-    def __call__(
-        self, *args: str, timeout: float = 120.0, check: bool = True, input: bytes | None = None
-    ) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``podman ARGS`` to completion; with ``check``, a non-zero exit raises with podman's output."""
-        done = subprocess.run(
-            ["podman", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            input=None if input is None else input.decode(),
-        )
+        done = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and done.returncode != 0:
             raise RuntimeError(f"podman {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
         return done
@@ -137,10 +128,6 @@ class Container:
     def exec(self, *args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a command inside the container."""
         return self.podman("exec", self.name, *args, timeout=timeout, check=check)
-
-    def running(self) -> bool:
-        """Whether the container's process still runs."""
-        return self.inspect("{{.State.Running}}") == "true"
 
     def exit_code(self) -> int:
         """The exit status of the container's process (once stopped)."""

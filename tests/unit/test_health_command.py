@@ -9,20 +9,8 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import main
+from bridge.testing.configs import SourceSpec, write_config
 from bridge.testing.http import answering
-
-CONFIG = """[http]
-listen = "{listen}"
-
-[target]
-servers = ['nats://127.0.0.1:1']
-stream = 'AGG'
-
-[[sources]]
-name = 'x'
-servers = ['nats://127.0.0.1:1']
-stream = 'S'
-"""
 
 
 @pytest.fixture
@@ -32,9 +20,15 @@ def listener() -> Iterator[int]:
 
 
 def _config(tmp_path: Path, listen: str) -> str:
-    path = tmp_path / "bridge.toml"
-    path.write_text(CONFIG.format(listen=listen))
-    return str(path)
+    nowhere = "nats://127.0.0.1:1"  # health asks the daemon's listener only, never a server
+    return str(
+        write_config(
+            tmp_path / "bridge.toml",
+            target_url=nowhere,
+            sources=[SourceSpec("x", nowhere)],
+            http_extra={"listen": listen},
+        )
+    )
 
 
 def test_alive_is_exit_0_and_not_ready_is_exit_1(
