@@ -350,16 +350,20 @@ class SourceEngine(Replication):
         or the pipeline blocked, the stall watch; before the earliest a tick finds nothing to do. At 1 msg/s per
         source, a tick per source per second was a tenth of the process's work per message.
 
-        ``now`` (a tick each second) while a look is out (its answer may want a confirmation within
-        ``STRANDED_CONFIRM``), while stalled (a recovery is noticed on a tick) and while degraded (the target's
-        limits are read on ticks). Every other input that brings a deadline forward either makes the engine busy
-        (a delivery, a reset) or sets it at least ``STRANDED_CHECK`` (a new epoch's or a reconnect's look) or
-        ``stalled_after`` (a stall clock starting) after it: the deadline is at most that far, so the runtime may
-        keep it across a spell of work no tick saw (at 1 msg/s, a delivery and its ack within a tenth of a
-        second, every second). An idle source's stall clock restarts at its last tick, so it may start up to
-        ``silence_timeout`` earlier than with a tick every second (against ``stalled_after``'s minute)."""
+        ``now`` (a tick each second) while stalled (a recovery is noticed on a tick) and while degraded (the
+        target's limits are read on ticks). A look that is out has no timer here: its answer, or its failure (the
+        runtime's request has a timeout), comes as an input, and the runtime places the source again by the
+        deadline after it (the answer may want a confirmation within ``STRANDED_CONFIRM``). Ticking each second
+        while a look was out cost more than the looks: after a start or a storm a thousand sources' looks wait for
+        API slots for seconds, and every one of them was ticked meanwhile (bench edge: most of the ticks). Every
+        other input that brings a deadline forward either makes the engine busy (a delivery, a reset) or sets it at
+        least ``STRANDED_CHECK`` (a new epoch's or a reconnect's look) or ``stalled_after`` (a stall clock
+        starting) after it: the deadline is at most that far, so the runtime may keep it across a spell of work no
+        tick saw (at 1 msg/s, a delivery and its ack within a tenth of a second, every second). An idle source's
+        stall clock restarts at its last tick, so it may start up to ``silence_timeout`` earlier than with a tick
+        every second (against ``stalled_after``'s minute)."""
         stall = self.stall
-        if not self.quiet or self._stranded.probing or stall.stalled or self.pipeline.degraded:
+        if not self.quiet or stall.stalled or self.pipeline.degraded:
             return now
         horizon = now + min(STRANDED_CHECK, stall.stalled_after)
         deadline = min(self._last_activity + self.settings.silence_timeout, horizon)

@@ -659,6 +659,9 @@ class SourceRunner:
                     effects.popleft()
                     done = True
                     self._answered(head)
+                elif isinstance(head, ProbeStranded) and self._tg is not None:
+                    effects.popleft()  # (not done: it wakes nothing that waits)
+                    self._look(head)
                 else:
                     break
         finally:
@@ -906,8 +909,7 @@ class SourceRunner:
             case ReadTargetLimits():
                 self._emit(self.engine.target_limits(await self._target_limits(), self.clock()))
             case ProbeStranded():
-                if not self._probe_soon(effect):
-                    self._tg.start_soon(self._probe_stranded, effect)
+                self._look(effect)
             case ResizeWindow():
                 if not self._stopping:
                     self._tg.start_soon(self._resize_window, effect)
@@ -1073,18 +1075,25 @@ class SourceRunner:
             return
         self._stranded_looked(first, None)
 
+    def _look(self, probe: ProbeStranded) -> None:
+        """Perform a look for stranded messages, without waiting: sent at once (``_probe_soon``), put off when
+        every API slot is taken, else (a filtered consumer: a request per filter) in a task of its own."""
+        assert self._tg is not None
+        if not self._probe_soon(probe):
+            self._tg.start_soon(self._probe_stranded, probe)
+
     def _probe_soon(self, probe: ProbeStranded) -> bool:
-        """The look for stranded messages without a task of its own (``first_seq_soon``), when a slot is free at
-        once: False when it must wait for one or the origin cannot ask so now (then ``_probe_stranded``). A task and
-        nats-py's request were most of what a look cost (about 550k instructions, 210k so), and a process that
-        starts, or comes back from a storm, makes a look per source within seconds, then more at doubling
-        intervals (a tenth to a fifth of its work per message in bench edge's minute after either)."""
+        """The look for stranded messages without a task of its own (``first_seq_soon``) when a slot is free, or
+        put off to its next interval when none is: True either way; False when the origin cannot ask so now (then
+        ``_probe_stranded``). A task and nats-py's request were most of what a look cost (about 550k instructions,
+        210k so), and a process that starts, or comes back from a storm, makes a look per source within seconds,
+        then more at doubling intervals. A look is a safety net (messages a server restart may have left behind),
+        never urgent: queued for a slot, a thousand of them waited behind the set-ups and resets that are (bench
+        edge, 1,000 sources: a median of 1.1 s each, some 10 s, a task and a tick a second each while they did)."""
         api, borrower = self._api, object()
-        if api is not None:
-            try:
-                api.acquire_on_behalf_of_nowait(borrower)
-            except anyio.WouldBlock:
-                return False
+        if api is not None and not _slot_now(api, borrower):
+            self._stranded_looked(0, "put off: every JetStream API request slot of the process is in use")
+            return True
 
         def looked(first: int, error: str | None) -> None:
             if api is not None:
@@ -1105,9 +1114,25 @@ class SourceRunner:
             self._emit(self.engine.stranded_probe_failed(error, self.clock()))
         else:
             self._emit(self.engine.stranded_probed(first, self.clock()))
+        if self._wheel is not None:
+            # the answer may bring the engine's deadline forward (a confirmation due in seconds): the next tick
+            # places the source by it (``tick_deadline`` keeps no timer for a look that is out)
+            self._wheel.wake(self._tick_callback)
 
     async def _subscribe(self) -> None:
         try:
             await self.origin.subscribe(self._receive)
         except OriginUnavailable as exc:  # not connected: the next reset (silence) subscribes again
             self.log.warning("subscribe.failed", error=str(exc))
+
+
+def _slot_now(limiter: anyio.CapacityLimiter, borrower: object) -> bool:
+    """Take one of ``limiter``'s tokens for ``borrower`` if one is free now; False when none is (without asking,
+    which raises WouldBlock: an exception and a traceback for each of a thousand looks put off)."""
+    if limiter.available_tokens < 1:
+        return False
+    try:
+        limiter.acquire_on_behalf_of_nowait(borrower)
+    except anyio.WouldBlock:  # a token just released, and others already wait for it
+        return False
+    return True

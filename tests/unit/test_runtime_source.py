@@ -304,19 +304,24 @@ async def test_stranded_workqueue_messages_are_found_twice_then_reset_to(soon: b
         assert target.seqs("edge1") == [1, 2, 3, 4] and runner.engine.resets["stranded"] == 1
 
 
-async def test_a_look_that_finds_every_api_slot_taken_waits_for_one_in_a_task() -> None:
+async def test_a_look_that_finds_every_api_slot_taken_is_put_off_to_its_next_interval() -> None:
+    """A look is a safety net: it never queues for a slot behind the set-ups and resets that need one (a thousand
+    sources' looks waited seconds each, in a task each, and were ticked every second meanwhile)."""
     origin, target, clock = FakeOrigin(workqueue=True, looks_soon=True), FakeTarget(), Clock()
     api, holder = anyio.CapacityLimiter(1), object()
     origin.publish(2)
     async with running(origin, target, clock=clock, api=api) as (runner, _):
         await acked(runner, origin)
+        stranded = runner.engine._stranded  # type: ignore[attr-defined]
         api.acquire_on_behalf_of_nowait(holder)  # the process's requests take every slot
         clock.offset += 2 * STRANDED_CHECK  # past the first look, whatever the source's spread
-        await until(lambda: api.statistics().tasks_waiting == 1, "the look waits for a slot, in a task")
+        await until(lambda: stranded.next_at > clock(), "the look came due and was put off")
+        assert not stranded.probing and api.statistics().tasks_waiting == 0
         assert not any(op.startswith("probe") for op in origin.ops)
         api.release_on_behalf_of(holder)
-        await until(lambda: "probe 1" in origin.ops, "looked once a slot was free")
-        assert "probe soon 1" not in origin.ops
+        clock.offset += STRANDED_CHECK  # its next interval
+        await until(lambda: "probe soon 1" in origin.ops, "looked at its next interval, a slot free")
+        assert "probe 1" not in origin.ops  # (no task)
 
 
 async def test_shutdown_drains_then_answers_the_held_request_with_what_is_stored() -> None:
