@@ -69,7 +69,7 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from bridge.core.effects import Notice
@@ -944,3 +944,37 @@ class Fleet:
         # connection they would time out together. Earlier is always safe: the fence is counted from the write.
         lease.next_renew = sent_at + self.timing.renew_every * (1.0 - _renew_spread(lease.name))
         self._due = min(self._due, lease.next_renew)
+
+
+class Fence:
+    """The fence of one source for one term of its lease: calling it says whether this process may act on the
+    source now (False once that term's lease may have passed, or the source was removed and added again).
+
+    Compiled with the core (a source calls it before every publish and answer: one or two calls per replicated
+    message); ``clock`` is the runtime's lease clock (``bridge.runtime.fleet.lease_clock``), read at each call."""
+
+    __slots__ = ("_clock", "_fleet", "_lease", "source", "term")
+
+    def __init__(self, fleet: Fleet, source: str, lease: Lease | None, clock: Callable[[], float]) -> None:
+        self._fleet = fleet
+        self._lease = lease
+        self._clock = clock
+        self.source = source
+        self.term = lease.term if lease is not None else -1
+
+    def __call__(self) -> bool:
+        return self._fleet.term_holds(self.source, self._lease, self.term, self._clock())
+
+    def waiting(self) -> bool:
+        """The same lease in the same term, kept (not lost, not being given up): a closed fence may open again
+        (the lease is suspended, or about to be: the ticker has not seen the fence pass yet)."""
+        lease = self._term()
+        return lease is not None and lease.machine.kept
+
+    def _term(self) -> Lease | None:
+        """The lease this fence was bound to, while it is still the source's (a source removed and added again has
+        a new one) and in the same term; else None."""
+        lease = self._lease
+        if lease is None or self._fleet.lease_of(self.source) is not lease or lease.term != self.term:
+            return None
+        return lease

@@ -31,6 +31,7 @@ from bridge import CORE_BUILD
 from bridge.config.loading import read_toml
 from bridge.config.registry import FILE, Merged, RegistryEntry, merge
 from bridge.core.backoff import Backoff
+from bridge.core.fleet import Fence
 from bridge.core.window import WindowBudget
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
 from bridge.io import wire
@@ -50,7 +51,7 @@ from bridge.logs import Throttle, get_logger
 from bridge.observe.http import HttpServer, ListenError, Response, json_response, metrics_handler, parse_listen
 from bridge.observe.metrics import BridgeSnapshot, Metrics
 from bridge.observe.systemd import Notifier, watchdog_loop
-from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
+from bridge.runtime.fleet import FleetRunner, SourceControl
 from bridge.runtime.fleet_thread import FleetThread
 from bridge.runtime.heap import HeapKeeper
 from bridge.runtime.readiness import readyz, status_line, waiting_for
@@ -239,10 +240,12 @@ class Bridge:
         for task in self._tasks.values():
             if not task.done.is_set():  # still running (a stop cut short): its numbers so far
                 self._add_run(sources, task.runner)
-        names = [s.name for s in self.config.sources] + [n for n in sources if n not in self._names()]
+        configured = self._names()
+        known = set(configured)  # a set: at a thousand sources a list looked up per name cost seconds at shutdown
+        names = configured + [n for n in sources if n not in known]
         summary: dict[str, Any] = {
             "sources": {name: sources[name] for name in names if name in sources},
-            "not_started": [name for name in self._names() if name not in sources],
+            "not_started": [name for name in configured if name not in sources],
         }
         if self._target_nc is None:
             summary["target"] = "never connected"

@@ -36,9 +36,9 @@ from bridge.core.effects import Notice
 from bridge.core.fleet import (
     PRESENCE_PREFIX,
     Acquire,
+    Fence,
     Fleet,
     FleetEffect,
-    Lease,
     LeaseState,
     LeaseTiming,
     ReadView,
@@ -64,41 +64,12 @@ TICK_MAX = 1.0
 SETUP_RETRY = RetryPolicy(Backoff(1.0, 15.0))  # the coordination bucket: the same failure logged every 30 s at most
 
 
-def lease_clock() -> float:
-    """The fence's clock: CLOCK_BOOTTIME where there is one (Linux), which also counts time the machine spent
-    suspended; CLOCK_MONOTONIC stops then, and a resumed process would believe its lease younger than it is."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
-
-
-class Fence:
-    """The fence of one source for one term of its lease: calling it says whether this process may act on the
-    source now (False once that term's lease may have passed, or the source was removed and added again)."""
-
-    __slots__ = ("_clock", "_fleet", "_lease", "source", "term")
-
-    def __init__(self, fleet: Fleet, source: str, lease: Lease | None, clock: Callable[[], float]) -> None:
-        self._fleet = fleet
-        self._lease = lease
-        self._clock = clock
-        self.source = source
-        self.term = lease.term if lease is not None else -1
-
-    def __call__(self) -> bool:
-        return self._fleet.term_holds(self.source, self._lease, self.term, self._clock())
-
-    def waiting(self) -> bool:
-        """The same lease in the same term, kept (not lost, not being given up): a closed fence may open again
-        (the lease is suspended, or about to be: the ticker has not seen the fence pass yet)."""
-        lease = self._term()
-        return lease is not None and lease.machine.kept
-
-    def _term(self) -> Lease | None:
-        """The lease this fence was bound to, while it is still the source's (a source removed and added again has
-        a new one) and in the same term; else None."""
-        lease = self._lease
-        if lease is None or self._fleet.lease_of(self.source) is not lease or lease.term != self.term:
-            return None
-        return lease
+# The fence's clock: CLOCK_BOOTTIME where there is one (Linux), which also counts time the machine spent suspended;
+# CLOCK_MONOTONIC stops then, and a resumed process would believe its lease younger than it is. A C callable, not a
+# function of ours: every fence look reads it (one or two per replicated message).
+lease_clock: Callable[[], float] = (
+    partial(time.clock_gettime, time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+)
 
 
 _T = TypeVar("_T")

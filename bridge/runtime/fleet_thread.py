@@ -34,10 +34,11 @@ from functools import partial
 import anyio
 from nats.aio.client import Client as NATS
 
+from bridge.core.fleet import Fence
 from bridge.io.connect import close_connection
 from bridge.logs import get_logger
 from bridge.observe.metrics import FleetSnapshot
-from bridge.runtime.fleet import Fence, FleetRunner, SourceControl
+from bridge.runtime.fleet import FleetRunner, SourceControl
 
 ABORT_WAIT = 5.0  # seconds a cancelled run waits for the fleet's thread to end
 
