@@ -53,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--parallel", type=int, help="scenarios at once (default: 3 for --smoke, else 1)")
     run.add_argument("--once", action="store_true", help="with --scenario: inject the fault once, not repeatedly")
     run.add_argument("--smoke-profile", action="store_true", help="with --scenario: the smoke set's light workload")
+    run.add_argument(
+        "--only",
+        metavar="SCENARIOS",
+        help="with --smoke: only these scenarios of the smoke set (comma-separated names; the nemesis still draws "
+        "from every kind that applies)",
+    )
     run.add_argument("--out", type=Path, help="report directory (default chaos-results/<time>)")
     run.add_argument("--keep", action="store_true", help="keep every scenario's servers' data and logs")
     run.add_argument(
@@ -102,10 +108,22 @@ def main(argv: list[str] | None = None) -> int:
     skipped = inapplicable(mode, cluster=args.cluster)
     if args.cluster:
         command += " --cluster"  # the replay commands must run a cluster too
+    if args.only is not None and not args.smoke:
+        print("--only needs --smoke", file=sys.stderr)
+        return 2
     if args.smoke:
         specs = smoke_set(skip=skipped)
         parallel = args.parallel or 3
         label = f"{command} --smoke --seed {args.seed}"
+        if args.only is not None:
+            only = _names(args.only)
+            unknown = sorted(only - {spec.name for spec in specs})
+            if unknown:
+                names = ", ".join(spec.name for spec in specs)
+                print(f"--only: no scenario {', '.join(unknown)} in this smoke set (it has: {names})", file=sys.stderr)
+                return 2
+            specs = [spec for spec in specs if spec.name in only]
+            label += f" --only {','.join(spec.name for spec in specs)}"
     elif args.all:
         duration = args.duration or 600.0
         specs = full_set(duration, skip=skipped)
@@ -135,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.audit:
             print("--audit-only needs --audit", file=sys.stderr)
             return 2
-        audited = {name.strip() for name in args.audit_only.split(",") if name.strip()}
+        audited = _names(args.audit_only)
         unknown = sorted(audited - {spec.name for spec in specs})
         if unknown:
             names = ", ".join(spec.name for spec in specs)
@@ -177,3 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     path = write_report(out, results, command=label, seed=args.seed, mode=mode, skipped=skipped)
     print(f"report: {path}")
     return 0 if all(r.ok for r in results) else 1
+
+
+def _names(text: str) -> set[str]:
+    """Scenario names given comma-separated."""
+    return {name.strip() for name in text.split(",") if name.strip()}

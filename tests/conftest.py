@@ -10,6 +10,7 @@ differs. The fixtures of the scenario tests (bridge processes, single servers) a
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from bridge.testing.engines import examples
 from bridge.testing.servers import (
     ServerStartError,
     Topology,
@@ -30,7 +32,7 @@ from bridge.testing.servers import (
 # No per-example deadline in any property test: the suite must pass beside other work on the machine, where one
 # example may wait for a CPU far longer than hypothesis's 200 ms default (every test is still bounded: by its
 # example count, and the runs by pytest's timeout)
-settings.register_profile("busy-machine", deadline=None)
+settings.register_profile("busy-machine", deadline=None, max_examples=examples(100))  # (100: hypothesis's default)
 settings.load_profile("busy-machine")
 
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
@@ -82,6 +84,38 @@ def pytest_runtest_makereport(
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+_CPU_TOP = 15  # tests listed by CPU at the end of a run (as --durations lists them by time)
+_cpu_spent: dict[str, float] = {}
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU and that of every child it has waited for (servers, bridges, Spark's JVMs: every
+    process a test starts is stopped and waited for by its fixtures)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Count the CPU of each test, its set-up and teardown included: CI runs on two CPUs that its three lanes
+    keep busy, so its length follows the CPU the tests spend, not their waits."""
+    began = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        _cpu_spent[item.nodeid] = _cpu_seconds() - began
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The tests that spent the most CPU (with the processes they started), after pytest's own summary."""
+    if len(_cpu_spent) < 2:
+        return
+    total = sum(_cpu_spent.values())
+    terminalreporter.write_sep("=", f"most CPU: {_CPU_TOP} tests of {len(_cpu_spent)} ({total:.0f} s CPU in all)")
+    for nodeid, seconds in sorted(_cpu_spent.items(), key=lambda kv: kv[1], reverse=True)[:_CPU_TOP]:
+        terminalreporter.write_line(f"{seconds:7.2f}s CPU  {nodeid}")
 
 
 def _failed(node: pytest.Item) -> bool:
@@ -148,15 +182,18 @@ def topology(
 def spark() -> Iterator[Any]:
     """The one SparkSession of the run (embedded ``local[2]``, loopback, no UI), with the ``jetstream`` source.
 
-    Session-scoped: a JVM start costs seconds, and every audit test shares it. Skipped, with the fix, when the
-    ``audit`` extra is not installed.
+    Session-scoped: a JVM start costs seconds, and every audit test shares it. Its JVM takes the options of the
+    test clusters' (the client compiler only, the serial collector): the tests' jobs are small, and on CI's two CPUs
+    the optimising compiler cost the run a third of this JVM's CPU (353 s against 247). Skipped, with the fix, when
+    the ``audit`` extra is not installed.
     """
     pytest.importorskip("pyspark", reason="the audit extra is not installed: pip install -e '.[test,audit]'")
     from pyspark import SparkContext
 
     from bridge.spark.session import spark_session, stop_spark
+    from bridge.testing.spark_cluster import JAVA_OPTIONS
 
-    session = spark_session(local_cores=2)
+    session = spark_session(local_cores=2, java_options=JAVA_OPTIONS)
     jvm = SparkContext._gateway.proc  # type: ignore[union-attr]
     try:
         yield session

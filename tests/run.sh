@@ -5,7 +5,7 @@
 # the origin (leaf) on 2.10.26 and 2.12.8 in turn (older than 2.14: the bridge reads a pull consumer; the hub
 # stays on 2.15.1), every test on 2.15.1 (the pinned default), the chaos smoke set (every fault kind once, against
 # real servers; chaos/README.md) with the Spark audit run on four scenarios' aggregates and compared with the chaos
-# checker, on 2.15.1, and again with a 2.12.8 origin (pull mode: the fault kinds it cannot have are skipped), the
+# checker, on 2.15.1, and its origin-side kinds again with a 2.12.8 origin (pull mode; chaos/README.md), the
 # bench's smoke set (bench/README.md), the core's tests again on its pure-Python build, and the container image
 # built from the Dockerfile with podman and run as a sidecar (tests/container/).
 # Needs only Python >= 3.11 with its headers, a C compiler, Java >= 17 (for the Spark audit tests) and access to PyPI;
@@ -41,69 +41,91 @@ done
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
-# Three lanes run side by side (most of the suite waits on servers, not on the CPU): lane A has the tests on 2.15.1
-# but the Spark ones, the core's tests on its pure-Python build and the bench's smoke set; lane B 2.14.0 and the Spark
-# tests; lane C the container image, both chaos smoke sets, the origins older than 2.14 (2.12.8, 2.10.26) and the
-# thin-link bench. Each step's seconds are in the verdict table: keep the lanes even. Lanes B and C write logs of
-# their own, printed when all are done. Every test starts its own servers on ports nobody else holds, so the lanes
-# do not meet. Every step runs whatever an earlier one did (a failing test must not hide the chaos or bench
-# verdicts); each records its verdict, all are printed in one table at the end, and the run fails if any step did.
+# Three lanes run side by side. On two CPUs the run is bound by the CPU its steps spend (the verdict table gives
+# each step's wall and CPU seconds): a lane that ends early leaves a CPU idle while the others finish, so keep the
+# lanes even by wall time. Lane A: the integration tests on 2.15.1 (but Spark's, pull mode's faults and the
+# container), the core's tests on its pure-Python build, the origins older than 2.14 (2.10.26) and the thin-link
+# bench; lane B: the unit tests, the integration tests on 2.14.0 and the bench's smoke set; lane C: the container
+# image, the Spark tests, both chaos smoke sets and the pull-mode tests on 2.12.8. Lanes B and C write logs of their
+# own, printed when all are done. Every test starts its own servers on ports nobody else holds, so the lanes do not
+# meet. Every step runs whatever an earlier one did (a failing test must not hide the chaos or bench verdicts); each
+# records its verdict, all are printed in one table at the end, and the run fails if any step did.
 
 # the unit tests that drive bridge/core (engines and their property tests, pipeline, fleet and lease tables)
 PURE_CORE_TESTS="tests/unit/test_core_*.py tests/unit/test_pull_properties.py tests/unit/test_lease_table.py
     tests/unit/test_pipeline_size_limit.py tests/unit/test_pipeline_batches.py"
 
+# the chaos smoke set's scenarios run in pull mode (lane C)
+PULL_SMOKE="bridge-kill,bridge-term,bridge-pause,leaf-restart,leaf-kill,leaf-pause,storm,leaf-link-cut-short,\
+leaf-link-cut-long,leaf-link-stall-long,leaf-link-thin-long,hub-kill,aggregate-full,consumer-delete,nemesis"
+
 mkdir -p .cache
 rm -f .cache/verdicts-[abc] .cache/lane-[abc].done
 
-# step LANE NAME COMMAND...: run COMMAND, then append NAME's verdict and time to .cache/verdicts-LANE
+# step LANE NAME COMMAND...: run COMMAND, then append NAME's verdict, its wall time and the CPU time of everything it
+# ran (the processes it waited for: pytest, its servers and bridges, Spark's JVMs) to .cache/verdicts-LANE; wall
+# far above CPU is waiting (on timeouts, or on a CPU the other lanes hold)
 step() {
-    local lane=$1 name=$2 began=$SECONDS status=0
+    local lane=$1 name=$2 began=$SECONDS status=0 cpu_file
     shift 2
     echo "== $name =="
-    "$@" || status=$?
+    cpu_file=$(mktemp)
+    # the subshell's children's CPU (fields cutime and cstime of its /proc stat, in clock ticks) once COMMAND ended
+    ( "$@"; rc=$?; read -r -a stat < "/proc/$BASHPID/stat"
+      echo $(( (stat[15] + stat[16]) / $(getconf CLK_TCK) )) > "$cpu_file"; exit $rc ) || status=$?
     local verdict="ok"
     [ "$status" -eq 0 ] || verdict="FAILED (exit $status)"
-    printf '%-96s %-18s %5d s\n' "$name" "$verdict" $((SECONDS - began)) >> ".cache/verdicts-$lane"
+    printf '%-96s %-18s %5d s %5s s CPU\n' "$name" "$verdict" $((SECONDS - began)) "$(cat "$cpu_file")" \
+        >> ".cache/verdicts-$lane"
+    rm -f "$cpu_file"
 }
 
 lane_a() {
-    # (pullfaults, pull mode's own fault scenarios, run in lane B against a real old origin, 2.12.8; the Spark
-    # tests run in lane B on this same server version)
-    step a "all tests on nats-server 2.15.1 but the Spark ones (lane B), pull mode's faults and the container (lane C)" \
-        .venv/bin/python -m pytest -q -p no:cacheprovider -m "not spark and not pullfaults and not container" \
-        --durations=15
+    # (pullfaults, pull mode's own fault scenarios, run in lane C against a real old origin, 2.12.8; the Spark
+    # tests in lane C on this same server version; the unit tests in lane B)
+    step a "integration tests on nats-server 2.15.1 but Spark's (lane C), pull mode's faults and the container's" \
+        .venv/bin/python -m pytest -q -p no:cacheprovider \
+        -m "integration and not spark and not pullfaults and not container" --durations=15
     # the tests that drive the core (bridge/core) again, on its pure-Python build: the other unit tests do not
-    # depend on how the core was built
+    # depend on how the core was built; the property tests draw a quarter of their examples (the same code, run
+    # interpreted: this proves the build, the compiled run explores)
     step a "core tests on the pure-Python core (NATS_BRIDGE_PURE_PYTHON=1, for machines without a C compiler)" \
-        env NATS_BRIDGE_PURE_PYTHON=1 .venv/bin/python -m pytest -q -p no:cacheprovider $PURE_CORE_TESTS
-    # the bench's smoke set: every bench command, tiny; nothing recorded
-    step a "bench smoke: run" .venv/bin/python -m bench run --quick --sizes 256,16384 --retention workqueue \
-        --no-record --out .cache/bench-smoke
-    step a "bench smoke: wan" .venv/bin/python -m bench wan --quick --out .cache/bench-smoke
-    step a "bench smoke: fanin" .venv/bin/python -m bench fanin --quick --out .cache/bench-smoke/fanin.json
-    # the reconnect storm at a size CI affords: 2 leaves, 10 sources, every leaf killed at once and restarted
-    step a "bench smoke: edge (a reconnect storm)" \
-        .venv/bin/python -m bench edge --quick --out .cache/bench-smoke/edge.json
-    # three processes sharing a dozen sources: settling, a SIGKILLed member's take-over
-    step a "bench smoke: fleet (three processes)" \
-        .venv/bin/python -m bench fleet --quick --out .cache/bench-smoke/fleet.json
-    step a "bench smoke: recovery" .venv/bin/python -m bench recovery --quick --out .cache/bench-smoke/recovery.json
-    step a "bench smoke: registry" .venv/bin/python -m bench registry --quick --out .cache/bench-smoke/registry.json
-    step a "bench smoke: profile" \
-        .venv/bin/python -m bench profile --profiler none --messages 20000 --out .cache/bench-smoke
+        env NATS_BRIDGE_PURE_PYTHON=1 NATS_BRIDGE_EXAMPLES_SCALE=0.25 \
+        .venv/bin/python -m pytest -q -p no:cacheprovider $PURE_CORE_TESTS
+    # the oldest origin: the scenarios that hold in both modes, but the target's outages (the origin's version
+    # plays no part in them; lane C, on 2.12.8) and pull mode's own faults (lane C)
+    step a "pull-mode tests with a nats-server 2.10.26 origin" \
+        env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.10.26/bin/nats-server" \
+        .venv/bin/python -m pytest -q -m "pullmode and not pullfaults" -p no:cacheprovider \
+        --ignore tests/integration/test_bridge_target_down.py
+    # the thin-link bench's smoke (lane B holds the others; this one is mostly waiting on a 50 kbit/s proxy)
+    step a "bench smoke: thin (a 50 kbit/s link, cut once)" \
+        .venv/bin/python -m bench thin --quick --out .cache/bench-smoke/thin.json
     touch .cache/lane-a.done
 }
 
 lane_b() {
+    # the unit and property tests (no servers; the Spark ones, tests/unit/test_spark_*.py, run in lane C)
+    step b "unit and property tests" .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit -m "not spark"
     # (pull mode's own faults, pullfaults, forced onto a flow-control origin prove nothing more than on 2.12.8)
     step b "integration tests on nats-server 2.14.0" env NATS_SERVER_BIN="$PWD/$old/bin/nats-server" \
         .venv/bin/python -m pytest -q -m "integration and not spark and not pullfaults" -p no:cacheprovider \
         --durations=15
-    # the Spark tests read the hub's aggregate through the reader and sink, which do not depend on the origin's
-    # server version: they run once, on 2.15.1
-    step b "Spark tests (stream reader, sink, ingest, audit, a standalone cluster) on nats-server 2.15.1" \
-        .venv/bin/python -m pytest -q -m spark -p no:cacheprovider --durations=10
+    # the bench's smoke set: every bench command, tiny; nothing recorded
+    step b "bench smoke: run" .venv/bin/python -m bench run --quick --sizes 256,16384 --retention workqueue \
+        --no-record --out .cache/bench-smoke
+    step b "bench smoke: wan" .venv/bin/python -m bench wan --quick --out .cache/bench-smoke
+    step b "bench smoke: fanin" .venv/bin/python -m bench fanin --quick --out .cache/bench-smoke/fanin.json
+    # the reconnect storm at a size CI affords: 2 leaves, 10 sources, every leaf killed at once and restarted
+    step b "bench smoke: edge (a reconnect storm)" \
+        .venv/bin/python -m bench edge --quick --out .cache/bench-smoke/edge.json
+    # three processes sharing a dozen sources: settling, a SIGKILLed member's take-over
+    step b "bench smoke: fleet (three processes)" \
+        .venv/bin/python -m bench fleet --quick --out .cache/bench-smoke/fleet.json
+    step b "bench smoke: recovery" .venv/bin/python -m bench recovery --quick --out .cache/bench-smoke/recovery.json
+    step b "bench smoke: registry" .venv/bin/python -m bench registry --quick --out .cache/bench-smoke/registry.json
+    step b "bench smoke: profile" \
+        .venv/bin/python -m bench profile --profiler none --messages 20000 --out .cache/bench-smoke
     touch .cache/lane-b.done
 }
 
@@ -112,28 +134,26 @@ lane_c() {
     # on a machine without podman, runc and mmdebstrap; .ci/run installs them and makes a skip a failure)
     step c "the container image: built with podman from the Dockerfile, run as a sidecar with its twin" \
         .venv/bin/python -m pytest -q -m container -p no:cacheprovider -rs
+    # the Spark tests read the hub's aggregate through the reader and sink, which do not depend on the origin's
+    # server version: they run once, on 2.15.1
+    step c "Spark tests (stream reader, sink, ingest, audit, a standalone cluster) on nats-server 2.15.1" \
+        .venv/bin/python -m pytest -q -m spark -p no:cacheprovider --durations=10
     # the audit costs seconds of Spark per aggregate: the scenarios whose faults leave the most for it to explain
     # (every kind at once, skipped and never-delivered ranges, a handover between processes) are audited
     step c "chaos smoke set on nats-server 2.15.1, four aggregates then audited (nats-bridge audit must agree)" \
         .venv/bin/python -m chaos run --smoke --audit --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke \
         --audit-only nemesis,reset-forward,consumer-delete,owner-kill
-    # (no Spark audit here: the aggregate it reads is the same in both modes, and the run above audits it)
-    step c "chaos smoke set with a nats-server 2.12.8 origin (pull mode)" \
-        .venv/bin/python -m chaos run --smoke --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
+    # (no Spark audit here: the aggregate it reads is the same in both modes, and the run above audits it; only the
+    # kinds where the origin's mode plays a part, chaos/README.md "Pull mode": the target's link faults and the
+    # fleet's run the same code in both modes, and the run above has them)
+    step c "chaos smoke set's origin-side kinds with a nats-server 2.12.8 origin (pull mode)" \
+        .venv/bin/python -m chaos run --smoke --only "$PULL_SMOKE" \
+        --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
         --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke-pull
     # pull mode's own fault scenarios (pullfaults) and the target's outages run against the newest old origin
     step c "pull-mode tests with a nats-server 2.12.8 origin" \
         env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
         .venv/bin/python -m pytest -q -m pullmode -p no:cacheprovider
-    # the oldest origin: the scenarios that hold in both modes, but the target's outages (the origin's version
-    # plays no part in them; above, on 2.12.8) and pull mode's own faults (lane B)
-    step c "pull-mode tests with a nats-server 2.10.26 origin" \
-        env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.10.26/bin/nats-server" \
-        .venv/bin/python -m pytest -q -m "pullmode and not pullfaults" -p no:cacheprovider \
-        --ignore tests/integration/test_bridge_target_down.py
-    # the thin-link bench's smoke (lane A holds the others; this one is mostly waiting on a 50 kbit/s proxy)
-    step c "bench smoke: thin (a 50 kbit/s link, cut once)" \
-        .venv/bin/python -m bench thin --quick --out .cache/bench-smoke/thin.json
     touch .cache/lane-c.done
 }
 
@@ -147,9 +167,9 @@ lane_a_pid=$!
 wait "$lane_a_pid" || true
 wait "$lane_b_pid" || true
 wait "$lane_c_pid" || true
-echo "== lane B (2.14.0, Spark tests): its log, .cache/lane-b.log =="
+echo "== lane B (unit tests, 2.14.0, the bench's smoke set): its log, .cache/lane-b.log =="
 cat .cache/lane-b.log
-echo "== lane C (the container, origins older than 2.14): its log, .cache/lane-c.log =="
+echo "== lane C (the container, Spark, chaos, the 2.12.8 origin): its log, .cache/lane-c.log =="
 cat .cache/lane-c.log
 echo "== verdicts: every step of the three lanes, $(( (SECONDS - started) / 60 )) min for all =="
 cat .cache/verdicts-a .cache/verdicts-b .cache/verdicts-c 2>/dev/null

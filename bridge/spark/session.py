@@ -81,10 +81,15 @@ def running_session() -> SparkSession | None:
 
 
 def spark_session(
-    master: str | None = None, *, local_cores: int | None = None, app_name: str = "nats-bridge"
+    master: str | None = None,
+    *,
+    local_cores: int | None = None,
+    app_name: str = "nats-bridge",
+    java_options: str = "",
 ) -> SparkSession:
     """A Spark session for the bridge's jobs: embedded ``local[*]`` (or ``local[<local_cores>]``) by default,
-    ``master`` when given, spark-submit's when launched by it; ready for them (:func:`prepare`)."""
+    ``master`` when given, spark-submit's when launched by it; ready for them (:func:`prepare`). ``java_options``:
+    more options of the embedded session's JVM (the test suite's makes it start and compile cheaply)."""
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit (or pyspark's shell) already chose a master
     builder = SparkSession.builder.appName(app_name)
     if master is None and not submitted:
@@ -97,7 +102,7 @@ def spark_session(
             builder.master(f"local[{local_cores or '*'}]")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()} {java_options}")
             # the audit's shuffles group by source: few keys, so few partitions (AQE splits skew if needed)
             .config("spark.sql.shuffle.partitions", str(local_cores or os.cpu_count() or 1))
         )

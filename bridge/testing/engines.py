@@ -8,10 +8,12 @@ stepping the clock reads as arithmetic; a test that needs another value makes it
 
 from __future__ import annotations
 
+import os
+
 from bridge.core.backoff import Backoff
 from bridge.core.replication import EngineSettings
 
-__all__ = ["CONSUMER", "SETTINGS", "STREAM", "engine_settings"]
+__all__ = ["CONSUMER", "SETTINGS", "STREAM", "engine_settings", "examples"]
 
 STREAM = "ORDERS"
 CONSUMER = "BRIDGE"
@@ -36,3 +38,11 @@ def engine_settings(publish_window: int = 8) -> EngineSettings:
 
 
 SETTINGS = engine_settings()
+
+
+def examples(count: int) -> int:
+    """How many examples a property test of the core draws: ``count`` times ``NATS_BRIDGE_EXAMPLES_SCALE`` (default
+    1), at least 10. CI runs the core's tests a second time on its pure-Python build, where the same code runs
+    interpreted, several times slower: that run proves the build, the compiled one explores (a quarter there)."""
+    scale = float(os.environ.get("NATS_BRIDGE_EXAMPLES_SCALE", "1"))
+    return max(10, round(count * scale))

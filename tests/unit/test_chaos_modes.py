@@ -105,3 +105,21 @@ def test_only_inapplicable_scenarios_is_a_bad_argument(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert "nothing to run in pull mode: reset-empty (CONSUMER.RESET" in err
     assert not (tmp_path / "out").exists(), "nothing ran"
+
+
+def test_only_takes_a_part_of_the_smoke_set_and_refuses_what_is_not_in_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--smoke --only`` (CI's pull-mode run): a kind the mode leaves out is no part of the set, so naming it is a
+    bad argument that names what the set has; ``--only`` without ``--smoke`` too. Nothing runs either way."""
+    binary = tmp_path / "nats-server"
+    binary.write_text("#!/bin/sh\necho 'nats-server: v2.12.8'\n", encoding="utf-8")
+    binary.chmod(0o755)
+    out = tmp_path / "out"
+    base = ["run", "--origin-server", str(binary), "--out", str(out)]
+    assert main([*base, "--smoke", "--only", "bridge-kill,reset-empty"]) == 2
+    err = capsys.readouterr().err
+    assert "--only: no scenario reset-empty in this smoke set (it has: bridge-kill," in err
+    assert main([*base, "--scenario", "bridge-kill", "--only", "bridge-kill"]) == 2
+    assert "--only needs --smoke" in capsys.readouterr().err
+    assert not out.exists(), "nothing ran"

@@ -41,6 +41,7 @@ from bridge.core.fleet import (
     preferred_owner,
     unit_of,
 )
+from bridge.testing.engines import examples
 from tests.unit.fleet_sim import FleetSim
 
 TTL = 3.0
@@ -293,7 +294,7 @@ ACTIONS = st.lists(
 )
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(actions=ACTIONS, seed=st.integers(0, 2**16), groups=st.sampled_from([0, 0, 2, 3]))
 def test_the_fence_never_lets_two_processes_act_and_the_fleet_settles(
     actions: list[tuple[str, int, float]], seed: int, groups: int

@@ -10,6 +10,7 @@ from bridge.core.backoff import Backoff
 from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import Blocked, OutboundMessage, PublishPipeline, Send
 from bridge.core.subjects import SubjectSet
+from bridge.testing.engines import examples
 
 RETRY = Backoff(0.5, 15.0)
 
@@ -388,7 +389,7 @@ def test_iteration_and_views() -> None:
     assert p.next_deadline() == 5.0
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(
     window=st.integers(1, 4),
     ops=st.lists(

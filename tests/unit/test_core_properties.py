@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bridge.testing.engines import examples
 from tests.unit.sim import Sim, SimConfig
 
 Event = tuple[str, int]
@@ -209,7 +210,7 @@ def simulate(config: SimConfig, script: list[Event], sim: Sim | None = None) -> 
     return sim
 
 
-SETTINGS = settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

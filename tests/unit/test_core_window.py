@@ -27,7 +27,7 @@ from bridge.core.window import (
     window_carries,
     window_for,
 )
-from bridge.testing.engines import CONSUMER, STREAM, engine_settings
+from bridge.testing.engines import CONSUMER, STREAM, engine_settings, examples
 
 
 def test_a_window_over_the_bench_links() -> None:
@@ -145,7 +145,7 @@ def test_a_failed_resize_keeps_the_window_and_waits() -> None:
     assert sizer.released(now + 0.02) == 0  # not again before RETRY_AFTER
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     rtt=st.floats(0.0, 0.4),
     store_rate=st.floats(500.0, 200_000.0),

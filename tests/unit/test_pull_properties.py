@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bridge.testing.engines import examples
 from tests.unit.pull_sim import ACK_WAIT, RESET_BACKOFF, AckUp, PullSim, PullSimConfig, PullUp
 
 Event = tuple[str, int]
@@ -197,7 +198,7 @@ def simulate(config: PullSimConfig, script: list[Event]) -> PullSim:
 
 # small enough for the file to run in about 10 s; PULL_SIM_EXAMPLES=20000 searches for several minutes
 EXAMPLES: Final = int(os.environ.get("PULL_SIM_EXAMPLES", "600"))
-SETTINGS = settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(EXAMPLES), suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
