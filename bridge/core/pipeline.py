@@ -716,6 +716,20 @@ class PublishPipeline:
             return None
         return Blocked(head.stream_seq, self._blocked_since, head.last_error, self._failures)
 
+    @property
+    def awaiting_acks(self) -> bool:
+        """Publishes are in flight and nothing else waits: nothing queued, retried, batched, blocked or to verify,
+        so nothing is due before the first ack deadline (``next_deadline``) but what the acks bring (inputs)."""
+        return bool(self._in_flight) and not (
+            self._fresh
+            or self._retry
+            or self._degraded
+            or self._unverified
+            or self._batch is not None
+            or self._commit is not None
+            or self._barrier is not None
+        )
+
     def next_deadline(self) -> float | None:
         """The earliest time ``take_sendable`` or ``expire`` has something to do."""
         times = []

@@ -621,9 +621,14 @@ class SourceRunner:
                 self._wake.set()
         wheel = self._wheel
         if wheel is not None:
-            # work came, or the source waits at its fence (its tick looks at it): ticked ten times a second again
-            if not self.engine.quiet or self._paused_at is not None:
+            engine = self.engine
+            if self._paused_at is not None:  # waits at its fence: its tick looks at it, ten times a second
                 wheel.wake(self._tick_callback)
+            elif not engine.quiet:
+                # work came: ticked ten times a second again, once nothing a tick does can be due sooner (a
+                # publish awaiting its ack: its ack deadline, ``tick_deadline``)
+                now = self.clock()
+                wheel.wake(self._tick_callback, engine.tick_deadline(now) - now)
             else:
                 wheel.rest(self._tick_callback)  # done before a tick came (its ack was quick): once a second again
 

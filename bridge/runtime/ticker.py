@@ -7,7 +7,8 @@ core with nothing to replicate. :class:`Ticker` is one task that calls the regis
 Most sources of a large process are quiet (nothing in flight: their timers count in seconds), so the ticker calls
 a callback that says it is quiet only every ``quiet_every`` ticks (once a second), from a wheel of that many slots,
 and walks only the busy ones and one slot per tick: a thousand quiet sources cost a thousand calls a second, not
-ten thousand. :meth:`Ticker.wake` brings a quiet callback back to every tick at once (its source got work), and
+ten thousand. :meth:`Ticker.wake` brings a quiet callback back to every tick (its source got work; after a wait when
+nothing can be due sooner, as for publishes awaiting their acks), and
 :meth:`Ticker.rest` returns it to its slot if its work is done before a tick came. A quiet callback may say for how
 long it has nothing due (its engine's ``tick_deadline``): its slot then passes it by until then, a look at a number
 instead of a call (a quiet source's deadline is its silence timeout, five heartbeats away). That bookkeeping is the
@@ -69,9 +70,10 @@ class Ticker:
         """Stop calling ``callback`` (nothing if it was not registered)."""
         self.wheel.discard(callback)
 
-    def wake(self, callback: TickCallback) -> None:
-        """``callback``'s source has work: call it on every tick again (nothing if busy already or not registered)."""
-        self.wheel.wake(callback)
+    def wake(self, callback: TickCallback, wait: float = 0.0) -> None:
+        """``callback``'s source has work: call it on every tick again, after ``wait`` seconds when nothing is due
+        sooner (``TickWheel.wake``)."""
+        self.wheel.wake(callback, wait)
 
     def rest(self, callback: TickCallback) -> None:
         """``callback``'s source is quiet again and no tick has called it since :meth:`wake`: back to its slot of the

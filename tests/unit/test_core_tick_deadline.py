@@ -32,10 +32,23 @@ def test_a_quiet_source_has_nothing_due_until_its_silence_timeout_after_the_last
     assert not engine.quiet and engine.tick_deadline(8.1) == 8.1  # busy: every tick
 
 
-def test_a_busy_engine_and_an_engine_that_cannot_say_are_ticked_at_every_tick() -> None:
-    engine = start()
-    feed(engine, [(1, 1)], 1.0)  # a publish in flight
-    assert engine.tick_deadline(1.0) == 1.0
+def test_publishes_awaiting_their_acks_have_nothing_due_before_the_first_ack_deadline() -> None:
+    """Busy with publishes in flight and nothing else: the first ack deadline (the acks are inputs)."""
+    engine = start(silence_timeout=3600.0)  # ack_timeout 5 s
+    feed(engine, [(1, 1)], 1.0)
+    feed(engine, [(2, 2)], 2.0)
+    assert not engine.quiet and engine.pipeline.awaiting_acks
+    assert engine.tick_deadline(1.5) == 6.0
+    for now in (1.5, 3.0, 5.9):
+        assert engine.tick(now) == []
+    assert engine.tick(6.0) != []  # the first publish timed out
+    assert engine.tick_deadline(6.0) == 6.0  # failed, to verify: every tick
+
+
+def test_a_busy_engine_with_more_than_acks_to_wait_for_and_an_engine_that_cannot_say_are_ticked_at_every_tick() -> None:
+    engine = start(silence_timeout=3600.0, publish_window=1)
+    feed(engine, [(1, 1), (2, 2)], 1.0)  # one in flight, one waiting for room in the window
+    assert not engine.pipeline.awaiting_acks and engine.tick_deadline(1.0) == 1.0
     assert PullEngine(PULL_SETTINGS, 0.0).tick_deadline(2.0) == 2.0
 
 

@@ -206,3 +206,51 @@ def test_a_quiet_callback_with_nothing_due_for_a_while_is_passed_by_until_then()
     ticker.add(q)
     ticker.tick()
     assert len(calls) == 6
+
+
+def test_a_callback_woken_with_a_wait_is_passed_by_until_then_and_rests_uncalled_if_its_work_is_done() -> None:
+    """A delivery makes its source busy with a publish awaiting its ack, nothing due before the ack deadline: the
+    ticks pass it by until then (from the last tick's time: up to a tick early, never late); the ack comes first and
+    ``rest`` returns it to its slot uncalled. A later wake without a wait (work due now) calls it at the next tick;
+    one with a shorter wait shortens it, a longer one does not lengthen it."""
+    now = [100.0]
+    ticker = Ticker(0.1, quiet_every=10, clock=lambda: now[0])
+    calls: list[float] = []
+
+    def q() -> bool:
+        calls.append(now[0])
+        return True
+
+    def ticks(n: int) -> None:
+        for _ in range(n):
+            now[0] += 0.1
+            ticker.tick()
+
+    ticker.add(q)
+    ticker.tick()  # called at once (added busy), then quiet in its slot
+    assert calls == [100.0]
+    ticker.wake(q, 0.45)  # not before 100.45 (counted from the last tick, 100.0)
+    ticks(4)
+    assert calls == [100.0]
+    ticks(1)
+    assert calls == [100.0, pytest.approx(100.5)]
+    ticker.wake(q, 5.0)
+    ticks(3)
+    ticker.rest(q)  # its ack came: back to its slot, never called
+    ticks(7)
+    assert len(calls) == 3 and calls[2] == pytest.approx(101.5)  # its slot's own visit, a rotation after 100.5
+    ticker.wake(q, 5.0)
+    ticker.wake(q, 0.25)  # sooner: shortens the wait
+    ticker.wake(q, 9.0)  # later: no longer than the shortest
+    ticks(2)
+    assert len(calls) == 3
+    ticks(1)
+    assert len(calls) == 4
+    ticker.wake(q, 5.0)
+    ticker.wake(q)  # due now
+    ticks(1)
+    assert len(calls) == 5
+    ticker.wake(q, 5.0)
+    ticker.discard(q)
+    ticks(60)
+    assert len(calls) == 5 and len(ticker) == 0
