@@ -116,11 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         parallel = args.parallel or 3
         label = f"{command} --smoke --seed {args.seed}"
         if args.only is not None:
-            only = _names(args.only)
-            unknown = sorted(only - {spec.name for spec in specs})
-            if unknown:
-                names = ", ".join(spec.name for spec in specs)
-                print(f"--only: no scenario {', '.join(unknown)} in this smoke set (it has: {names})", file=sys.stderr)
+            only = _chosen("--only", args.only, specs, "this smoke set")
+            if only is None:
                 return 2
             specs = [spec for spec in specs if spec.name in only]
             label += f" --only {','.join(spec.name for spec in specs)}"
@@ -153,12 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.audit:
             print("--audit-only needs --audit", file=sys.stderr)
             return 2
-        audited = _names(args.audit_only)
-        unknown = sorted(audited - {spec.name for spec in specs})
-        if unknown:
-            names = ", ".join(spec.name for spec in specs)
-            print(f"--audit-only: no scenario {', '.join(unknown)} in this run (it has: {names})", file=sys.stderr)
+        picked = _chosen("--audit-only", args.audit_only, specs, "this run")
+        if picked is None:
             return 2
+        audited = picked
     out = args.out or Path("chaos-results") / time.strftime("%Y%m%d-%H%M%S")
     print(f"chaos: {len(specs)} scenario(s), seed {args.seed}, {parallel} at a time, report in {out}", flush=True)
     if skipped:
@@ -197,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def _names(text: str) -> set[str]:
-    """Scenario names given comma-separated."""
-    return {name.strip() for name in text.split(",") if name.strip()}
+def _chosen(option: str, text: str, specs: list[ScenarioSpec], where: str) -> set[str] | None:
+    """The scenario names ``option`` gives comma-separated, each one of ``specs``; None, the error printed, when one
+    is not."""
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = sorted(names - {spec.name for spec in specs})
+    if unknown:
+        have = ", ".join(spec.name for spec in specs)
+        print(f"{option}: no scenario {', '.join(unknown)} in {where} (it has: {have})", file=sys.stderr)
+        return None
+    return names

@@ -57,9 +57,9 @@ core=$(.venv/bin/python -c 'import bridge; print(bridge.CORE_BUILD)')
 # each step's wall and CPU seconds): a lane that ends early leaves a CPU idle while the others finish, so keep the
 # lanes even by wall time. Lane A: the integration tests on 2.15.1 (but Spark's, pull mode's faults and the
 # container), the core's tests on its pure-Python build and the origins older than 2.14 (2.10.26, 2.12.8); lane B:
-# the types, the unit tests, the integration tests on 2.14.0 and the bench's smoke set; lane C: the container image, the Spark
-# tests, both chaos smoke sets and the thin-link bench. Lanes B and C write logs of their
-# own, printed when all are done. Every test starts its own servers on ports nobody else holds, so the lanes do not
+# the types, the unit tests, the integration tests on 2.14.0 and the bench's smoke set; lane C: the container
+# image, the Spark tests, both chaos smoke sets and the thin-link bench. Lanes B and C write logs of their own,
+# printed when all are done. Every test starts its own servers on ports nobody else holds, so the lanes do not
 # meet. Every step runs whatever an earlier one did (a failing test must not hide the chaos or bench verdicts); each
 # records its verdict, all are printed in one table at the end, and the run fails if any step did.
 
@@ -71,7 +71,6 @@ PURE_CORE_TESTS="tests/unit/test_core_*.py tests/unit/test_pull_properties.py te
 PULL_SMOKE="bridge-kill,bridge-term,bridge-pause,leaf-restart,leaf-kill,leaf-pause,storm,leaf-link-cut-short,\
 leaf-link-cut-long,leaf-link-stall-long,leaf-link-thin-long,hub-kill,aggregate-full,consumer-delete,nemesis"
 
-mkdir -p .cache
 rm -f .cache/verdicts-[abc] .cache/lane-[abc].done
 
 # step LANE NAME COMMAND...: run COMMAND, then append NAME's verdict, its wall time and the CPU time of everything it

@@ -370,7 +370,8 @@ class SourceEngine(Replication):
             deadline = now + min(STRANDED_CHECK, stall.stalled_after)
         elif self._phases.takes_deliveries and not self._verifying and pipeline.awaiting_acks:
             # busy with publishes awaiting their acks only: the first ack deadline (the acks are inputs); at 1 msg/s
-            # per source the ticks that caught a publish in flight were a tenth of a message's CPU, and found nothing
+            # per source the ticks that caught a publish in flight found nothing to do (a tenth of the main thread's
+            # profile samples at 1,000 sources; bench/RESULTS.md could not show the saving)
             deadline = pipeline.next_deadline() or now
         else:
             return now
