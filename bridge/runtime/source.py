@@ -42,7 +42,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, assert_never
 
@@ -552,6 +552,21 @@ class SourceRunner:
         # queue once more for what most of them get without a request
         return await self.target.limits()
 
+    @contextlib.asynccontextmanager
+    async def _slot_to_act(self) -> AsyncIterator[bool]:
+        """An API slot (``_api_slot``) taken with the fence open: True inside it to act, False (no slot) when the
+        source is abandoned or stopping. A paused source waits at its fence without a slot, and the fence is looked
+        at again once the slot is taken: paused sources holding every slot would hold up every other source's
+        set-up and reset, and the lease renewals queued behind them, for as long as their leases stay suspended."""
+        while True:
+            if not await self._act():
+                yield False
+                return
+            async with self._api_slot():
+                if self.may_act():
+                    yield True
+                    return
+
     def _api_slot(self) -> AbstractAsyncContextManager[object]:
         """A slot among the process's JetStream API requests in flight (``api``, shared by every source), held for
         one request or one exchange (a reset's bind and RESET): when every edge reconnects at once, the sources'
@@ -947,8 +962,8 @@ class SourceRunner:
     async def _resize_window(self, effect: ResizeWindow) -> None:
         engine = self.engine
         try:
-            async with self._api_slot():
-                if not await self._act():
+            async with self._slot_to_act() as acting:
+                if not acting:
                     return
                 await self.origin.set_window(effect.size)
         except (BridgeError, OSError) as exc:
@@ -1002,20 +1017,25 @@ class SourceRunner:
             # JetStream requests of a thousand sources starting at once
             bound, self._bound = self._bound, None
             effects = None if bound is None else self.engine.consumer_at_rest(bound, self.clock())
-            if effects is None:
+            while effects is None:
                 # a RESET is answered by the consumer itself, so one sent to a deleted consumer waits out the whole
                 # reset_timeout unanswered (and an Interest origin drops what is published meanwhile); the stream's
                 # API answers a create or look-up at once, and a managed consumer comes back within a round trip
-                async with self._api_slot():
-                    looked_up = await self.origin.bind() if bound is None else None
-                    if not await self._act():
+                async with self._slot_to_act() as acting:
+                    if not acting:
                         return
-                    if looked_up is not None:
-                        self._log_start(looked_up)
-                        self.engine.consumer_start(looked_up.start_seq)
-                        effects = self.engine.consumer_at_rest(looked_up, self.clock())
-                    if effects is None:
-                        effects = await exchange()
+                    looked_up = await self.origin.bind() if bound is None else None
+                    if self.may_act():
+                        if looked_up is not None:
+                            self._log_start(looked_up)
+                            self.engine.consumer_start(looked_up.start_seq)
+                            effects = self.engine.consumer_at_rest(looked_up, self.clock())
+                        if effects is None:
+                            effects = await exchange()
+                        break
+                # the lease was suspended during the bind: the fence is waited for outside the slot, and the
+                # consumer bound again once it opens (what this bind found is old by then)
+                bound = None
         except ApiTimeout as exc:
             reason = f"{exc} (consumer leaderless, or origin unreachable)"
             self.last_error = f"reset: {reason}"

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from bridge.config import EngineConfig, HttpConfig, SourceConfig
+from bridge.core.effects import BoundConsumer
 from bridge.core.engine import Phase
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
@@ -133,6 +134,38 @@ async def test_a_gap_is_repaired_by_the_reset_procedure_in_order() -> None:
         assert origin.ops[mark:] == ["unsubscribe", "bind", "reset None", "subscribe"]
         assert runner.engine.resets["gap"] == 1
         origin.deliver()  # from the ack floor (0) again: 1 and 2 are duplicates, 3.. are new
+        await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6], "everything stored once, in order")
+
+
+async def test_a_lease_suspended_during_a_resets_bind_waits_without_an_api_slot() -> None:
+    """The fence closes while the reset's bind is in flight: the source pauses, and waits for its fence with the
+    process's API slot given back (paused sources holding the slots would hold up every other source's set-up and
+    reset); once the lease is renewed it binds again and the reset goes on."""
+    origin, target, fence, api = FakeOrigin(), FakeTarget(), FakeFence(), anyio.CapacityLimiter(1)
+    origin.publish(6)
+    bind = origin.bind
+
+    async def bind_then_suspend() -> BoundConsumer:
+        bound = await bind()
+        fence.open = False  # no renew succeeded in time, while the look-up was on its way
+        return bound
+
+    async with running(origin, target, fence=fence, api=api) as (runner, _):
+        await until(runner.ready.is_set, "the start reset is done")
+        origin.deliver(2)
+        origin.skip_delivery()  # a gap: the reset procedure
+        origin.bind = bind_then_suspend  # type: ignore[method-assign]
+        mark = len(origin.ops)
+        origin.deliver(1)
+        await until(lambda: runner.paused, "paused by the fence found closed after the bind")
+        await until(lambda: api.borrowed_tokens == 0, "the API slot given back while paused")
+        assert origin.ops[mark:] == ["unsubscribe", "bind"]
+        origin.bind = bind  # type: ignore[method-assign]
+        fence.open = True
+        runner.resume()
+        await until(lambda: "subscribe" in origin.ops[mark:], "subscribed again after the reset")
+        assert origin.ops[mark:] == ["unsubscribe", "bind", "bind", "reset None", "subscribe"]
+        origin.deliver()
         await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6], "everything stored once, in order")
 
 
