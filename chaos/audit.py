@@ -63,8 +63,11 @@ def audit_results(results: list[ScenarioResult], workdirs: list[Path], *, binary
     from bridge.audit.job import AuditOptions, run_audit
     from bridge.config import BridgeConfig, SourceConfig, TargetConfig
     from bridge.spark.session import spark_session, stop_spark
+    from bridge.testing.spark_cluster import JAVA_OPTIONS
 
-    spark = spark_session()
+    # the test clusters' JVM options (the client compiler, the serial collector): a few small jobs, where the
+    # optimising compiler costs CPU it never earns back
+    spark = spark_session(java_options=JAVA_OPTIONS)
     try:
         for result, workdir in zip(results, workdirs, strict=True):
             hub_dir = workdir / "servers" / "hub"

@@ -13,6 +13,12 @@
 # package mirror, and says it was skipped without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+setup_began=$SECONDS
+# Python writes its bytecode caches here whatever the machine prefers: with PYTHONDONTWRITEBYTECODE set (as on
+# the machines this suite is developed on) pytest rewrote every test module's assertions again in each of its
+# eight sessions (collecting the suite took 15 s of CPU rather than 5), and every process compiled whatever of
+# the checkout compileall (below) had not
+unset PYTHONDONTWRITEBYTECODE
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -43,10 +49,8 @@ wait "$servers_pid"
 # the install compiles bridge/core with mypyc (setup.py): the suite runs what production runs
 core=$(.venv/bin/python -c 'import bridge; print(bridge.CORE_BUILD)')
 [ "$core" = compiled ] || { echo "bridge/core is not running compiled ($core)" >&2; exit 1; }
-# the checkout's own packages byte-compiled once: an editable install compiles none of them, and where
-# PYTHONDONTWRITEBYTECODE is set (as on the machines this suite is developed on) every Python process the suite
-# starts (bridges, CLI runs, Spark's workers, chaos and bench processes) compiled their sources again: 0.4 s of
-# CPU of each bridge's 1.0 s start, a sixth of the whole run on two CPUs (imports read the files whatever it says)
+# the checkout's own packages byte-compiled once, on every CPU, before the lanes start the many processes that
+# import them (an editable install compiles none of them)
 .venv/bin/python -m compileall -q -j 0 bridge chaos bench tests >/dev/null
 
 .venv/bin/ruff check .
@@ -71,7 +75,12 @@ PURE_CORE_TESTS="tests/unit/test_core_*.py tests/unit/test_pull_properties.py te
 PULL_SMOKE="bridge-kill,bridge-term,bridge-pause,leaf-restart,leaf-kill,leaf-pause,storm,leaf-link-cut-short,\
 leaf-link-cut-long,leaf-link-stall-long,leaf-link-thin-long,hub-kill,aggregate-full,consumer-delete,nemesis"
 
-rm -f .cache/verdicts-[abc] .cache/lane-[abc].done
+rm -f .cache/verdicts-[0abc] .cache/lane-[abc].done
+# the set-up's own line (the venv, the installs with the core's compilation, lint: the lanes wait for it), its CPU
+# that of the processes this shell waited for so far (as in step, below)
+read -r -a stat < "/proc/$$/stat"
+printf '%-96s %-18s %5d s %5d s CPU\n' "set-up: the installs (the core compiled), compileall, ruff" "ok" \
+    $((SECONDS - setup_began)) $(( (stat[15] + stat[16]) / $(getconf CLK_TCK) )) > .cache/verdicts-0
 
 # step LANE NAME COMMAND...: run COMMAND, then append NAME's verdict, its wall time and the CPU time of everything it
 # ran (the processes it waited for: pytest, its servers and bridges, Spark's JVMs) to .cache/verdicts-LANE; wall
@@ -184,7 +193,7 @@ cat .cache/lane-b.log
 echo "== lane C (the container, Spark, chaos, the thin-link bench): its log, .cache/lane-c.log =="
 cat .cache/lane-c.log
 echo "== verdicts: every step of the three lanes, $(( (SECONDS - started) / 60 )) min for all =="
-cat .cache/verdicts-a .cache/verdicts-b .cache/verdicts-c 2>/dev/null
+cat .cache/verdicts-0 .cache/verdicts-a .cache/verdicts-b .cache/verdicts-c 2>/dev/null
 for lane in a b c; do
     [ -e ".cache/lane-$lane.done" ] || { echo "lane ${lane^^} ended before its last step" >&2; exit 1; }
 done

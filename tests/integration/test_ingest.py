@@ -22,6 +22,7 @@ from bridge.testing.jetstream import Publisher, aggregate_count, connect, create
 from bridge.testing.polling import wait_until
 from bridge.testing.processes import REPO_ROOT, BridgeFactory, child_env, run_cli
 from bridge.testing.servers import Topology
+from bridge.testing.spark_cluster import JAVA_OPTIONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -56,9 +57,12 @@ class Ingest:
         if per_trigger is not None:
             # small batches: however fast the messages arrive, there are many batch boundaries to be killed around
             argv += ["--max-messages-per-trigger", str(per_trigger)]
+        # every JVM the command starts takes the test clusters' options (java reads JDK_JAVA_OPTIONS and says so on
+        # stderr, into the log): this test's CPU fell from 76 s to 50 s, and its wall time from 138 s to 86 s
+        env = {**child_env(), "JDK_JAVA_OPTIONS": JAVA_OPTIONS}
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                argv, cwd=REPO_ROOT, env=child_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
 
     def signal_group(self, signum: int) -> None:
