@@ -300,6 +300,8 @@ class Publisher:
 
     async def _acked(self, js: JetStreamContext, k: int, hdrs: dict[str, str], fut: Future[PubAck]) -> PubAck:
         """The ack of message ``k``, resending it (same headers, so the same message id) while none comes."""
+        if fut.done():  # most of a batch's acks are in once its first is: no deadline to set for them
+            return fut.result()
         # nats-py's publish futures have no deadline of their own: an ack lost in a server restart would wait
         # forever (a loaded run hung here for pytest-timeout's 600 s), so resend, and fail clearly in the end
         deadline = time.monotonic() + PUBLISH_ACK_WAIT
@@ -476,8 +478,9 @@ class OriginTap(ABC):
     """Listens on the origin server to what the bridge acks and audits every ack against the aggregate at once.
 
     ``prefixes`` maps a consumer name to the aggregate subject filter of its source. Each ack that names an origin
-    sequence ``s`` is queued, and an auditor counts the aggregate's copies of that source right after: since the
-    aggregate only grows in these scenarios, fewer than ``s`` then means fewer than ``s`` at the time of the ack
+    sequence ``s`` is queued, and an auditor counts the aggregate's copies of that source right after (one count for
+    every ack queued by then): since the aggregate only grows in these scenarios, fewer than ``s`` then means fewer
+    than ``s`` at the time of the ack
     (:func:`ack_violation`). Only valid for scenarios without intended skips (forward resets) and with origin
     sequences starting at 1 with no holes. Subclasses say what to subscribe to and what an ack is: :class:`FcTap`
     (flow-control answers) and :class:`AckTap` (explicit acks of a pull consumer); :func:`tap_for_mode` picks one.
@@ -525,16 +528,26 @@ class OriginTap(ABC):
 
     async def _audit(self) -> None:
         try:
-            async for claim in self._receive:
-                prefix = self.prefixes.get(claim.consumer)
-                if prefix is None:
-                    self.violations.append(f"{claim.what}: for unknown consumer {claim.consumer}")
-                    continue
-                stored = await self._stored(prefix)
-                self.checked += 1
-                violation = ack_violation(claim.what, claim.stream_seq, stored)
-                if violation is not None:
-                    self.violations.append(violation)
+            async for first in self._receive:
+                # every claim queued by now is answered by one count per source taken after all of them (the
+                # aggregate only grows): a pull consumer acks each message, and a count each made the tap ask
+                # the hub once per message replicated
+                claims = [first]
+                with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream):
+                    while True:
+                        claims.append(self._receive.receive_nowait())
+                counts: dict[str, int] = {}
+                for claim in claims:
+                    prefix = self.prefixes.get(claim.consumer)
+                    if prefix is None:
+                        self.violations.append(f"{claim.what}: for unknown consumer {claim.consumer}")
+                        continue
+                    if prefix not in counts:
+                        counts[prefix] = await self._stored(prefix)
+                    self.checked += 1
+                    violation = ack_violation(claim.what, claim.stream_seq, counts[prefix])
+                    if violation is not None:
+                        self.violations.append(violation)
         finally:
             self._audited.set()
 

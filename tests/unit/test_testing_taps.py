@@ -185,3 +185,26 @@ async def test_the_audit_retries_while_the_hub_does_not_answer(monkeypatch: pyte
     async with tap.running():
         await conn.deliver(v1(5))
     assert (tap.checked, tap.violations, tap.audit_errors) == (1, [], ["TimeoutError: hub down"])
+
+
+async def test_acks_queued_together_are_audited_with_one_count_per_source_taken_after_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pull consumer acks each message: the auditor answers every ack queued by the time it looks with one count
+    of each source's copies (taken after them all, so still sound), not a request to the hub per ack."""
+    asked: list[str] = []
+
+    async def aggregate_count(hub: Any, subject_filter: str, stream: str = "AGG") -> int:
+        asked.append(subject_filter)
+        return {"edge.a.>": 2, "edge.b.>": 5}[subject_filter]
+
+    monkeypatch.setattr(jetstream, "aggregate_count", aggregate_count)
+    conn = FakeConnection()
+    tap = AckTap(conn, None, {"a": "edge.a.>", "b": "edge.b.>"})  # type: ignore[arg-type]
+    async with tap.running():
+        for seq in (1, 2, 3):  # none of these awaits lets the auditor run: all three are queued together
+            await conn.deliver(v1(seq, consumer="a"))
+            await conn.deliver(v1(seq, consumer="b"))
+    assert sorted(asked) == ["edge.a.>", "edge.b.>"]
+    assert tap.checked == 6
+    assert tap.violations == [f"ack {v1(3, consumer='a')} of origin seq 3 while the aggregate held 2 copies"]
