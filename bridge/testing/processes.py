@@ -164,6 +164,8 @@ class BridgeProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
         self.returncodes: list[int] = []
+        self._events: list[dict[str, Any]] = []  # the log's JSON events, parsed once each (_all_events)
+        self._events_to = 0  # the bytes of the log they were parsed from: whole lines only
 
     def __repr__(self) -> str:
         return f"<BridgeProcess pid={self.pid} running={self.is_running} log={self.log_path}>"
@@ -289,15 +291,31 @@ class BridgeProcess:
         of names any of which will do), only the lines of that event with every one of ``fields`` equal.
         ``source=name`` also matches an event that lists ``name`` in its ``sources`` (what a lease group's events
         carry)."""
-        out = []
-        for line in self.log_text().splitlines():
-            if line.startswith("{"):
-                with contextlib.suppress(ValueError):
-                    out.append(json.loads(line))
+        out = self._all_events()
         if event is None:
-            return out
+            return list(out)
         names = (event,) if isinstance(event, str) else event
         return [e for e in out if e.get("event") in names and all(_field_is(e, k, v) for k, v in fields.items())]
+
+    def _all_events(self) -> list[dict[str, Any]]:
+        """Every JSON event of the log so far, parsing only the whole lines written since the last call: the log is
+        only appended to, and :meth:`wait_event` looks twenty times a second (parsing the whole log each time cost
+        a long test's wait more CPU the longer its log grew)."""
+        try:
+            with self.log_path.open("rb") as log:
+                if log.seek(0, os.SEEK_END) < self._events_to:  # written anew: parsed anew
+                    self._events, self._events_to = [], 0
+                log.seek(self._events_to)
+                chunk = log.read()
+        except FileNotFoundError:
+            return self._events
+        whole = chunk.rfind(b"\n") + 1
+        for line in chunk[:whole].decode("utf-8", errors="replace").splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    self._events.append(json.loads(line))
+        self._events_to += whole
+        return self._events
 
     def count(self, event: str | tuple[str, ...], **fields: Any) -> int:
         """How many ``event`` lines (with every one of ``fields`` equal) the log holds."""
