@@ -220,15 +220,26 @@ class BoundConsumer:
 
     @property
     def at_rest(self) -> bool:
-        """Nothing is outstanding: every delivery was acked by an answer naming the last of them, and nothing was
-        delivered above the ack floor. The consumer's next delivery is then where a RESET to its ack floor would
-        start it (or a message already acked, below the floor): taking it as it stands changes nothing a RESET
-        would, except that delivery sequences go on from ``delivered[0]`` instead of starting again at 1."""
+        """Nothing is outstanding: every delivery was acked by an answer naming the last of them, and the ack floor
+        is the last delivery's stream sequence. The consumer's next delivery is then where a RESET to its ack floor
+        would start it: taking it as it stands changes nothing a RESET would, except that delivery sequences go on
+        from ``delivered[0]`` instead of starting again at 1.
+
+        Why the floor must not be above the last delivery either: a flow-controlled consumer takes an ack above
+        anything it delivered (docs/protocol.md 3.2), and a RESET keeps its FC subject (5), so an answer the bridge
+        made for what it read before someone else reset the consumer backwards lands in the new epoch and sets the
+        floor there. The consumer then walks the messages between its last delivery and that floor into pending,
+        where no answer can clear them (an ack must name a stream sequence above the floor): with
+        ``max_ack_pending`` of them, or nothing above the floor to deliver, it is stuck for good. A RESET to the
+        floor starts it after them (found by the simulator; tests/unit/test_core_engine.py,
+        ``test_a_stale_answer_after_a_foreign_backward_reset_is_repaired_by_a_reset_not_taken_at_rest``). The server
+        itself moves the floor above the last delivery, with nothing pending, only past messages gone from the
+        stream (``checkAckFloor``), where the RESET this costs is harmless."""
         return (
             self.delivered is not None
             and self.ack_pending == 0
             and self.ack_floor_dseq == self.delivered[0]
-            and self.delivered[1] <= self.ack_floor
+            and self.delivered[1] == self.ack_floor
         )
 
 

@@ -557,6 +557,10 @@ class PublishPipeline:
             # the earliest failed message got through: re-send the others in order, then resume
             self._degraded = False
             self._failures = 0
+        if self._unverified and not self._retry and not self._in_flight:
+            # a late ack settled the last entry whose fate was unknown: no read of the target is left to do (kept,
+            # it would go out empty, from a quiet engine, at a tick its tick deadline had said nothing was due)
+            self._unverified = 0
         return self._advance()
 
     def failed(self, order: int, attempt: int, reason: str, now: float) -> bool:

@@ -143,7 +143,9 @@ def at(
         (at((0, 0), (0, 0)), True),  # just created
         (at((0, 999), (0, 999)), True),  # just created on a stream whose first message is 1000
         (at((7, 12), (7, 12)), True),  # everything delivered acked by an answer naming the last delivery
-        (at((7, 12), (7, 15)), True),  # an answer named copies stored in an earlier epoch: the walk repeats them
+        # the ack floor above the last delivery (an answer of an earlier epoch reached this one): the consumer would
+        # walk 13..15 again into pending, where no answer can clear them; a RESET to the floor starts it at 16
+        (at((7, 12), (7, 15)), False),
         (at((7, 12), (7, 12), pending=1), False),  # a delivery awaits its ack
         (at((7, 12), (6, 12)), False),  # the ack floor names an earlier delivery
         (at((7, 12), (7, 11)), False),  # delivered above the ack floor (lost pending entries: stranded)
@@ -775,6 +777,28 @@ def test_stale_answer_after_reset_would_stall_the_consumer() -> None:
     sim.step_ack(0)  # publish 1 stored while the RESET is on its way
     sim.heal_and_settle()
     sim.check_final()
+
+
+def test_a_stale_answer_after_a_foreign_backward_reset_is_repaired_by_a_reset_not_taken_at_rest() -> None:
+    """Found by the simulator (a Limits origin, max_ack_pending 1; the property test's example says so too).
+
+    Someone resets the consumer forward to 2: it delivers sseq 2 as dseq 1, then an FC request. Someone resets it
+    back to 1 before the bridge has read them. A RESET keeps the FC subject (docs/protocol.md 5), so the bridge's
+    answer (1, 2), right for what it read, reaches the new epoch, where dseq 1 is sseq 1: the server's ack floor
+    becomes (1, 2) while its last delivery is (1, 1), and its next one, sseq 2, is at the floor. The bridge sees
+    dseq 1 again (someone else's reset) and resets; the look-up finds nothing pending and the floor's delivery
+    sequence at the last delivery. Taken at rest, the consumer would deliver 2 again into pending, which no answer
+    can clear (an ack must name a stream sequence above the floor): stuck at max_ack_pending for good, answering
+    (2, 2) to every request. The RESET to the floor starts it at 3 instead.
+    """
+    engine = start()
+    sent = feed(engine, [(1, 2)], 3.0)
+    engine.flow_control(FC1, 3.0)
+    assert answers(store(engine, sent, now=3.0)) == [(FC1, 1, 2)]
+    assert of(engine.data(data(1, 1), 3.1), RequestReset) == [RequestReset(ResetCause.EXTERNAL, 2)]
+    assert engine.consumer_at_rest(at((1, 1), (1, 2)), 3.2) is None  # the RESET goes out
+    assert notices(engine.reset_succeeded(3, 3.3)) == ["reset.done"]
+    assert (engine.watermark, engine.accepted, engine.last_dseq) == (2, 2, 0)
 
 
 def test_answers_follow_the_walk_after_a_backward_reset_on_a_limits_origin() -> None:

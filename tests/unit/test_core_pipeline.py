@@ -281,6 +281,26 @@ def test_a_stale_verification_counts_what_it_found_but_a_new_one_is_needed() -> 
     assert probe.entry is s[2].entry
 
 
+def test_a_late_ack_of_the_last_unresolved_publish_leaves_nothing_to_verify() -> None:
+    """An ambiguous failure (a timeout) asks for a read of the target; when the publish's late ack settles it first,
+    and no other entry is failed or in flight, nothing is left to look up: no read is asked for (found by the
+    simulator: a quiet engine asked for an empty read at a tick before its tick deadline)."""
+    p = pipeline(window=1)
+    fill(p, 1)
+    (send,) = p.take_sendable(0.0)
+    p.expire(5.0)
+    assert p.unverified != 0 and p.unverified_seqs() == [1]
+    assert p.stored(send.entry.order, 1) is True
+    assert (p.unverified, p.unverified_seqs(), p.degraded, p.empty) == (0, [], False, True)
+    # with another entry still unresolved, the read is still needed
+    q = pipeline(window=2)
+    fill(q, 1, 2)
+    s = by_seq(q.take_sendable(0.0))
+    q.expire(5.0)
+    q.stored(s[1].entry.order, 1)
+    assert q.unverified != 0 and q.unverified_seqs() == [2]
+
+
 def test_an_error_ack_is_not_ambiguous() -> None:
     p = pipeline()
     fill(p, 1)

@@ -242,6 +242,13 @@ SETTINGS = settings(max_examples=examples(200), suppress_health_check=[HealthChe
         [("reset_ok", 0), ("deliver", 0), ("recv", 0), ("foreign_reset", 9), ("deliver", 0), ("hb", 0)],
     )
 )
+@example(  # a publish times out, the read of the target fails, its late ack settles it: no read is left to do
+    # (the pipeline kept the read's generation: a quiet engine asked for an empty one before its tick deadline)
+    scenario=(
+        SimConfig(n=3, published=3, max_ack_pending=1, publish_window=1),
+        [("reset_ok", 0), ("deliver", 0), ("recv", 0), ("tick", 3), ("verify_fail", 0)],
+    )
+)
 def test_engine_keeps_invariants_under_faults(scenario: tuple[SimConfig, list[Event]]) -> None:
     simulate(*scenario)
 
@@ -261,6 +268,14 @@ def test_engine_keeps_invariants_under_faults(scenario: tuple[SimConfig, list[Ev
     scenario=(
         SimConfig(n=1, published=1, max_ack_pending=1, publish_window=1, limits=True),
         [("reset_ok", 0), ("pump", 1), ("rewind", 0), ("crash", 0)],
+    )
+)
+@example(  # foreign resets forward to 2 then back to 1: the bridge's answer (1, 2) reaches the new epoch, whose
+    # dseq 1 is sseq 1; its own reset then found "nothing pending, floor at the last delivery" and took the consumer
+    # at rest, which walked 2 (at the floor) into pending for good (Limits, max_ack_pending 1)
+    scenario=(
+        SimConfig(n=2, published=2, max_ack_pending=1, publish_window=1, limits=True),
+        [("hb", 0), ("hb", 0), ("reset_ok", 0), ("foreign_reset", 2), ("deliver", 0), ("foreign_reset", 1)],
     )
 )
 def test_engine_keeps_invariants_across_restarts(scenario: tuple[SimConfig, list[Event]]) -> None:

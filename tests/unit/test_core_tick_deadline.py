@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from bridge.core.ackreply import AckInfo
-from bridge.core.effects import Notice, ProbeStranded, RequestReset, ResetCause
+from bridge.core.effects import Notice, ProbeStranded, RequestReset, ResetCause, VerifyStored
 from bridge.core.engine import SourceEngine
 from bridge.core.inbound import Data
 from bridge.core.pull import PullEngine
@@ -50,6 +50,21 @@ def test_a_busy_engine_with_more_than_acks_to_wait_for_and_an_engine_that_cannot
     feed(engine, [(1, 1), (2, 2)], 1.0)  # one in flight, one waiting for room in the window
     assert not engine.pipeline.awaiting_acks and engine.tick_deadline(1.0) == 1.0
     assert PullEngine(PULL_SETTINGS, 0.0).tick_deadline(2.0) == 2.0
+
+
+def test_a_late_ack_that_settles_an_ambiguous_failure_leaves_nothing_due_before_the_deadline() -> None:
+    """A publish times out (ambiguous: a read of the target is asked for), the read fails, then the publish's late
+    ack arrives: the engine is quiet and nothing is left to verify, so no tick before its deadline does anything
+    (found by the simulator: an empty VerifyStored at the next tick)."""
+    engine = start(silence_timeout=3600.0, publish_window=1)
+    sent = feed(engine, [(1, 1)], 0.0)
+    assert of(engine.tick(5.0), VerifyStored) == [VerifyStored(1, (1,))]
+    engine.verify_failed("target unavailable", 5.0)  # retried after 0.5 s
+    store(engine, sent, now=5.1)
+    assert engine.quiet and engine.watermark == 1
+    deadline = engine.tick_deadline(5.1)
+    assert deadline > 6.0
+    assert engine.tick(6.0) == []
 
 
 def test_the_deadline_is_never_further_than_an_input_without_a_tick_can_bring_one() -> None:
