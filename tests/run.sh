@@ -85,11 +85,23 @@ PULL_SMOKE="bridge-kill,bridge-term,bridge-pause,leaf-restart,leaf-kill,leaf-pau
 leaf-link-cut-long,leaf-link-stall-long,leaf-link-thin-long,hub-kill,aggregate-full,consumer-delete,nemesis"
 
 rm -f .cache/verdicts-[0abc] .cache/lane-[abc].done
-# the set-up's own line (the venv, the installs with the core's compilation, lint: the lanes wait for it), its CPU
-# that of the processes this shell waited for so far (as in step, below)
-read -r -a stat < "/proc/$$/stat"
-printf '%-96s %-18s %5d s %5d s CPU\n' "set-up: the installs (the core compiled), compileall, ruff" "ok" \
-    $((SECONDS - setup_began)) $(( (stat[15] + stat[16]) / $(getconf CLK_TCK) )) > .cache/verdicts-0
+
+# waited_cpu PID: the CPU seconds of every process the shell PID waited for so far (fields cutime and cstime of its
+# /proc stat, in clock ticks)
+waited_cpu() {
+    local stat
+    read -r -a stat < "/proc/$1/stat"
+    echo $(( (stat[15] + stat[16]) / $(getconf CLK_TCK) ))
+}
+
+# verdict FILE NAME VERDICT WALL CPU: one line of the verdict table
+verdict() {
+    printf '%-96s %-18s %5d s %5s s CPU\n' "$2" "$3" "$4" "$5" >> "$1"
+}
+
+# the set-up's own line (the venv, the installs with the core's compilation, lint: the lanes wait for it)
+verdict .cache/verdicts-0 "set-up: the installs (the core compiled), compileall, ruff" ok \
+    $((SECONDS - setup_began)) "$(waited_cpu $$)"
 
 # step LANE NAME COMMAND...: run COMMAND, then append NAME's verdict, its wall time and the CPU time of everything it
 # ran (the processes it waited for: pytest, its servers and bridges, Spark's JVMs) to .cache/verdicts-LANE; wall
@@ -99,13 +111,11 @@ step() {
     shift 2
     echo "== $name =="
     cpu_file=$(mktemp)
-    # the subshell's children's CPU (fields cutime and cstime of its /proc stat, in clock ticks) once COMMAND ended
-    ( "$@"; rc=$?; read -r -a stat < "/proc/$BASHPID/stat"
-      echo $(( (stat[15] + stat[16]) / $(getconf CLK_TCK) )) > "$cpu_file"; exit $rc ) || status=$?
-    local verdict="ok"
-    [ "$status" -eq 0 ] || verdict="FAILED (exit $status)"
-    printf '%-96s %-18s %5d s %5s s CPU\n' "$name" "$verdict" $((SECONDS - began)) "$(cat "$cpu_file")" \
-        >> ".cache/verdicts-$lane"
+    # the subshell's children's CPU once COMMAND ended
+    ( "$@"; rc=$?; waited_cpu "$BASHPID" > "$cpu_file"; exit $rc ) || status=$?
+    local outcome="ok"
+    [ "$status" -eq 0 ] || outcome="FAILED (exit $status)"
+    verdict ".cache/verdicts-$lane" "$name" "$outcome" $((SECONDS - began)) "$(cat "$cpu_file")"
     rm -f "$cpu_file"
 }
 

@@ -290,7 +290,7 @@ class BridgeProcess:
         """The JSON log events written so far (non-JSON lines skipped), in order; with ``event`` (a name, or a tuple
         of names any of which will do), only the lines of that event with every one of ``fields`` equal.
         ``source=name`` also matches an event that lists ``name`` in its ``sources`` (what a lease group's events
-        carry)."""
+        carry). Each event is parsed once and the same dict returned by every later call: read it, do not change it."""
         out = self._all_events()
         if event is None:
             return list(out)
