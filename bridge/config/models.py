@@ -99,6 +99,11 @@ class EngineConfig(BaseModel):
     # Bytes the grown windows of every source together may hold beyond their configured max_ack_pending (each
     # source's own limit is sources[].window_budget): many far sources draining backlogs at once grow no further.
     windows_budget: Size = 256 * 1024 * 1024
+    # JetStream API requests of every source together in flight at once (stream and consumer info, creates, RESETs,
+    # reads of the aggregate for recovery): after a regional cut a thousand edges reconnect together, and without a
+    # bound their requests reach the hub in one burst, behind which everything else waits. Publishes, answers and
+    # acks are not requests. Why 128: docs/design.md, "Why 128 slots".
+    api_requests_in_flight: Annotated[int, int_between(1, 4096, " requests")] = 128
 
     @field_validator("reset_backoff_max", "publish_retry_max")
     @classmethod

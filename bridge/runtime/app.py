@@ -76,11 +76,6 @@ LOOP_STALE = 10.0  # /healthz fails when the loop has not ticked for this long
 # ones still waiting named in STATUS: an edge that is down at boot must not turn into a start-timeout restart loop
 # (the unit's TimeoutStartSec is 90 s); /readyz keeps saying which source is not replicating.
 READY_WAIT = 60.0
-# JetStream API requests of the sources in flight at once, per process (stream and consumer info, creates, RESETs,
-# reads of the aggregate for recovery): after a regional cut a thousand edges reconnect together, and without a
-# bound their requests arrive at the hub in one burst, behind which everything else waits (lease renewals
-# included: the process would lose its leases to its own backlog). Publishes, answers and acks are not requests.
-API_REQUESTS_IN_FLIGHT = 32
 
 
 class _SourceTask:
@@ -163,7 +158,7 @@ class Bridge:
         # the listener binds before anything is connected: an address that cannot be used stops the start (exit 2
         # in `run`), rather than a daemon running without its health and metrics endpoints
         server = await self._bind_http() if self.config.http.listen else None
-        self._api = anyio.CapacityLimiter(API_REQUESTS_IN_FLIGHT)
+        self._api = anyio.CapacityLimiter(self.config.engine.api_requests_in_flight)
         self._windows = WindowBudget(self.config.engine.windows_budget)  # every source's grown window together
         if self._file_data is None and self.config_path is not None:
             try:
