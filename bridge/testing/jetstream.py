@@ -347,10 +347,18 @@ async def read_stream(
 
     Any replica answers a Direct Get, and one that lags answers short (``bridge.io.directget``): the read is made
     again until it holds at least as many messages as the leader's ``STREAM.INFO`` counted before it began (a
-    stream that shrinks meanwhile, by limits or deletes, gets the last read after ``4 x timeout``)."""
+    stream that shrinks meanwhile, by limits or deletes, gets the last read after ``4 x timeout``). A clustered
+    stream between two leaders (its leader just killed) answers ``STREAM.INFO`` only once one is elected: asked
+    again until that deadline (CI once saw the 3 s request time out right after a test killed the leader)."""
     deadline = anyio.current_time() + 4 * timeout
     while True:
-        stored = int((await stream_info(nc, stream, domain=domain))["state"]["messages"])
+        try:
+            stored = int((await stream_info(nc, stream, domain=domain))["state"]["messages"])
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            if anyio.current_time() > deadline:
+                raise
+            await anyio.sleep(POLL)  # (no responders is answered at once)
+            continue
         out = await _read_stream_once(nc, stream, domain=domain, batch=batch, timeout=timeout)
         if len(out) >= stored or anyio.current_time() > deadline:
             return out
