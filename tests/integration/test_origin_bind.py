@@ -9,11 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import SourceConfig
+from bridge.io.origin import OriginClient
 from bridge.testing.jetstream import connect, consumer_info, create_stream, js_request
 from bridge.testing.servers import NatsServer
-from tests.integration.test_origin_look import STREAM, connected_client
 
 pytestmark = pytest.mark.anyio
+
+STREAM = "ORIGIN"
+
+
+async def _noop() -> None:
+    pass
+
+
+async def _noop_error(exc: Exception) -> None:
+    pass
 
 
 def _written(origin: NatsServer, consumer: str) -> tuple[int, int]:
@@ -24,12 +35,14 @@ def _written(origin: NatsServer, consumer: str) -> tuple[int, int]:
 
 
 async def test_a_resets_bind_takes_a_fitting_consumer_as_it_stands_and_writes_nothing(origin: NatsServer) -> None:
+    source = SourceConfig(name="edge1", servers=[origin.url], stream=STREAM)
+    client = OriginClient(source, timeout=5.0)
     async with connect(origin.url) as nc:
         await create_stream(nc, STREAM, ["o.>"], retention="workqueue")
         await nc.jetstream().publish("o.1", b"x")
-        client = await connected_client(origin.url)
-        source = client.source
+        await client.connect(on_disconnected=_noop, on_reconnected=_noop, on_error=_noop_error)
         try:
+            await client.stream()
             created = await client.bind()
             before = _written(origin, source.consumer)
 

@@ -30,8 +30,7 @@ async def _noop_error(exc: Exception) -> None:
     pass
 
 
-async def connected_client(url: str, **fields: Any) -> OriginClient:
-    """An ``OriginClient`` of source edge1 on ``STREAM``, connected, its stream read (start-up's first request)."""
+async def _client(url: str, **fields: Any) -> OriginClient:
     client = OriginClient(SourceConfig(name="edge1", servers=[url], stream=STREAM, **fields), timeout=2.0)
     await client.connect(on_disconnected=_noop, on_reconnected=_noop, on_error=_noop_error)
     with contextlib.suppress(OriginUnavailable):  # (no such stream, in one test)
@@ -59,7 +58,7 @@ async def test_a_look_without_a_task_finds_what_the_request_finds(origin: NatsSe
         for i in range(5):
             await nc.jetstream().publish(f"o.{i}", b"x")
         await nc.jetstream().delete_msg(STREAM, 1)  # acked and deleted: the first is 2
-        client = await connected_client(origin.url)
+        client = await _client(origin.url)
         try:
             for start in (1, 2, 3, 6):
                 assert await _look(client, start) == (await client.first_seq_from(start), None)
@@ -79,7 +78,7 @@ async def test_a_look_without_a_task_finds_what_the_request_finds(origin: NatsSe
 
 
 async def test_a_look_says_why_the_origin_could_not_answer(origin: NatsServer) -> None:
-    client = await connected_client(origin.url)  # no such stream
+    client = await _client(origin.url)  # no such stream
     try:
         first, error = await _look(client, 1)
         assert first == 0 and error is not None and "stream not found" in error
@@ -104,7 +103,7 @@ async def test_a_request_nobody_answers_is_no_responder(origin: NatsServer) -> N
 
 
 async def test_a_filtered_consumer_is_looked_at_with_a_request_per_filter(origin: NatsServer) -> None:
-    client = await connected_client(origin.url, filter_subjects=["o.a"])
+    client = await _client(origin.url, filter_subjects=["o.a"])
     try:
         assert not client.first_seq_soon(1, lambda first, error: None)
     finally:
