@@ -72,11 +72,8 @@ class OriginPort(Protocol):
     async def consumer_kind(self) -> ConsumerKind | None:
         """What the source's durable is, or None when it does not exist (raises ``OriginUnavailable``)."""
 
-    async def bind(self, *, look_up: bool = False) -> BoundConsumer:
-        """Create (managed) or look up and vet (bound) the consumer for ``mode``; raises ``ConsumerUnfit``.
-        ``look_up`` (a reset's bind): a managed consumer that exists and fits as it stands is only looked up (one
-        ``CONSUMER.INFO``, which writes nothing on the origin server; a create of an existing durable rewrites its
-        files), else created as without it."""
+    async def bind(self) -> BoundConsumer:
+        """Create (managed) or look up and vet (bound) the consumer for ``mode``; raises ``ConsumerUnfit``."""
 
     async def set_rate_limit(self, rate_limit: int) -> None:
         """Take a new ``rate_limit`` (bytes per second, 0: none) in place: in flow-control mode the managed consumer

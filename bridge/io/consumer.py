@@ -202,22 +202,6 @@ def unfit_for(mode: Mode, info: dict[str, Any], source: ConsumerSettings) -> lis
     return pull_unfit_reasons(info, source) if mode is Mode.PULL else unfit_reasons(info, source)
 
 
-# what the bridge changes on a managed consumer while it runs (the window, a reloaded rate limit): updates that
-# may not have reached the server (a timed-out update) and that a later bind must therefore apply again
-RUNTIME_SETTINGS = ("max_ack_pending", "rate_limit_bps")
-
-
-def fits_as_is(mode: Mode, info: dict[str, Any], source: ConsumerSettings) -> bool:
-    """Whether an existing managed consumer can be taken as its ``CONSUMER.INFO`` shows it, with no create: it fits
-    ``mode`` and holds what the bridge last set on it (``RUNTIME_SETTINGS``). A create of an existing durable is an
-    update the server writes to the consumer's files every time (``store.UpdateConfig``), which a thousand resets
-    after a storm would pay for at once on the origins (``OriginClient.bind``, ``look_up``)."""
-    if unfit_for(mode, info, source):
-        return False
-    config, desired = info.get("config") or {}, desired_for(mode, source)
-    return all((config.get(key) or 0) == (desired.get(key) or 0) for key in RUNTIME_SETTINGS)
-
-
 def bound_missing_fix(mode: Mode, source: ConsumerSettings) -> str:
     """The consumer a bound source needs in ``mode``, for the message when it does not exist."""
     if mode is Mode.PULL:

@@ -41,7 +41,6 @@ from bridge.io.consumer import (
     consumer_filters,
     consumer_kind,
     ensure_consumer,
-    fits_as_is,
     several_filters_problem,
 )
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
@@ -154,22 +153,17 @@ class OriginClient:
             raise _unavailable(f"consumer {src.stream}/{src.consumer}", exc) from exc
         return consumer_kind(info) if info is not None else None
 
-    async def bind(self, *, look_up: bool = False) -> BoundConsumer:
+    async def bind(self) -> BoundConsumer:
         src, api = self.source, self._jsapi()
         problem = several_filters_problem(src, self._stream.api_level) if self._stream is not None else None
         if problem is not None:
             raise ConsumerUnfit(problem)
         deliver, note = None, ""
-        info = None
-        if look_up and src.manage_consumer:
-            found = await api.find_consumer(src.stream, src.consumer, timeout=self.timeout)
-            info = found if found is not None and fits_as_is(self.mode, found, src) else None
-        if info is None:
-            if src.manage_consumer and src.start_position != "all":
-                deliver, note = await creation_fields(api, src, self.mode, self.timeout, self.copies_exist)
-            info = await ensure_consumer(
-                api, src, manage=src.manage_consumer, timeout=self.timeout, mode=self.mode, deliver=deliver
-            )
+        if src.manage_consumer and src.start_position != "all":
+            deliver, note = await creation_fields(api, src, self.mode, self.timeout, self.copies_exist)
+        info = await ensure_consumer(
+            api, src, manage=src.manage_consumer, timeout=self.timeout, mode=self.mode, deliver=deliver
+        )
         self._filters = consumer_filters(info)
         start_seq = start_seq_of(info)
         bound = bound_consumer(info)

@@ -1024,9 +1024,7 @@ class SourceRunner:
                 async with self._slot_to_act() as acting:
                     if not acting:
                         return
-                    # a look-up when the consumer fits as it stands: a create would rewrite its files on the
-                    # origin, for every source a storm resets at once
-                    looked_up = await self.origin.bind(look_up=True) if bound is None else None
+                    looked_up = await self.origin.bind() if bound is None else None
                     if self.may_act():
                         if looked_up is not None:
                             self._log_start(looked_up)

@@ -239,8 +239,8 @@ class FakeOrigin:
         self.ops.append(f"set_window {max_ack_pending}")
         await self._api_request()
 
-    async def bind(self, *, look_up: bool = False) -> BoundConsumer:
-        self.ops.append("look up" if look_up else "bind")
+    async def bind(self) -> BoundConsumer:
+        self.ops.append("bind")
         await self._api_request()
         wanted = ConsumerKind.PULL if self.mode is Mode.PULL else ConsumerKind.FLOW_CONTROL
         if self.kind is not None and self.kind is not wanted:

@@ -22,7 +22,6 @@ from bridge.io.consumer import (
     desired_config,
     desired_pull_config,
     ensure_consumer,
-    fits_as_is,
     pull_unfit_reasons,
     unfit_reasons,
 )
@@ -136,33 +135,6 @@ def test_a_flow_control_consumer_is_unfit_for_pull_mode_and_the_other_way_round(
     src = source()
     assert len(pull_unfit_reasons({"config": desired_config(src)}, src)) == 2  # push, ack policy
     assert len(unfit_reasons({"config": desired_pull_config(src)}, src)) == 3  # ack policy, deliver subject, fc
-
-
-# -- taken as it stands (a reset's look-up) ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("mode", [Mode.FLOW_CONTROL, Mode.PULL])
-def test_a_consumer_as_created_fits_as_it_stands(mode: Mode) -> None:
-    src = source(rate_limit=1000 if mode is Mode.FLOW_CONTROL else 0)
-    desired = desired_config(src) if mode is Mode.FLOW_CONTROL else desired_pull_config(src)
-    assert fits_as_is(mode, {"config": desired}, src)
-    # the server leaves out a rate limit of 0 (omitempty): absent and 0 are the same
-    plain = source()
-    served = {k: v for k, v in desired_config(plain).items() if k != "rate_limit_bps"}
-    assert fits_as_is(Mode.FLOW_CONTROL, {"config": served}, plain)
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"max_ack_pending": 500},  # a grown window (or an operator's change) the server does not hold: set it again
-        {"rate_limit_bps": 0},  # a reloaded rate limit whose update timed out
-        {"ack_policy": "explicit"},  # unfit: the create's refusal says why
-    ],
-)
-def test_a_consumer_without_what_the_bridge_set_is_created_again(change: dict[str, Any]) -> None:
-    src = source(rate_limit=1000)
-    assert not fits_as_is(Mode.FLOW_CONTROL, {"config": {**desired_config(src), **change}}, src)
 
 
 # -- ensure_consumer ---------------------------------------------------------------------------------------

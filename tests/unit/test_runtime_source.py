@@ -110,14 +110,14 @@ async def test_a_consumer_at_rest_is_taken_as_it_stands_and_one_with_deliveries_
         mark = len(origin.ops)
         clock.offset += 6.0
         await until(lambda: "subscribe" in origin.ops[mark:], "silence: the reset procedure")
-        assert origin.ops[mark:] == ["unsubscribe", "look up", "subscribe"] and runner.engine.last_dseq == 5
+        assert origin.ops[mark:] == ["unsubscribe", "bind", "subscribe"] and runner.engine.last_dseq == 5
         origin.publish(2)
         assert origin.deliver() == 2 and origin.dseq == 7
         await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6, 7], "6 and 7 stored")
         mark = len(origin.ops)  # 6 and 7 are stored, not acked: the next silence resets
         clock.offset += 6.0
         await until(lambda: "subscribe" in origin.ops[mark:], "silence again: the reset procedure")
-        assert origin.ops[mark:] == ["unsubscribe", "look up", "reset None", "subscribe"]
+        assert origin.ops[mark:] == ["unsubscribe", "bind", "reset None", "subscribe"]
         assert dict(runner.engine.resets) == {"silence": 1}
 
 
@@ -131,7 +131,7 @@ async def test_a_gap_is_repaired_by_the_reset_procedure_in_order() -> None:
         mark = len(origin.ops)
         origin.deliver(1)
         await until(lambda: "subscribe" in origin.ops[mark:], "subscribed again after the reset")
-        assert origin.ops[mark:] == ["unsubscribe", "look up", "reset None", "subscribe"]
+        assert origin.ops[mark:] == ["unsubscribe", "bind", "reset None", "subscribe"]
         assert runner.engine.resets["gap"] == 1
         origin.deliver()  # from the ack floor (0) again: 1 and 2 are duplicates, 3.. are new
         await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6], "everything stored once, in order")
@@ -145,8 +145,8 @@ async def test_a_lease_suspended_during_a_resets_bind_waits_without_an_api_slot(
     origin.publish(6)
     bind = origin.bind
 
-    async def bind_then_suspend(*, look_up: bool = False) -> BoundConsumer:
-        bound = await bind(look_up=look_up)
+    async def bind_then_suspend() -> BoundConsumer:
+        bound = await bind()
         fence.open = False  # no renew succeeded in time, while the look-up was on its way
         return bound
 
@@ -159,12 +159,12 @@ async def test_a_lease_suspended_during_a_resets_bind_waits_without_an_api_slot(
         origin.deliver(1)
         await until(lambda: runner.paused, "paused by the fence found closed after the bind")
         await until(lambda: api.borrowed_tokens == 0, "the API slot given back while paused")
-        assert origin.ops[mark:] == ["unsubscribe", "look up"]
+        assert origin.ops[mark:] == ["unsubscribe", "bind"]
         origin.bind = bind  # type: ignore[method-assign]
         fence.open = True
         runner.resume()
         await until(lambda: "subscribe" in origin.ops[mark:], "subscribed again after the reset")
-        assert origin.ops[mark:] == ["unsubscribe", "look up", "look up", "reset None", "subscribe"]
+        assert origin.ops[mark:] == ["unsubscribe", "bind", "bind", "reset None", "subscribe"]
         origin.deliver()
         await until(lambda: target.seqs("edge1") == [1, 2, 3, 4, 5, 6], "everything stored once, in order")
 
