@@ -28,9 +28,11 @@ from bridge.core.fleet import (
     LEASE_PREFIX,
     PRESENCE_PREFIX,
     Acquire,
+    Fence,
     Fleet,
     FleetEffect,
     Holder,
+    Lease,
     LeaseState,
     LeaseTiming,
     Member,
@@ -97,6 +99,8 @@ class Proc:
     cut_until: float = 0.0
     running: set[str] = field(default_factory=set)  # sources whose runner is up
     terms: dict[str, int] = field(default_factory=dict)  # per running source: the term its fence is bound to
+    # per source started: the runtime's fence (which caches its look-up) and the lease it was bound to
+    fences: dict[str, tuple[Fence, Lease]] = field(default_factory=dict)
     stopping: set[str] = field(default_factory=set)  # graceful stops under way
     inbox: list[Callable[[], list[FleetEffect]]] = field(default_factory=list)  # replies while frozen
 
@@ -232,6 +236,7 @@ class FleetSim:
             lease = fleet.lease_of(effect.source)
             assert lease is not None
             proc.terms[effect.source] = lease.term
+            proc.fences[effect.source] = (Fence(fleet, effect.source, lease, lambda: self.now), lease)
             self.takeovers += 1
         elif isinstance(effect, ResumeSource):
             assert fleet.holds(effect.source, self.now), "resumed a source without holding its lease"
@@ -361,6 +366,11 @@ class FleetSim:
             if not proc.alive:
                 continue
             fleet = proc.fleet
+            for source, (fence, bound) in proc.fences.items():
+                # the compiled fence the runtime calls says what the uncached look does, whatever changed since
+                assert fence() == fleet.term_holds(source, bound, fence.term, self.now), (
+                    f"{self.now:.3f}: {proc.instance}'s fence of {source} disagrees with its lease"
+                )
             for source in self.sources:
                 if fleet.holds(source, self.now):
                     lease = fleet.lease_of(source)

@@ -21,6 +21,7 @@ from bridge.core.effects import Notice
 from bridge.core.fleet import (
     VIEW_KEYS_PER_SECOND,
     Acquire,
+    Fence,
     Fleet,
     FleetEffect,
     Holder,
@@ -268,6 +269,25 @@ def test_a_removed_source_is_handed_over_and_forgotten() -> None:
     fleet.source_stopped("s", 0.2)
     fleet.released("s", True, "", 0.3)
     assert "s" not in fleet.leases and fleet.configured == ["t"]
+
+
+def test_a_fence_closes_for_good_once_its_source_is_removed_even_when_the_source_is_added_again() -> None:
+    fleet = joined("a", ("s", "t"))
+    own(fleet, "s")
+    now = [0.05]
+    fence = Fence(fleet, "s", fleet.lease_of("s"), lambda: now[0])
+    assert fence() and fence()  # the second call takes the look-up it cached
+    fleet.set_sources(["t"], 0.1)
+    fleet.source_stopped("s", 0.2)
+    fleet.released("s", True, "", 0.3)
+    now[0] = 0.4
+    assert not fence()
+    fleet.set_sources(["s", "t"], 0.5)
+    own(fleet, "s", now=0.6, revision=3)  # a new lease for the same name, in the same term number
+    now[0] = 0.7
+    successor = fleet.lease_of("s")
+    assert fleet.holds("s", 0.7) and successor is not None and successor.term == fence.term
+    assert not fence()  # bound to the lease that was given up, never to its successor
 
 
 def test_rendezvous_spreads_sources_and_moves_only_the_joiners_share() -> None:
