@@ -41,11 +41,10 @@ class LoopHistogram:
         for value in values:
             self.observe(value)
 
-    def observe_ages(self, origins_ns: list[int], now_ns: int) -> None:
-        """Observe the age at ``now_ns`` (wall clock, ns) of each origin time (ns), in seconds (0 for one from the
-        future: the clocks of two machines): what one read of acks stored, in one call."""
-        for origin_ns in origins_ns:
-            self.observe(max(0.0, (now_ns - origin_ns) / 1e9))
+    def observe_age(self, origin_ns: int, now_ns: int) -> None:
+        """Observe the age at ``now_ns`` (wall clock, ns) of an origin time (ns), in seconds (0 for one from the
+        future: the clocks of two machines)."""
+        self.observe(max(0.0, (now_ns - origin_ns) / 1e9))
 
     @property
     def counts(self) -> list[int]:

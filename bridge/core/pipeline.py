@@ -32,6 +32,7 @@ from enum import Enum
 
 from bridge.core.backoff import Backoff
 from bridge.core.headers import parse_header_block
+from bridge.core.histogram import LoopHistogram
 from bridge.core.subjects import SubjectSet
 
 
@@ -257,6 +258,8 @@ class PublishPipeline:
     _failures: int = 0
     _blocked_since: float = 0.0
     stored_messages: int = 0
+    stored_bytes: int = 0  # payload bytes of the messages stored (``account_stored``)
+    last_stored_origin_ns: int = 0  # the latest origin store time (ns) among them (0: none carried one)
     size_limit: int = 0  # largest message the target accepts (0: unknown); larger ones are not sent at all
     subjects: SubjectSet = field(default_factory=lambda: SubjectSet(()))  # what the target stream captures
     barriers: int = 0  # messages sent alone because their subject did not look captured
@@ -513,14 +516,15 @@ class PublishPipeline:
         """The entry with this order token, while the pipeline still holds it (for metrics; never changes it)."""
         return self._by_order.get(order)
 
-    def storing(self, tokens: Sequence[tuple[int, int]]) -> tuple[int, list[int]]:
-        """What acks with these ``(order, attempt)`` tokens would newly store, for metrics (never changes anything):
-        the payload bytes, and the origin store times (ns) of the messages that carry one. Duplicate acks and
-        markers count nothing."""
+    def account_stored(self, tokens: Sequence[tuple[int, int]], now_ns: int, latency: LoopHistogram | None) -> None:
+        """Count what acks with these ``(order, attempt)`` tokens will newly store, before they are taken (for
+        metrics; no entry is changed): their payload bytes (``stored_bytes``), the latest origin
+        store time (``last_stored_origin_ns``), and into ``latency`` each one's age at ``now_ns`` (wall clock).
+        Duplicate acks and markers count nothing."""
         by_order = self._by_order
         stored = EntryState.STORED
         payload_bytes = 0
-        origins: list[int] = []
+        last = self.last_stored_origin_ns
         for order, _ in tokens:
             entry = by_order.get(order)
             if entry is None or entry.state is stored:
@@ -529,9 +533,14 @@ class PublishPipeline:
             if message is None:
                 continue
             payload_bytes += len(message.payload)
-            if message.origin_ns:
-                origins.append(message.origin_ns)
-        return payload_bytes, origins
+            origin = message.origin_ns
+            if origin:
+                if origin > last:
+                    last = origin
+                if latency is not None:
+                    latency.observe_age(origin, now_ns)
+        self.stored_bytes += payload_bytes
+        self.last_stored_origin_ns = last
 
     # -- outcomes -----------------------------------------------------------------------------------------
 

@@ -140,13 +140,11 @@ class SourceRunner:
         "_error_throttle",
         "_fc_arrivals",
         "_fence",
-        "_last_replicated_origin_ns",
         "_mode_presumed",
         "_on_config_error",
         "_paused_at",
         "_performing",
         "_publisher",
-        "_replicated_bytes",
         "_resumed",
         "_shared_ticker",
         "_stopping",
@@ -228,8 +226,6 @@ class SourceRunner:
         self.origin_connected = False
         self.recovered = False  # the watermark was read back from the aggregate (for the stop summary)
         self.last_error = ""
-        self._replicated_bytes = 0
-        self._last_replicated_origin_ns: int | None = None
         self._fc_arrivals: dict[str, float] = {}
         self._tick_callback = self._tick  # one bound method: the shared ticker's key for this runner
         self._target_epoch = 0  # the target connection the engine's publishes in flight went out on
@@ -731,23 +727,21 @@ class SourceRunner:
         """The acks one read of the target connection brought, in order."""
         now = self.clock()
         engine = self.engine
-        for stored, failed in targetwire.outcome_runs(engine.pipeline.expand(outcomes, now)):
+        latency = self.observers.latency if self.observers is not None else None
+        effects = engine.acks_stored(outcomes, now, time.time_ns(), latency)
+        if effects is not None:  # the common read: every ack a plain one, stored
+            self._emit(effects)
+            self._notify()
+            return
+        pipeline = engine.pipeline
+        for stored, failed in targetwire.outcome_runs(pipeline.expand(outcomes, now)):
             if stored:  # in order: what was stored before a failure first
-                self._observe_stored(stored)
+                pipeline.account_stored(stored, time.time_ns(), latency)  # (before the engine forgets them)
                 self._emit(engine.publish_stored_many(stored, now))
             if failed is not None:
                 self._publish_error(failed.error)
                 self._emit(engine.publish_failed(failed.order, failed.attempt, failed.error, now))
         self._notify()
-
-    def _observe_stored(self, tokens: list[tuple[int, int]]) -> None:
-        """Bytes and latency of the messages these acks store (before the engine forgets them)."""
-        replicated, origins = self.engine.pipeline.storing(tokens)
-        self._replicated_bytes += replicated
-        if origins:
-            self._last_replicated_origin_ns = max(self._last_replicated_origin_ns or 0, max(origins))
-            if self.observers is not None:
-                self.observers.latency.observe_ages(origins, time.time_ns())
 
     def _publish_error(self, error: str) -> None:
         self.last_error = f"publish: {error}"
@@ -771,7 +765,7 @@ class SourceRunner:
             in_flight=pipeline.in_flight,
             backlog=pipeline.backlog,
             replicated_messages=pipeline.stored_messages,
-            replicated_bytes=self._replicated_bytes,
+            replicated_bytes=pipeline.stored_bytes,
             deliveries=engine.stats.delivered,
             duplicates=engine.stats.duplicates,
             fc_requests=engine.stats.fc_requests,
@@ -783,7 +777,7 @@ class SourceRunner:
             stalled=engine.stalled(now),
             seconds_since_progress=now - engine.stall.since,
             last_replicated_origin_time=(
-                self._last_replicated_origin_ns / 1e9 if self._last_replicated_origin_ns is not None else None
+                pipeline.last_stored_origin_ns / 1e9 if pipeline.last_stored_origin_ns else None
             ),
             oldest_unstored_origin_time=(pipeline.oldest_unstored_origin_ns / 1e9) or None,
             rate_limit=self.source.rate_limit,

@@ -781,6 +781,16 @@ class Sim:
                 f"publish ack order={reply.order} attempt={reply.attempt} stored={reply.stored} (batch {reply.batch})"
             )
         pipeline = self.engine.pipeline
+        if all(reply.stored and not reply.batch for reply in replies):  # the common read: in one call
+            for reply in replies:
+                entry = pipeline.entry(reply.order)
+                if entry is not None:
+                    self.acked_to_engine.add(entry.stream_seq)
+            effects = self.engine.acks_stored(replies, self.now, 0, None)
+            assert effects is not None, "a read of stored plain acks refused by acks_stored"
+            self.apply(effects)
+            return
+        assert self.engine.acks_stored(replies, self.now, 0, None) is None  # (and changed nothing)
         for stored, failed in outcome_runs(pipeline.expand(replies, self.now)):
             for order, _ in stored:
                 entry = pipeline.entry(order)

@@ -25,8 +25,9 @@ from bridge.core.effects import (
     VerifyStored,
 )
 from bridge.core.engine import Phase, SourceEngine
+from bridge.core.histogram import LoopHistogram
 from bridge.core.inbound import Data, Heartbeat, Unrecognised
-from bridge.core.pipeline import BATCH_COMMIT_EOB, TargetLimits
+from bridge.core.pipeline import BATCH_COMMIT_EOB, AckOutcome, TargetLimits
 from bridge.core.transforms import SubjectTransforms
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CHECK_MAX, STRANDED_CONFIRM, stranded_spread
 from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
@@ -1097,3 +1098,25 @@ def test_only_the_first_delivery_of_an_epoch_is_renumbered() -> None:
     feed(engine, [(1, 5)])
     effects = feed(engine, [(3, 6)])  # a jump within the epoch is a gap, whatever its stream sequence
     assert published(effects) == [] and "discontinuity" in notices(effects)
+
+
+def test_a_read_of_stored_plain_acks_is_counted_and_taken_in_one_call_as_run_by_run() -> None:
+    """``acks_stored``: what ``publish_stored_many`` does, with the bytes, the latest origin time and each latency
+    counted once per message; a read holding a failure or a batch reply is left to the run-by-run way untouched."""
+    one, other = start(), start()
+    sent = [feed(engine, [(1, 1), (2, 2), (3, 3)]) for engine in (one, other)]
+    assert published(sent[0]) == published(sent[1]) == [1, 2, 3]
+    tokens = [(p.entry.order, p.attempt) for p in of(sent[0], Publish)]
+    latency = LoopHistogram((1.0, 10.0))
+    failed = [AckOutcome(tokens[0][0], tokens[0][1], True), AckOutcome(tokens[1][0], tokens[1][1], False, error="x")]
+    batch = [AckOutcome(tokens[0][0], tokens[0][1], True, batch=1, bseq=1, through=1)]
+    for refused in (failed, batch):
+        assert one.acks_stored(refused, 0.1, 0, latency) is None
+        assert (one.watermark, one.pipeline.stored_bytes, latency.counts) == (0, 0, [0, 0, 0])
+    acks = [AckOutcome(order, attempt, True) for order, attempt in tokens[:2]]
+    now_ns = 3000 + 5 * 10**9  # five seconds after the last origin time (1000 * sseq ns)
+    assert one.acks_stored(acks, 0.2, now_ns, latency) == other.publish_stored_many(tokens[:2], 0.2)
+    assert (one.watermark, one.pipeline.stored_bytes, one.pipeline.last_stored_origin_ns) == (2, 2, 2000)
+    assert latency.counts == [0, 2, 0]
+    assert one.acks_stored(acks, 0.3, now_ns, latency) == other.publish_stored_many(tokens[:2], 0.3)  # duplicates
+    assert (one.pipeline.stored_bytes, latency.counts) == (2, [0, 2, 0])

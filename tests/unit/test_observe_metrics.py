@@ -211,11 +211,12 @@ def test_the_lag_in_seconds_is_the_age_of_the_oldest_message_not_stored(
     st.integers(min_value=0, max_value=2**62),
 )
 def test_observing_the_ages_of_origin_times_is_observing_each_age(origins: list[int], now_ns: int) -> None:
-    """``observe_ages`` (one compiled call for a read of acks) counts what ``observe`` of each age would: an origin
-    time in the future (another machine's clock) is an age of 0."""
+    """``observe_age`` (compiled, called from the pipeline for each ack) counts what ``observe`` of the age would: an
+    origin time in the future (another machine's clock) is an age of 0."""
     ages = Metrics().observers("a").latency
     each = Metrics().observers("a").latency
-    ages.observe_ages(origins, now_ns)
+    for origin_ns in origins:
+        ages.observe_age(origin_ns, now_ns)
     for origin_ns in origins:
         each.observe(max(0.0, (now_ns - origin_ns) / 1e9))
     assert ages.counts == each.counts and ages.sum == pytest.approx(each.sum)
