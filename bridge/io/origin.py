@@ -227,7 +227,7 @@ class OriginClient:
             else:
                 looked(_first_in(info, start), None)
 
-        return api.stream_info_soon(self.source.stream, self.timeout, answered)
+        return api.stream_info_soon(self.source.stream, self.timeout, answered, state_only=True)
 
     async def subscribe(self, on_messages: Callable[[Sequence[inbound.Inbound]], None]) -> bool:
         if self._nc is None:

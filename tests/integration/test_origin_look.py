@@ -5,6 +5,7 @@ refuses where it cannot ask so (a filtered consumer: a request per filter)."""
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any
 
 import anyio
@@ -12,7 +13,7 @@ import pytest
 
 from bridge.config import SourceConfig
 from bridge.errors import BridgeError, OriginUnavailable
-from bridge.io.jsapi import request_soon
+from bridge.io.jsapi import quick_stream_state, request_soon
 from bridge.io.origin import OriginClient
 from bridge.testing.jetstream import connect, create_stream
 from bridge.testing.servers import NatsServer
@@ -75,6 +76,26 @@ async def test_a_look_without_a_task_finds_what_the_request_finds(origin: NatsSe
             assert sorted(answers) == [(0, None), (2, None), (2, None)]
         finally:
             await client.close()
+
+
+async def test_the_looks_quick_read_of_a_stream_info_reply_is_what_decoding_it_whole_says(origin: NatsServer) -> None:
+    """The look reads two numbers of the reply's state from its bytes: this server writes them where that read
+    finds them (else every look decodes the whole reply: still right, only slower), and an error reply is left to
+    the whole decode, which says what the error is."""
+    async with connect(origin.url) as nc:
+        subject = f"$JS.API.STREAM.INFO.{STREAM}"
+        assert quick_stream_state((await nc.request(subject, b"", timeout=5)).data) is None  # no such stream
+        await create_stream(nc, STREAM, ["o.>"], retention="workqueue")
+        for published in (0, 3):
+            for i in range(published):
+                await nc.jetstream().publish(f"o.{i}", b"x")
+            if published:
+                await nc.jetstream().delete_msg(STREAM, 1)
+            reply = (await nc.request(subject, b"", timeout=5)).data
+            state = json.loads(reply)["state"]
+            quick = quick_stream_state(reply)
+            assert quick == {"state": {"messages": state["messages"], "first_seq": state["first_seq"]}}, reply
+        assert quick == {"state": {"messages": 2, "first_seq": 2}}
 
 
 async def test_a_look_says_why_the_origin_could_not_answer(origin: NatsServer) -> None:
