@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -24,13 +26,35 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            UtcStamper(),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
+
+
+class UtcStamper:
+    """Adds ``timestamp``: RFC 3339, UTC, microseconds (``2026-11-30T20:45:01.123456Z``), as structlog's
+    ``TimeStamper(fmt="iso", utc=True)`` writes it, for a fraction of its cost: the date and time of day are formatted
+    once a second. A process starting or recovering a thousand sources writes several lines for each, and the
+    datetime object, its time zone calls and ``isoformat`` per line were a third of what logging a line cost
+    (profile of a 1,000-source start-up)."""
+
+    __slots__ = ("_second",)
+
+    def __init__(self) -> None:
+        self._second: tuple[int, str] = (-1, "")  # (whole second, its text): one tuple, swapped whole (threads)
+
+    def __call__(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        now = time.time()
+        whole = int(now)
+        second = self._second
+        if second[0] != whole:
+            second = self._second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+        event["timestamp"] = f"{second[1]}.{int((now - whole) * 1e6):06d}Z"
+        return event
 
 
 def get_logger(**context: Any) -> Any:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+from datetime import UTC, datetime
 
 import pytest
 
@@ -39,6 +41,18 @@ def test_json_lines_when_not_a_terminal() -> None:
     assert line["event"] == "reset.done" and line["source"] == "edge-a" and line["reset_seq"] == 7
     assert line["level"] == "info" and "timestamp" in line
     assert "hidden" not in out.getvalue()
+
+
+def test_timestamps_are_rfc3339_utc_microseconds_as_structlog_writes_them() -> None:
+    stamper = logs.UtcStamper()
+    before = datetime.now(UTC)
+    first = stamper(None, "info", {})["timestamp"]
+    second = stamper(None, "info", {})["timestamp"]  # the same second's text, reused
+    after = datetime.now(UTC)
+    for stamp in (first, second):
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", stamp), stamp
+        assert before <= datetime.fromisoformat(stamp.replace("Z", "+00:00")) <= after
+    assert first <= second
 
 
 def test_readable_lines_not_json_on_a_terminal() -> None:
