@@ -29,3 +29,16 @@ def test_group_and_source_keys_are_kept_apart_and_an_old_presence_counts_as_per_
     assert view.free_groups == {"3": 9}
     assert view.members["old"].sources == {"orders", "gone"} and view.members["old"].lease_groups == 0
     assert view.members["new"].sources == {"17", "3"} and view.members["new"].lease_groups == 64
+
+
+def test_a_value_read_again_gives_the_same_view_with_each_entrys_own_revision() -> None:
+    """Values are decoded once while they repeat (a renew writes the same value again): the view of a second read
+    is what a fresh decode gives, revisions and all."""
+    value = {"instance": "a", "incarnation": "a1", "host": "h", "pid": 7, "since": 2.5}
+    assert parse_view([entry("group.1", 5, value)]).groups["1"].revision == 5
+    again = parse_view([entry("group.1", 9, value), entry("group.2", 6, value)])
+    assert again.groups == {
+        "1": Holder("a", "a1", host="h", pid=7, since=2.5, revision=9),
+        "2": Holder("a", "a1", host="h", pid=7, since=2.5, revision=6),
+    }
+    assert parse_view([KvEntry("group.3", 1, b"not json", False)]).groups == {"3": Holder("?", "?", revision=1)}
