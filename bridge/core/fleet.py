@@ -408,13 +408,6 @@ class Fleet:
         lease = self.lease_of(source)
         return lease is not None and lease.holds(now)
 
-    def term_holds(self, source: str, lease: Lease | None, term: int, now: float) -> bool:
-        """The fence of one term (the runtime's ``Fence``): ``lease`` is still the lease of ``source``, in ``term``,
-        and holds at ``now``. One compiled call: a source looks at its fence before every publish and answer."""
-        if lease is None or lease.term != term or self.lease_of(source) is not lease:
-            return False
-        return lease.machine.owned and now < lease.valid_until
-
     def owned(self) -> list[str]:
         """Sources whose lease is this process's now."""
         return [name for lease in self.leases.values() if lease.machine.owned for name in lease.sources]
@@ -971,17 +964,8 @@ class Fence:
         self.term = lease.term if lease is not None else -1
 
     def __call__(self) -> bool:
-        """``Fleet.term_holds`` at the clock's reading, looking the source's lease up only after the fleet's
-        ``generation`` moved."""
-        lease, fleet = self._lease, self._fleet
-        if lease is None or lease.term != self.term:
-            return False
-        generation = fleet.generation
-        if generation != self._seen:
-            if fleet.lease_of(self.source) is not lease:
-                return False
-            self._seen = generation
-        return lease.machine.owned and self._clock() < lease.valid_until
+        lease = self._term()
+        return lease is not None and lease.holds(self._clock())
 
     def waiting(self) -> bool:
         """The same lease in the same term, kept (not lost, not being given up): a closed fence may open again
@@ -991,8 +975,14 @@ class Fence:
 
     def _term(self) -> Lease | None:
         """The lease this fence was bound to, while it is still the source's (a source removed and added again has
-        a new one) and in the same term; else None."""
+        a new one) and in the same term; else None. The source's lease is looked up again only after the fleet's
+        ``generation`` moved."""
         lease = self._lease
-        if lease is None or self._fleet.lease_of(self.source) is not lease or lease.term != self.term:
+        if lease is None or lease.term != self.term:
             return None
+        generation = self._fleet.generation
+        if generation != self._seen:
+            if self._fleet.lease_of(self.source) is not lease:
+                return None
+            self._seen = generation
         return lease

@@ -257,7 +257,7 @@ Answered = Callable[[dict[str, Any] | None, BridgeError | None], None]
 # how nats-server writes the start of a STREAM.INFO reply's state (Go's encoding/json: fields in their struct's order,
 # no spaces); a JSON string cannot hold it unescaped, so it is the document's own "state" object
 _STATE_START = b'"state":{"messages":'
-_STREAM_STATE = re.compile(rb'"state":\{"messages":(\d+),"bytes":\d+,"first_seq":(\d+)[,}]')
+_STREAM_STATE = re.compile(re.escape(_STATE_START) + rb'(\d+),"bytes":\d+,"first_seq":(\d+)[,}]')
 
 
 def quick_stream_state(data: bytes) -> dict[str, Any] | None:

@@ -367,8 +367,9 @@ class FleetSim:
                 continue
             fleet = proc.fleet
             for source, (fence, bound) in proc.fences.items():
-                # the compiled fence the runtime calls says what the uncached look does, whatever changed since
-                assert fence() == fleet.term_holds(source, bound, fence.term, self.now), (
+                # the fence the runtime calls (its look-up cached) says what looking again says, whatever changed
+                uncached = fleet.lease_of(source) is bound and bound.term == fence.term and bound.holds(self.now)
+                assert fence() == uncached, (
                     f"{self.now:.3f}: {proc.instance}'s fence of {source} disagrees with its lease"
                 )
             for source in self.sources:
