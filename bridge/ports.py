@@ -22,6 +22,7 @@ from bridge.core.effects import (
     PullAnchor,
     ResetReply,
 )
+from bridge.core.frames import Frame
 from bridge.core.inbound import Inbound
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.pipeline import TargetLimits
@@ -35,6 +36,18 @@ ErrorCallback = Callable[[Exception], Awaitable[None]]
 # for each one that could not be sent
 Sends = Sequence[Publication]
 Failures = list[tuple[int, int, str]]
+
+
+class Receiver(Protocol):
+    """What takes a source's deliveries (``bridge.core.inlet.Inlet``): the wire parser appends that source's frames
+    to ``sink`` and calls ``read`` once after each read that did; messages classified elsewhere (nats-py's own
+    dispatch, the test fakes) go to ``receive``, in order."""
+
+    sink: list[Frame]
+
+    def read(self) -> None: ...
+
+    def receive(self, messages: Sequence[Inbound]) -> None: ...
 
 
 class OriginPort(Protocol):
@@ -99,11 +112,10 @@ class OriginPort(Protocol):
         why)`` when the origin could not say; False, and nothing asked, when not possible now (then
         ``first_seq_from``)."""
 
-    async def subscribe(self, on_messages: Callable[[Sequence[Inbound]], None]) -> bool:
+    async def subscribe(self, receiver: Receiver) -> bool:
         """Hand every message of the deliver subject (pull mode: of a new inbox, which ``pull`` names as the reply
-        of every request until the next ``subscribe``), classified, in order, to ``on_messages``, all those of one
-        read together (raises
-        ``OriginUnavailable`` when not connected: the next reset subscribes again)."""
+        of every request until the next ``subscribe``) to ``receiver``, in order, all those of one read together
+        (raises ``OriginUnavailable`` when not connected: the next reset subscribes again)."""
 
     async def anchor(self) -> PullAnchor:
         """Pull mode: the consumer's last delivery, from ``CONSUMER.INFO`` (raises the ``bridge.errors`` family)."""

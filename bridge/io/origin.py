@@ -31,7 +31,6 @@ from bridge.core.effects import (
     PullAnchor,
     ResetReply,
 )
-from bridge.core.frames import Frame
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
 from bridge.io import wire
@@ -46,7 +45,7 @@ from bridge.io.consumer import (
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
 from bridge.io.shared import Member, OriginConnections, names_source
 from bridge.io.start import APPLIED, CopiesExist, creation_fields, start_seq_of
-from bridge.ports import Callback, ErrorCallback
+from bridge.ports import Callback, ErrorCallback, Receiver
 
 PENDING_BYTES = 512 * 1024 * 1024
 
@@ -80,10 +79,9 @@ class OriginClient:
         self._sub: Subscription | None = None
         self._filters: list[str] = source.consumer_filters  # the consumer's, once bound
         self._inbox = ""  # pull mode: the subscribed inbox, the reply subject of every pull request
-        self._on_messages: Callable[[Sequence[inbound.Inbound]], None] | None = None
-        # the deliveries of the read being parsed, appended by the wire parser (wire.add_sink): classified and handed
-        # over together once it is parsed
-        self._arrived: list[Frame] = []
+        # what takes the deliveries: the wire parser appends those of a read to its sink (wire.add_sink) and calls its
+        # read() once the read is parsed
+        self._receiver: Receiver | None = None
 
     @property
     def connected(self) -> bool:
@@ -229,7 +227,7 @@ class OriginClient:
 
         return api.stream_info_soon(self.source.stream, self.timeout, answered, state_only=True)
 
-    async def subscribe(self, on_messages: Callable[[Sequence[inbound.Inbound]], None]) -> bool:
+    async def subscribe(self, receiver: Receiver) -> bool:
         if self._nc is None:
             return False
         if self.mode is Mode.PULL:
@@ -242,8 +240,8 @@ class OriginClient:
             return True
         else:
             subject = self.source.deliver_subject
-        self._on_messages = on_messages
-        self._arrived.clear()  # anything of an earlier subscription not handed over yet is not this one's
+        self._receiver = receiver
+        receiver.sink.clear()  # anything of an earlier subscription not handed over yet is not this one's
         # generous pending limits: the server never has more than max_ack_pending deliveries outstanding, and a
         # slow-consumer drop would only cost a reset
         limit = max(4 * self.source.max_ack_pending, 65536)
@@ -251,8 +249,8 @@ class OriginClient:
             self._sub = await wire.subscribe_sink(
                 self._nc,
                 subject,
-                self._arrived,
-                self._on_read,
+                receiver.sink,
+                receiver.read,
                 self._on_msg,
                 self._on_early,
                 pending_msgs_limit=limit,
@@ -264,33 +262,29 @@ class OriginClient:
             self._inbox = subject
         return True
 
-    def _on_read(self) -> None:
-        """A read brought deliveries: hand them over."""
-        frames = wire.take(self._arrived)
-        if frames and self._on_messages is not None:
-            self._on_messages(inbound.classify_frames(frames))
-
     async def _on_msg(self, msg: Msg) -> None:
         # nats-py's own dispatch, used only where the wire parser could not be installed (see bridge.io.wire)
         self._on_early([msg])
 
     def _on_early(self, msgs: list[Msg]) -> None:
         """Messages nats-py parsed itself (no wire parser, or before the sink was registered), in order."""
-        if self._on_messages is not None:
-            self._on_messages([inbound.classify(m.subject, m.reply, m.headers, m.data) for m in msgs])
+        if self._receiver is not None:
+            self._receiver.receive([inbound.classify(m.subject, m.reply, m.headers, m.data) for m in msgs])
 
     async def unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
         self._inbox = ""  # no more pull requests until the next subscribe
-        self._arrived.clear()
+        if self._receiver is not None:
+            self._receiver.sink.clear()
         if sub is not None:
             wire.remove_handler(self._nc, sub)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
     def detach(self) -> None:
-        self._on_messages = None
-        self._arrived.clear()
+        receiver, self._receiver = self._receiver, None
+        if receiver is not None:
+            receiver.sink.clear()
         if self._sub is not None:
             wire.remove_handler(self._nc, self._sub)
 

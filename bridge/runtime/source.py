@@ -50,7 +50,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from bridge.config import EngineConfig, SourceConfig
-from bridge.core import inbound, targetwire
+from bridge.core import targetwire
 from bridge.core.backoff import Backoff
 from bridge.core.effects import (
     Ack,
@@ -70,6 +70,7 @@ from bridge.core.effects import (
     VerifyStored,
 )
 from bridge.core.engine import EngineSettings, SourceEngine
+from bridge.core.inlet import Inlet
 from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode, mode_key, presume_mode
 from bridge.core.pipeline import TargetLimits
 from bridge.core.pull import PullEngine
@@ -138,8 +139,8 @@ class SourceRunner:
         "_connected",
         "_effects",
         "_error_throttle",
-        "_fc_arrivals",
         "_fence",
+        "_inlet",
         "_mode_presumed",
         "_on_config_error",
         "_paused_at",
@@ -210,6 +211,9 @@ class SourceRunner:
         # the model is chosen once connected (`mode`); until then the configured one, or flow control for auto
         first = Mode.PULL if source.mode == "pull" else Mode.FLOW_CONTROL
         self.engine = new_engine(first, engine_settings(source, engine, target, stalled_after), clock(), windows)
+        # what takes the deliveries off the wire and feeds the engine (compiled); kept in step with ``engine``,
+        # ``fenced`` and ``paused`` here
+        self._inlet = Inlet(self.engine, clock, self._emit)
         self.mode: Choice | None = None
         self.ready = anyio.Event()  # connected, consumer bound, first reset done
         self._effects: deque[Effect] = deque()
@@ -226,7 +230,6 @@ class SourceRunner:
         self.origin_connected = False
         self.recovered = False  # the watermark was read back from the aggregate (for the stop summary)
         self.last_error = ""
-        self._fc_arrivals: dict[str, float] = {}
         self._tick_callback = self._tick  # one bound method: the shared ticker's key for this runner
         self._target_epoch = 0  # the target connection the engine's publishes in flight went out on
         self._bound: BoundConsumer | None = None  # what set-up's bind found, when no reset has used that since
@@ -282,6 +285,7 @@ class SourceRunner:
         if fence.waiting():
             if self._paused_at is None:
                 self._paused_at = self.clock()
+                self._inlet.paused = True
                 if self._shared_ticker is not None:  # ticked again (``_tick`` looks at the fence)
                     self._shared_ticker.wake(self._tick_callback)
                 self.log.warning(
@@ -324,6 +328,7 @@ class SourceRunner:
         if self._paused_at is not None:
             self.log.info("source.resumed", paused_for=round(self.clock() - self._paused_at, 3))
             self._paused_at = None
+            self._inlet.paused = False
         if self._resumed is not None:
             self._resumed.set()
 
@@ -332,6 +337,7 @@ class SourceRunner:
         if self.fenced:
             return
         self.fenced = True
+        self._inlet.closed = True
         self._stopping = True
         dropped = sum(1 for effect in self._effects if isinstance(effect, Publish | AnswerFlowControl))
         self._effects.clear()
@@ -469,7 +475,9 @@ class SourceRunner:
         self.origin.mode = choice.mode
         if choice.mode is not self.engine.mode:
             # nothing happened in it yet
-            self.engine = new_engine(choice.mode, self.engine.settings, self.clock(), self._windows)
+            self.engine = self._inlet.engine = new_engine(
+                choice.mode, self.engine.settings, self.clock(), self._windows
+            )
         if not self._mode_presumed:
             self._log_mode()
         return choice.mode
@@ -712,17 +720,6 @@ class SourceRunner:
             self._changed = None
             changed.set()
 
-    def _receive(self, messages: Sequence[inbound.Inbound]) -> None:
-        """What one read of the deliver subject brought, classified by the origin port, in order."""
-        if self.fenced:
-            return
-        now = self.clock()
-        for reply in inbound.flow_control_replies(messages):
-            if len(self._fc_arrivals) > 16:  # requests superseded or answered while disconnected
-                self._fc_arrivals.clear()
-            self._fc_arrivals[reply] = now
-        self._emit(self.engine.receive_many(messages, now))
-
     def _on_outcomes(self, outcomes: Sequence[AckOutcome]) -> None:
         """The acks one read of the target connection brought, in order."""
         now = self.clock()
@@ -949,7 +946,7 @@ class SourceRunner:
         self._answered(effect)
 
     def _answered(self, effect: AnswerFlowControl) -> None:
-        asked = self._fc_arrivals.pop(effect.subject, None)
+        asked = self._inlet.fc_arrivals.pop(effect.subject, None)
         if asked is not None and self.observers is not None:
             self.observers.fc_latency.observe(self.clock() - asked)
 
@@ -1140,7 +1137,7 @@ class SourceRunner:
 
     async def _subscribe(self) -> None:
         try:
-            await self.origin.subscribe(self._receive)
+            await self.origin.subscribe(self._inlet)
         except OriginUnavailable as exc:  # not connected: the next reset (silence) subscribes again
             self.log.warning("subscribe.failed", error=str(exc))
 

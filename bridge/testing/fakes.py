@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
@@ -35,13 +36,56 @@ from bridge.core.effects import (
     PullAnchor,
     ResetReply,
 )
-from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus
+from bridge.core.frames import Frame
+from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, classify_frames
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.pipeline import TargetLimits
 from bridge.core.recovery import Copy
 from bridge.core.targetwire import AckOutcome
 from bridge.errors import BridgeError, ConsumerUnfit, OriginUnavailable
-from bridge.ports import Callback, ErrorCallback, Failures, Gate, Sends
+from bridge.ports import Callback, ErrorCallback, Failures, Gate, Receiver, Sends
+
+
+class Collected:
+    """A receiver (``bridge.ports.Receiver``) that keeps what it is handed, in order, in ``messages``: for tests of
+    an origin port on its own, without a source's engine behind it."""
+
+    def __init__(self, messages: list[Inbound] | None = None) -> None:
+        self.sink: list[Frame] = []
+        self.messages: list[Inbound] = messages if messages is not None else []
+
+    def read(self) -> None:
+        frames = self.sink.copy()
+        self.sink.clear()
+        self.receive(classify_frames(frames))
+
+    def receive(self, messages: Sequence[Inbound]) -> None:
+        self.messages.extend(messages)
+
+
+class Filtered(Collected):
+    """A receiver in front of another (a real source's ``Inlet``): hands it what ``keep`` returns of each read, for
+    tests that lose or watch deliveries on their way to the engine (:func:`filtering_subscribe`)."""
+
+    def __init__(self, inner: Receiver, keep: Callable[[Sequence[Inbound]], Sequence[Inbound]]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.keep = keep
+
+    def receive(self, messages: Sequence[Inbound]) -> None:
+        self.inner.receive(self.keep(messages))
+
+
+def filtering_subscribe(
+    subscribe: Callable[[Any, Receiver], Awaitable[bool]], keep: Callable[[Sequence[Inbound]], Sequence[Inbound]]
+) -> Callable[[Any, Receiver], Awaitable[bool]]:
+    """An origin port's ``subscribe`` (``OriginClient.subscribe``, to monkeypatch in its place) whose receiver gets
+    only what ``keep`` returns of each read."""
+
+    async def filtering(port: Any, receiver: Receiver) -> bool:
+        return await subscribe(port, Filtered(receiver, keep))
+
+    return filtering
 
 
 @dataclass
@@ -108,7 +152,7 @@ class FakeOrigin:
     behind: bool = False  # what reading_behind says: the process has a backlog on this connection
     looks_soon: bool = False  # first_seq_soon answers (on the loop's next pass) rather than refusing
     copies_exist: Callable[[], Awaitable[bool]] | None = None  # set by the runner (OriginPort); unused here
-    _on_messages: Callable[[Sequence[Inbound]], None] | None = None
+    _receiver: Receiver | None = None
     _connected: bool = False
     _fc: int = 0
     _inboxes: int = 0
@@ -131,7 +175,7 @@ class FakeOrigin:
 
     @property
     def subscribed(self) -> bool:
-        return self._on_messages is not None
+        return self._receiver is not None
 
     @property
     def last_delivered(self) -> int:
@@ -149,7 +193,7 @@ class FakeOrigin:
                 if not self.waiting:
                     break
                 waiting: WaitingRequest | None = self.waiting[0]
-            elif self._on_messages is None:
+            elif self._receiver is None:
                 break
             else:
                 waiting = None
@@ -168,10 +212,10 @@ class FakeOrigin:
                 waiting.remaining -= 1
                 if waiting.remaining == 0:
                     self.waiting.pop(0)
-            if self._on_messages is None or (waiting is not None and waiting.inbox != self.inbox):
+            if self._receiver is None or (waiting is not None and waiting.inbox != self.inbox):
                 self.lost.append(seq)  # pull mode: the request's inbox is nobody's any more
                 continue
-            self._on_messages([Data(ack, subject, None, payload, reply)])
+            self._receiver.receive([Data(ack, subject, None, payload, reply)])
         return sent
 
     def skip_delivery(self) -> None:
@@ -183,22 +227,22 @@ class FakeOrigin:
         """Ask for a flow-control answer; returns its subject."""
         self._fc += 1
         subject = f"$JS.FC.{self.stream_name}.{self.consumer}.fc{self._fc}"
-        if self._on_messages is not None:
-            self._on_messages([FlowControlRequest(subject)])
+        if self._receiver is not None:
+            self._receiver.receive([FlowControlRequest(subject)])
         return subject
 
     def heartbeat(self) -> None:
         """Pull mode: an idle heartbeat of the oldest waiting request on the current inbox (none: nothing)."""
-        if self._on_messages is not None and any(w.inbox == self.inbox for w in self.waiting):
-            self._on_messages([Heartbeat(self.dseq, self.last_delivered, None)])
+        if self._receiver is not None and any(w.inbox == self.inbox for w in self.waiting):
+            self._receiver.receive([Heartbeat(self.dseq, self.last_delivered, None)])
 
     def end_requests(self, code: int = 408, description: str = "Request Timeout") -> int:
         """Pull mode: every waiting request ends (expired by default), each answered with a status carrying what it
         had left, when its inbox is the current one; returns how many ended."""
         ended, self.waiting = self.waiting, []
         for waiting in ended:
-            if self._on_messages is not None and waiting.inbox == self.inbox:
-                self._on_messages([PullStatus(code, description, waiting.inbox, waiting.remaining, 0)])
+            if self._receiver is not None and waiting.inbox == self.inbox:
+                self._receiver.receive([PullStatus(code, description, waiting.inbox, waiting.remaining, 0)])
         return len(ended)
 
     # -- OriginPort -------------------------------------------------------------------------------------------
@@ -283,9 +327,9 @@ class FakeOrigin:
     def _first_from(self, start: int) -> int:
         return min((s for s in self.messages if s >= start), default=0)
 
-    async def subscribe(self, on_messages: Callable[[Sequence[Inbound]], None]) -> bool:
+    async def subscribe(self, receiver: Receiver) -> bool:
         self.ops.append("subscribe")
-        self._on_messages = on_messages
+        self._receiver = receiver
         if self.mode is Mode.PULL:
             self._inboxes += 1
             self.inbox = f"_INBOX.fake{self._inboxes}"
@@ -293,7 +337,7 @@ class FakeOrigin:
 
     async def unsubscribe(self) -> None:
         self.ops.append("unsubscribe")
-        self._on_messages = None
+        self._receiver = None
         self.inbox = ""
 
     async def anchor(self) -> PullAnchor:
@@ -348,7 +392,7 @@ class FakeOrigin:
 
     def detach(self) -> None:
         self.ops.append("detach")
-        self._on_messages = None
+        self._receiver = None
         self.inbox = ""
 
     async def answer(self, effect: AnswerFlowControl) -> None:

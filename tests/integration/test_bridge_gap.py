@@ -1,7 +1,8 @@
 """Deliveries lost between the server and the engine are repaired by a RESET: no loss, no duplicate.
 
-The bridge runs in-process with ``SourceRunner._receive`` patched to swallow the first delivery of a few
-origin sequences, as a slow-consumer drop or a lost packet would: the engine never sees them. A drop in the
+The bridge runs in-process with ``OriginClient.subscribe`` patched (``filtering_subscribe``) so that the source's
+receiver swallows the first delivery of a few origin sequences, as a slow-consumer drop or a lost packet would: the
+engine never sees them. A drop in the
 middle of a burst shows up as a delivery-sequence jump (reset cause ``gap``); a drop of the very last message
 shows up only in the next idle heartbeat (``heartbeat_mismatch``).
 
@@ -14,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bridge.core import inbound
 from bridge.core.pull import PullEngine
-from bridge.runtime.source import SourceRunner
+from bridge.io.origin import OriginClient
 from bridge.testing.configs import ORIGIN, SourceSpec, write_config
+from bridge.testing.fakes import filtering_subscribe
 from bridge.testing.inprocess import running_bridge
 from bridge.testing.jetstream import (
     FcTap,
@@ -54,9 +55,8 @@ async def test_lost_deliveries_are_reset_and_replayed(
 ) -> None:
     drops = MID_DROPS | {N}
     dropped: list[int] = []
-    original = SourceRunner._receive
 
-    def lossy(self: SourceRunner, messages: Sequence[inbound.Inbound]) -> Any:
+    def lossy(messages: Sequence[inbound.Inbound]) -> list[inbound.Inbound]:
         kept = []
         for message in messages:
             seq = origin_seq(message)
@@ -64,9 +64,9 @@ async def test_lost_deliveries_are_reset_and_replayed(
                 dropped.append(seq)
                 continue
             kept.append(message)
-        return original(self, kept)
+        return kept
 
-    monkeypatch.setattr(SourceRunner, "_receive", lossy)
+    monkeypatch.setattr(OriginClient, "subscribe", filtering_subscribe(OriginClient.subscribe, lossy))
 
     spec = SourceSpec(
         name="edge1",
@@ -121,18 +121,17 @@ async def test_lost_flow_control_requests_are_answered_from_the_stalled_header(
     if origin_mode == "pull":
         pytest.skip("flow-control requests exist only in flow-control mode (an origin on nats-server 2.14 or later)")
     lost: list[str] = []
-    original = SourceRunner._receive
 
-    def lossy(self: SourceRunner, messages: Sequence[inbound.Inbound]) -> Any:
+    def lossy(messages: Sequence[inbound.Inbound]) -> list[inbound.Inbound]:
         kept = []
         for message in messages:
             if isinstance(message, inbound.FlowControlRequest) and len(lost) < 3:
                 lost.append(message.reply)
                 continue
             kept.append(message)
-        return original(self, kept)
+        return kept
 
-    monkeypatch.setattr(SourceRunner, "_receive", lossy)
+    monkeypatch.setattr(OriginClient, "subscribe", filtering_subscribe(OriginClient.subscribe, lossy))
     spec = SourceSpec(name="edge1", servers=topology.leaf.url, subject_prefix="edge.one", max_ack_pending=200)
     config = write_config(tmp_path / "bridge.toml", target_url=topology.hub.url, sources=[spec])
     async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:

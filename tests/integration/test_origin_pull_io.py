@@ -21,6 +21,7 @@ from bridge.core.modes import ConsumerKind, Mode, supports_flow_control
 from bridge.errors import OriginUnavailable
 from bridge.io import wire
 from bridge.io.origin import OriginClient
+from bridge.testing.fakes import Collected
 from bridge.testing.jetstream import connect, create_stream, stream_messages
 from bridge.testing.polling import wait_for_value, wait_until
 from bridge.testing.servers import NatsServer, server_version
@@ -94,7 +95,7 @@ async def test_pull_mode_io(
             with pytest.raises(OriginUnavailable, match="not subscribed"):
                 await client.pull(Pull(1, 1.0, 0.5))
 
-            assert await client.subscribe(received.extend)
+            assert await client.subscribe(Collected(received))
             await client.pull(Pull(20, 5.0, 1.0))
             data = await wait_until(
                 lambda: [m for m in received if isinstance(m, Data)] if len(received) >= 20 else None,
@@ -141,7 +142,7 @@ async def test_pull_mode_io(
 
             # a new subscription is a new inbox; none after unsubscribe
             first_inbox = client.inbox
-            assert await client.subscribe(received.extend)
+            assert await client.subscribe(Collected(received))
             assert client.inbox.startswith("_INBOX.") and client.inbox != first_inbox
             await client.unsubscribe()
             with pytest.raises(OriginUnavailable, match="not subscribed"):

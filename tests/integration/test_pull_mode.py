@@ -29,9 +29,10 @@ from nats.aio.client import Client
 
 from bridge.core import inbound
 from bridge.core.pull import PullEngine
+from bridge.io.origin import OriginClient
 from bridge.io.shared import CONNECTION_NAME
-from bridge.runtime.source import SourceRunner
 from bridge.testing.configs import ORIGIN, TEST_COORDINATION, TEST_ENGINE, SourceSpec, write_config
+from bridge.testing.fakes import filtering_subscribe
 from bridge.testing.http import standby_ready
 from bridge.testing.inprocess import running_bridge
 from bridge.testing.jetstream import (
@@ -185,16 +186,15 @@ class DeliveryLog:
     seen: list[tuple[int, int, int]] = field(default_factory=list)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        original = SourceRunner._receive
         seen = self.seen
 
-        def recording(runner: SourceRunner, messages: Sequence[inbound.Inbound]) -> None:
+        def recording(messages: Sequence[inbound.Inbound]) -> Sequence[inbound.Inbound]:
             for message in messages:
                 if isinstance(message, inbound.Data):
                     seen.append((message.ack.consumer_seq, message.ack.stream_seq, message.ack.delivered))
-            original(runner, messages)
+            return messages
 
-        monkeypatch.setattr(SourceRunner, "_receive", recording)
+        monkeypatch.setattr(OriginClient, "subscribe", filtering_subscribe(OriginClient.subscribe, recording))
 
 
 @pytest.mark.anyio

@@ -9,7 +9,7 @@ from bridge.core.inbound import Data, Heartbeat, Inbound, PullStatus
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.errors import ApiTimeout, ConsumerUnfit, OriginUnavailable
 from bridge.ports import OriginPort
-from bridge.testing.fakes import FakeOrigin
+from bridge.testing.fakes import Collected, FakeOrigin
 
 pytestmark = pytest.mark.anyio
 
@@ -21,7 +21,7 @@ async def _noop() -> None:
 async def started(origin: FakeOrigin, received: list[Inbound]) -> None:
     await origin.connect(on_disconnected=_noop, on_reconnected=_noop, on_error=lambda exc: _noop())
     await origin.bind()
-    await origin.subscribe(received.extend)
+    await origin.subscribe(Collected(received))
 
 
 async def test_it_is_an_origin_port() -> None:
@@ -72,7 +72,7 @@ async def test_a_request_of_an_earlier_inbox_loses_what_it_brings() -> None:
     await origin.unsubscribe()
     with pytest.raises(OriginUnavailable):
         await origin.pull(Pull(2, 5.0, 1.0))
-    await origin.subscribe(received.extend)
+    await origin.subscribe(Collected(received))
     assert origin.inbox != first
     await origin.pull(Pull(2, 5.0, 1.0))
     assert origin.deliver() == 4
