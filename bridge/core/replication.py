@@ -641,6 +641,9 @@ class Replication(ABC):
                 "origin_pending": self.origin_pending,
                 "backlog": pipeline.backlog,
                 "blocked": blocked.reason if blocked is not None else None,
+                # an ambiguous publish failure waits for a read of the aggregate: asked for (verifying), or not yet
+                "verifying": self._verifying,
+                "unverified": bool(pipeline.unverified),
             }
             effects.append(Notice("source.stalled", "warning", fields))
         elif change is False:

@@ -95,6 +95,11 @@ QUIET_TICKS = 10  # a quiet engine (``Replication.quiet``) is ticked on every 10
 PUBLISH_BATCH = 256  # publishes written to the target in one command at most
 SETUP_RETRY = RetryPolicy(Backoff(1.0, 30.0))  # a setup that keeps failing the same way: logged every 30 s at most
 PAUSE_POLL = 1.0  # a set-up paused at its fence looks at it again this often (no tick watches it yet)
+# seconds a read of the aggregate may take: the target's limits (in the executor's line: a STREAM.INFO shared by every
+# source, 5 s at most, waited for behind at most one other) and a verification (its tail read, after its turn for an
+# API slot, which a reconnect storm of 2,000 sources held for up to 20 s)
+LIMITS_READ_BOUND = 15.0
+VERIFY_BOUND = 45.0
 
 
 def engine_settings(
@@ -918,7 +923,9 @@ class SourceRunner:
             case VerifyStored():
                 self._tg.start_soon(self._verify, effect)
             case ReadTargetLimits():
-                self._emit(self.engine.target_limits(await self._target_limits(), self.clock()))
+                # in line (the executor waits): bounded, a read that does not come back must not hold the source
+                with anyio.move_on_after(LIMITS_READ_BOUND):
+                    self._emit(self.engine.target_limits(await self._target_limits(), self.clock()))
             case ProbeStranded():
                 self._look(effect)
             case ResizeWindow():
@@ -1075,7 +1082,13 @@ class SourceRunner:
     async def _verify(self, request: VerifyStored) -> None:
         wanted = set(request.stream_seqs)
         try:
-            copies, _ = await self._read_tail(self.engine.watermark)
+            # bounded: the engine asks for no other read until this one answers, so one that never did held its
+            # source blocked for good (seen once among 2,000 sources after a reconnect storm, cause not found)
+            with anyio.fail_after(VERIFY_BOUND):
+                copies, _ = await self._read_tail(self.engine.watermark)
+        except TimeoutError:  # (an OSError too: first)
+            self._emit(self.engine.verify_failed(f"no read of the aggregate within {VERIFY_BOUND:g}s", self.clock()))
+            return
         except (BridgeError, OSError) as exc:
             self._emit(self.engine.verify_failed(str(exc), self.clock()))
             return

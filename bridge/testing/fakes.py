@@ -433,6 +433,17 @@ class FakeTarget:
     limits_reads: int = 0
     held: list[AckOutcome] = field(default_factory=list)
     _on_outcomes: Callable[[Sequence[AckOutcome]], None] | None = None
+    _reads_answered: anyio.Event | None = None  # set: reads of the stream wait for it (``hold_reads``)
+
+    def hold_reads(self) -> None:
+        """Reads of the stream (its limits, a source's tail) are not answered until :meth:`answer_reads`."""
+        if self._reads_answered is None:
+            self._reads_answered = anyio.Event()
+
+    def answer_reads(self) -> None:
+        held, self._reads_answered = self._reads_answered, None
+        if held is not None:
+            held.set()
 
     def seqs(self, source: str) -> list[int]:
         """Origin sequences of ``source`` stored, in store order."""
@@ -457,13 +468,19 @@ class FakeTarget:
 
     async def limits(self) -> TargetLimits:
         self.limits_reads += 1
+        await self._unanswered()
         return TargetLimits(self.max_payload, -1, ("agg.>",))
+
+    async def _unanswered(self) -> None:
+        held = self._reads_answered
+        if held is not None:
+            await held.wait()
 
     async def read_tail(
         self, source: str, subject_filter: str, floor: int, depth: int, slot: Gate | None = None
     ) -> tuple[list[Copy], bool]:
         async with slot() if slot is not None else contextlib.nullcontext():  # a slot, as the real read takes
-            pass
+            await self._unanswered()
         copies = []
         for _, headers, _ in self.stored.values():
             prov = hdr.parse_provenance(headers)

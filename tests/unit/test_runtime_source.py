@@ -9,12 +9,14 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+import structlog
 
 from bridge.config import EngineConfig, HttpConfig, SourceConfig
 from bridge.core.effects import BoundConsumer
 from bridge.core.engine import Phase
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
+from bridge.runtime import source as source_module
 from bridge.runtime.source import QUIET_TICKS, SourceRunner
 from bridge.runtime.ticker import Ticker
 from bridge.testing.fakes import FakeFence, FakeOrigin, FakeTarget
@@ -576,3 +578,41 @@ async def test_nothing_is_written_on_a_new_target_connection_before_what_the_old
         runner.target_reconnected()  # the bridge's late word changes nothing more
         await until(lambda: runner.engine.watermark == 4, "the watermark over all four")
         assert target.seqs("edge1") == [1, 2, 3, 4]
+
+
+async def test_a_verification_whose_read_never_comes_back_is_given_up_and_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine asks for no other read of the aggregate while one verification is out, so one that never came back
+    held its source blocked for good: a verification (and the target's limits, read in the executor's line) is
+    bounded, given up as a failed read (``publish.verify_failed``) and asked again; once the aggregate answers,
+    nothing is lost, duplicated or reordered."""
+    monkeypatch.setattr(source_module, "VERIFY_BOUND", 0.2)
+    monkeypatch.setattr(source_module, "LIMITS_READ_BOUND", 0.2)
+    origin, target, clock = FakeOrigin(), FakeTarget(), Clock()
+    origin.publish(4)
+    with structlog.testing.capture_logs() as logs:
+        async with running(origin, target, clock=clock) as (runner, _):
+            await until(runner.ready.is_set, "the start reset is done")
+            target.lose_writes = True  # the aggregate answers nothing
+            target.hold_reads()
+            origin.deliver(2)
+            await until(lambda: target.written >= 2, "two publishes written")
+            clock.offset += 2 * target.ack_timeout
+            await until(lambda: runner.engine.pipeline.unverified > 0, "the publishes timed out")
+
+            def gave_up() -> int:
+                return sum(1 for e in logs if e["event"] == "publish.verify_failed")
+
+            await until(lambda: gave_up() >= 2, "the read given up, asked again and given up again")
+            assert target.seqs("edge1") == []
+            clock.offset += HttpConfig().stalled_after  # stalled: it says whether a verification is out
+            await until(lambda: any(e["event"] == "source.stalled" for e in logs), "the stall reported")
+            target.reconnect()  # the aggregate answers again
+            target.answer_reads()
+            origin.deliver(2)
+            await until(lambda: target.seqs("edge1") == [1, 2, 3, 4], "everything stored once, in order")
+    failed = [e for e in logs if e["event"] == "publish.verify_failed"]
+    assert "no read of the aggregate within 0.2s" in failed[0]["reason"], failed[0]
+    (stalled,) = [e for e in logs if e["event"] == "source.stalled"]
+    assert stalled["unverified"] is True and isinstance(stalled["verifying"], bool), stalled
