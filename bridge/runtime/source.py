@@ -96,10 +96,11 @@ PUBLISH_BATCH = 256  # publishes written to the target in one command at most
 SETUP_RETRY = RetryPolicy(Backoff(1.0, 30.0))  # a setup that keeps failing the same way: logged every 30 s at most
 PAUSE_POLL = 1.0  # a set-up paused at its fence looks at it again this often (no tick watches it yet)
 # seconds a read of the aggregate may take: the target's limits (in the executor's line: a STREAM.INFO shared by every
-# source, 5 s at most, waited for behind at most one other) and a verification (its tail read, after its turn for an
-# API slot, which a reconnect storm of 2,000 sources held for up to 20 s)
+# source, 5 s at most, waited for behind at most one other) and a verification (its tail read, which waits its turn
+# for an API slot and one of the process's four tail reads: after a reconnect storm of 2,000 sources some waited a
+# minute behind hundreds of others; a bound that short would send them to the back of the queue again)
 LIMITS_READ_BOUND = 15.0
-VERIFY_BOUND = 45.0
+VERIFY_BOUND = 120.0
 
 
 def engine_settings(
@@ -1082,8 +1083,9 @@ class SourceRunner:
     async def _verify(self, request: VerifyStored) -> None:
         wanted = set(request.stream_seqs)
         try:
-            # bounded: the engine asks for no other read until this one answers, so one that never did held its
-            # source blocked for good (seen once among 2,000 sources after a reconnect storm, cause not found)
+            # bounded: the engine asks for no other read until this one answers, so one that never did would hold
+            # its source blocked for good (2,000 sources after a reconnect storm: 9 blocked for over a minute with
+            # none answered, most likely queued behind hundreds of others' tail reads; a hang is not excluded)
             with anyio.fail_after(VERIFY_BOUND):
                 copies, _ = await self._read_tail(self.engine.watermark)
         except TimeoutError:  # (an OSError too: first)
