@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from bridge.core.backoff import Backoff
+from bridge.core.budget import PublishBudget
 from bridge.core.headers import parse_header_block
 from bridge.core.histogram import LoopHistogram
 from bridge.core.subjects import SubjectSet
@@ -273,6 +274,24 @@ class PublishPipeline:
     _batches: dict[int, Batch] = field(default_factory=dict)  # batches whose members may still get replies
     _commit: Send | None = None  # an end-of-batch for a batch closed early, to go out with the next sends
     _plain_until: float = 0.0  # the server refused a batch for its in-flight limit: plain publishes until then
+    # the process's publishes in flight across every source (``share_budget``; None: this pipeline's window only)
+    _budget: PublishBudget | None = None
+    _budget_key: str = ""
+
+    def share_budget(self, budget: PublishBudget, key: str) -> None:
+        """Count this pipeline's publishes in flight in ``budget`` (as source ``key``) and send none beyond its room:
+        what does not fit waits, unsent, until ``budget`` wakes ``key`` (the engine's ``publishes_freed``)."""
+        self._budget = budget
+        self._budget_key = key
+        budget.in_flight += len(self._in_flight)
+
+    def leave_budget(self) -> None:
+        """The source is gone: what it had in flight no longer counts, and it is not woken."""
+        budget = self._budget
+        if budget is not None:
+            budget.give(len(self._in_flight))
+            budget.forget(self._budget_key)
+            self._budget = None
 
     def limit(self, limits: TargetLimits) -> None:
         """Take the target's limits: larger messages are not sent, uncaptured subjects are sent alone, windows go
@@ -338,10 +357,19 @@ class PublishPipeline:
         window_end = self._entries[0].order + self.window
         captures, retry, fresh = self.subjects.captures, self._retry, self._fresh
         batching = self.batched(now)
+        budget = self._budget
         while self._barrier is None and (retry or fresh):
             queue = retry if retry else fresh
             entry = queue[0]
             if entry.order >= window_end:
+                break
+            if budget is not None and budget.in_flight >= budget.limit:
+                budget.wait(self._budget_key)  # woken once acks free room (publishes_freed)
+                if self._batch is not None:
+                    # committed now: the server acks a batch's last members only at its commit, and that room is
+                    # what this source (and every other) waits for
+                    self._close_batch()
+                    self._take_commit(out)
                 break
             message = entry.message
             assert message is not None
@@ -392,16 +420,24 @@ class PublishPipeline:
     def _send(self, entry: Entry, now: float, batch: Batch | None = None) -> Send:
         entry.state = EntryState.SENT
         if entry.attempt:  # a retry: to the end of the in-flight order
-            self._in_flight.pop(entry.order, None)
+            self._landed(entry.order)
         entry.attempt += 1
         entry.deadline = now + self.ack_timeout
         self._in_flight[entry.order] = entry
+        budget = self._budget
+        if budget is not None:
+            budget.take()
         if batch is None:
             return Send(entry, entry.attempt)
         batch.members.append((entry, entry.attempt))
         bseq = len(batch.members)
         op = BATCH_START if bseq == 1 else BATCH_APPEND
         return Send(entry, entry.attempt, batch.number, bseq, op, self.batch_flow)
+
+    def _landed(self, order: int) -> None:
+        """Entry ``order`` is no longer in flight (stored, failed, or sent again)."""
+        if self._in_flight.pop(order, None) is not None and self._budget is not None:
+            self._budget.give()
 
     # -- fast batches -------------------------------------------------------------------------------------
 
@@ -558,7 +594,7 @@ class PublishPipeline:
         self.stored_messages += 1
         if entry is self._barrier:
             self._barrier = None
-        self._in_flight.pop(order, None)
+        self._landed(order)
         was_probe = entry is self._probe
         if was_probe:
             self._probe = None
@@ -593,7 +629,7 @@ class PublishPipeline:
             self._close_batch()
         if entry is self._barrier:
             self._barrier = None
-        self._in_flight.pop(entry.order, None)
+        self._landed(entry.order)
         bisect.insort(self._retry, entry)
         newly = not self._degraded
         if entry is self._probe or newly:

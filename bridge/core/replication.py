@@ -525,6 +525,13 @@ class Replication(ABC):
         self._pump(now, effects)
         return effects
 
+    def publishes_freed(self, now: float) -> list[Effect]:
+        """The process's publishes in flight (``PublishBudget``) have room again after this source stopped for
+        want of it: send what waited. In any phase (one that does not publish sends nothing)."""
+        effects: list[Effect] = []
+        self._pump(now, effects)
+        return effects
+
     def verified(self, generation: int, present: Iterable[int], now: float) -> list[Effect]:
         """The aggregate was read after an ambiguous failure: ``present`` are the sequences it holds."""
         self._verifying = False

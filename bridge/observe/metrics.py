@@ -138,6 +138,8 @@ class BridgeSnapshot:
     fleet: FleetSnapshot | None = None
     api_in_flight: int = 0  # the sources' JetStream API requests in flight (bounded per process)
     api_waiting: int = 0  # and those waiting for a slot
+    publishes_in_flight: int = 0  # every source's publishes in flight to the aggregate together (bounded per process)
+    publishes_waiting: int = 0  # sources waiting for room among them
 
 
 def publish_error_reason(error: str) -> str:
@@ -257,6 +259,18 @@ def _snapshot_families(out: Exposition, snap: BridgeSnapshot) -> None:
         "gauge",
         "The sources' JetStream API requests waiting for one of the process's slots (a reconnect storm).",
         [("", float(snap.api_waiting))],
+    )
+    out.family(
+        "nats_bridge_publishes_in_flight",
+        "gauge",
+        "Every source's publishes in flight to the aggregate together (bounded per process).",
+        [("", float(snap.publishes_in_flight))],
+    )
+    out.family(
+        "nats_bridge_publishes_waiting",
+        "gauge",
+        "Sources with publishes waiting for room among the process's publishes in flight (backlogs after a storm).",
+        [("", float(snap.publishes_waiting))],
     )
     _source_families(out, snap)
     if snap.fleet is not None:

@@ -31,6 +31,7 @@ from bridge import CORE_BUILD
 from bridge.config.loading import read_toml
 from bridge.config.registry import FILE, Merged, RegistryEntry, merge
 from bridge.core.backoff import Backoff
+from bridge.core.budget import PublishBudget
 from bridge.core.fleet import Fence
 from bridge.core.window import WindowBudget
 from bridge.errors import BridgeError, ConfigError, TargetUnavailable
@@ -126,6 +127,7 @@ class Bridge:
         self._heap = HeapKeeper()  # long-lived objects out of the full collections' way (bridge.runtime.heap)
         self._api: anyio.CapacityLimiter | None = None  # made in run(): the sources' API requests in flight
         self._windows: WindowBudget | None = None  # made in run(): the bytes every source's grown window may hold
+        self._publishes: PublishBudget | None = None  # made in run(): every source's publishes in flight together
         self._origins = OriginConnections()  # one connection per distinct origin settings, shared by its sources
         self._target_nc: NATS | None = None
         self._side: TargetSide | None = None
@@ -160,6 +162,7 @@ class Bridge:
         server = await self._bind_http() if self.config.http.listen else None
         self._api = anyio.CapacityLimiter(self.config.engine.api_requests_in_flight)
         self._windows = WindowBudget(self.config.engine.windows_budget)  # every source's grown window together
+        self._publishes = PublishBudget(self.config.engine.publishes_in_flight)
         if self._file_data is None and self.config_path is not None:
             try:
                 self._file_data = read_toml(self.config_path)
@@ -324,10 +327,25 @@ class Bridge:
             api=self._api,
             connections=self._origins,
             windows=self._windows,
+            publishes=self._publishes,
         )
         task = _SourceTask(runner, fence)
         self._tasks[source.name] = task
         self._sources_tg.start_soon(self._run_source, task)
+
+    def _publishes_freed(self) -> None:
+        """Wake the sources that stopped for want of room among the publishes in flight (``PublishBudget``), longest
+        waiting first, while there is room; each takes what fits, and one that still has more waits again."""
+        budget = self._publishes
+        if budget is None:
+            return
+        for _ in range(budget.waiting):  # (a source woken that waits again is not woken twice in one call)
+            if budget.room <= 0:
+                return
+            name = budget.next_waiting()
+            task = self._tasks.get(name) if name is not None else None
+            if task is not None:
+                task.runner.publishes_freed()
 
     def _config_error(self, message: str) -> None:
         """A source found its configuration unusable against its server (``mode = "flow_control"`` on an origin
@@ -588,6 +606,8 @@ class Bridge:
             target_connected=nc is not None and bool(nc.is_connected),
             api_in_flight=int(api.borrowed_tokens) if api is not None else 0,
             api_waiting=api.statistics().tasks_waiting if api is not None else 0,
+            publishes_in_flight=self._publishes.in_flight if self._publishes is not None else 0,
+            publishes_waiting=self._publishes.waiting if self._publishes is not None else 0,
             sources=tuple(task.runner.snapshot() for task in self._tasks.values()),
             now=time.time(),
             fleet=self.fleet.snapshot() if self.fleet is not None else None,
@@ -596,6 +616,8 @@ class Bridge:
     async def _beat(self) -> None:
         while True:
             self._loop_beat = time.monotonic()
+            # room freed other than by an ack (a publish timed out, a source stopped) wakes the waiting here too
+            self._publishes_freed()
             await anyio.sleep(LOOP_BEAT)
 
     def _loop_healthy(self) -> bool:
@@ -666,6 +688,8 @@ class Bridge:
             on_error=self._target_error,
         )
         if self._target_nc is not None:
+            # acks free room among the publishes in flight: after each read of them, the sources that waited send
+            wire.add_after_parse(self._target_nc, self._publishes_freed)
             self.log.info("target.connected", servers=servers, stream=target.stream)
             for wait in self._unstarted_waits.values():
                 wait.end("target")

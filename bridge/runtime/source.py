@@ -52,6 +52,7 @@ from anyio.abc import TaskGroup
 from bridge.config import EngineConfig, SourceConfig
 from bridge.core import targetwire
 from bridge.core.backoff import Backoff
+from bridge.core.budget import PublishBudget
 from bridge.core.effects import (
     Ack,
     AnswerFlowControl,
@@ -152,6 +153,7 @@ class SourceRunner:
         "_paused_at",
         "_performing",
         "_publisher",
+        "_publishes",
         "_resumed",
         "_shared_ticker",
         "_stopping",
@@ -194,6 +196,7 @@ class SourceRunner:
         api: anyio.CapacityLimiter | None = None,
         connections: OriginConnections | None = None,
         windows: WindowBudget | None = None,
+        publishes: PublishBudget | None = None,
     ):
         self.source = source
         self._windows = windows  # the process's budget for grown windows (None: this source's own only)
@@ -217,6 +220,9 @@ class SourceRunner:
         # the model is chosen once connected (`mode`); until then the configured one, or flow control for auto
         first = Mode.PULL if source.mode == "pull" else Mode.FLOW_CONTROL
         self.engine = new_engine(first, engine_settings(source, engine, target, stalled_after), clock(), windows)
+        self._publishes = publishes  # the process's publishes in flight, every source's together (None: no bound)
+        if publishes is not None:
+            self.engine.pipeline.share_budget(publishes, source.name)
         # what takes the deliveries off the wire and feeds the engine (compiled); kept in step with ``engine``,
         # ``fenced`` and ``paused`` here
         self._inlet = Inlet(self.engine, clock, self._emit)
@@ -252,6 +258,7 @@ class SourceRunner:
                 self._shared_ticker.discard(self._tick_callback)
             if self._windows is not None:  # nor holds a share of the process's budget for grown windows
                 self._windows.release(self.source.name)
+            self.engine.pipeline.leave_budget()  # nor counts among the process's publishes in flight
 
     async def _run(self, stop: anyio.Event) -> None:
         async with anyio.create_task_group() as tg:
@@ -481,9 +488,12 @@ class SourceRunner:
         self.origin.mode = choice.mode
         if choice.mode is not self.engine.mode:
             # nothing happened in it yet
+            self.engine.pipeline.leave_budget()
             self.engine = self._inlet.engine = new_engine(
                 choice.mode, self.engine.settings, self.clock(), self._windows
             )
+            if self._publishes is not None:
+                self.engine.pipeline.share_budget(self._publishes, self.source.name)
         if not self._mode_presumed:
             self._log_mode()
         return choice.mode
@@ -725,6 +735,11 @@ class SourceRunner:
         if changed is not None:
             self._changed = None
             changed.set()
+
+    def publishes_freed(self) -> None:
+        """The process's publishes in flight have room again after this source stopped for want of it."""
+        if not self.fenced:
+            self._emit(self.engine.publishes_freed(self.clock()))
 
     def _on_outcomes(self, outcomes: Sequence[AckOutcome]) -> None:
         """The acks one read of the target connection brought, in order."""

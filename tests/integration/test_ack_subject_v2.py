@@ -18,9 +18,9 @@ from nats.js.api import RetentionPolicy, StreamConfig
 
 from bridge.config import load_config
 from bridge.core import inbound
-from bridge.core.ackreply import parse_ack_subject
-from bridge.core.frames import Frame
+from bridge.io.origin import OriginClient
 from bridge.runtime.app import Bridge
+from bridge.testing.fakes import filtering_subscribe
 from bridge.testing.servers import start_topology
 
 pytestmark = pytest.mark.anyio
@@ -32,21 +32,18 @@ async def test_v2_ack_and_flow_control_subjects(
     nats_server_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: dict[str, set[Any]] = {"tokens": set(), "domains": set(), "fc": set()}
-    original = inbound.classify_frames
 
-    def spy(frames: Sequence[Frame]) -> list[inbound.Inbound]:
-        for _, reply_bytes, _, _ in frames:
-            reply = reply_bytes.decode()
-            if reply.startswith("$JS.ACK."):
-                seen["tokens"].add(len(reply.split(".")))
-                info = parse_ack_subject(reply)
-                seen["domains"].add(info.domain if info else "unparsed")
-            elif reply.startswith("$JS.FC."):
-                seen["fc"].add(len(reply.split(".")))
-        return original(frames)
+    def spy(messages: Sequence[inbound.Inbound]) -> Sequence[inbound.Inbound]:
+        for message in messages:
+            if isinstance(message, inbound.Data):
+                seen["tokens"].add(len(message.reply.split(".")))
+                seen["domains"].add(message.ack.domain)
+            elif isinstance(message, inbound.FlowControlRequest):
+                seen["fc"].add(len(message.reply.split(".")))
+        return messages
 
-    # the origin client classifies what each read brought through this function (its own module attribute)
-    monkeypatch.setattr(inbound, "classify_frames", spy)
+    # what each read brought, classified, on its way to the source's engine
+    monkeypatch.setattr(OriginClient, "subscribe", filtering_subscribe(OriginClient.subscribe, spy))
     with start_topology(
         tmp_path / "servers", binary=nats_server_bin, leaf_extra="feature_flags { js_ack_fc_v2: true }"
     ) as topology:

@@ -284,3 +284,44 @@ async def test_one_failed_publish_keeps_origin_order(topology: Topology, tmp_pat
         seqs = (await origin_seqs_by_source(hub_nc)).get("edge1", [])
         assert sorted(seqs) == list(range(1, n + 1)), "lost or duplicated"
         assert_exact(seqs, range(1, n + 1), "edge1 copies in aggregate order")
+
+
+@pytest.mark.anyio
+async def test_sources_with_backlogs_share_a_small_bound_on_publishes_in_flight(
+    topology: Topology, tmp_path: Path, bridge_procs: BridgeFactory, origin_mode: str
+) -> None:
+    """``engine.publishes_in_flight`` bounds the publishes of every source together (after a reconnect storm every
+    source has a backlog at once): with room for 8, three sources' backlogs of 1,000 wait their turn in the process
+    and go out as acks free room, each source woken when it does (not only by the once-a-second beat, which at 8 a
+    second would take minutes): everything replicated once, in order."""
+    n, names = 1000, ("s1", "s2", "s3")
+    specs = [
+        SourceSpec(
+            name=name,
+            servers=topology.leaf.url,
+            stream=f"O_{name}",
+            subject_prefix=f"edge.{name}",
+            extra=mode_source_extra(origin_mode),
+        )
+        for name in names
+    ]
+    config = write_config(
+        tmp_path / "bridge.toml", target_url=topology.hub.url, sources=specs, engine={"publishes_in_flight": 8}
+    )
+    async with connect(topology.leaf.url) as leaf_nc, connect(topology.hub.url) as hub_nc:
+        for name in names:
+            await create_stream(leaf_nc, f"O_{name}", [f"{name}.>"], retention="workqueue")
+            await Publisher(leaf_nc, n, subject=functools.partial(orders_of, name)).run()
+        await create_aggregate(hub_nc)
+        bridge = bridge_procs(config)
+        for spec in specs:
+            stored = functools.partial(aggregate_count, hub_nc, f"{spec.subject_prefix}.>")
+            await wait_for_value(stored, n, timeout=60, what=f"copies of {spec.name}", interval=0.1)
+        assert await bridge.astop(STOP_GRACE) == 0
+        by_source = seqs_by_source(await read_stream(hub_nc, AGGREGATE))
+    for name in names:
+        assert_exact(by_source[name], range(1, n + 1), f"{name} copies")
+
+
+def orders_of(name: str, _index: int) -> str:
+    return f"{name}.orders"

@@ -235,6 +235,12 @@ def test_api_requests_in_flight_defaults_to_128(
     assert changed.engine.api_requests_in_flight == 16
 
 
+def test_publishes_in_flight_defaults_to_4096(write: Callable[[dict[str, Any]], Path]) -> None:
+    assert load_config(write(MINIMAL), environ={}).engine.publishes_in_flight == 4096
+    changed = load_config(write(with_changes(("engine.publishes_in_flight", 8))), environ={})
+    assert changed.engine.publishes_in_flight == 8
+
+
 def test_mode_and_ack_wait_from_the_environment(write: Callable[[dict[str, Any]], Path]) -> None:
     environ = {"NATS_BRIDGE_SOURCES__0__MODE": "pull", "NATS_BRIDGE_SOURCES__0__ACK_WAIT": "45"}
     config = load_config(write(MINIMAL), environ=environ)
@@ -383,6 +389,7 @@ RULES: list[tuple[tuple[tuple[str, Any], ...], str]] = [
     ((("sources.0.window_budget", -1),), "sources[edge-a].window_budget: -1 is out of range: from 0 to 1TiB"),
     ((("engine.windows_budget", "lots"),), "engine.windows_budget: 'lots' is not a size"),
     ((("engine.api_requests_in_flight", 0),), "engine.api_requests_in_flight: must be between 1 and 4096 requests"),
+    ((("engine.publishes_in_flight", 0),), "engine.publishes_in_flight: must be between 1 and 1048576 publishes"),
     (
         (("sources.0.manage_consumer", False), ("sources.0.window_budget", "8MiB")),
         "sources[edge-a].window_budget: only allowed with manage_consumer = true: the bridge never changes a "
