@@ -11,7 +11,9 @@ down instead of timing out.
 
 A pipeline counts what it has in flight here (``take``/``give``) and, when it stops for want of room, asks to be
 woken (``wait``); the runtime takes the waiting sources (``next_waiting``) whenever room is freed and feeds each its
-engine's ``publishes_freed``. Pure bookkeeping, shared by the engines of one process.
+engine's ``publishes_freed``. While anyone waits, only the source whose turn it is may send (``admits``): a busy
+source's own acks would otherwise free room that its own next publishes take at once, and a few busy sources could
+keep the others waiting for as long as they stay busy. Pure bookkeeping, shared by the engines of one process.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class PublishBudget:
         self.limit = max(1, limit)
         self.in_flight = 0
         self._waiting: dict[str, None] = {}  # sources stopped for want of room, first stopped first (ordered set)
+        self._turn = ""  # the source woken last (``next_waiting``): the one that may send while others wait
 
     @property
     def room(self) -> int:
@@ -36,6 +39,11 @@ class PublishBudget:
     def waiting(self) -> int:
         """Sources waiting for room."""
         return len(self._waiting)
+
+    def admits(self, key: str) -> bool:
+        """Whether source ``key`` may send one more now: there is room, and nobody waits for it but, at most, ``key``
+        in its turn."""
+        return self.in_flight < self.limit and (not self._waiting or key == self._turn)
 
     def take(self) -> None:
         """A publish went out."""
@@ -50,12 +58,17 @@ class PublishBudget:
         self._waiting[key] = None
 
     def next_waiting(self) -> str | None:
-        """The source that has waited longest, taken off the list (None: nobody waits)."""
+        """The source that has waited longest, taken off the list, and its turn to send (None: nobody waits)."""
         if not self._waiting:
             return None
         key = next(iter(self._waiting))
         del self._waiting[key]
+        self._turn = key
         return key
+
+    def end_turn(self) -> None:
+        """The source woken last has sent what it could: while others wait, it waits its turn again."""
+        self._turn = ""
 
     def forget(self, key: str) -> None:
         """Source ``key`` is gone: not woken any more."""

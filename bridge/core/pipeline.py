@@ -363,8 +363,8 @@ class PublishPipeline:
             entry = queue[0]
             if entry.order >= window_end:
                 break
-            if budget is not None and budget.in_flight >= budget.limit:
-                budget.wait(self._budget_key)  # woken once acks free room (publishes_freed)
+            if budget is not None and not budget.admits(self._budget_key):
+                budget.wait(self._budget_key)  # woken once acks free room, in turn (publishes_freed)
                 if self._batch is not None:
                     # committed now: the server acks a batch's last members only at its commit, and that room is
                     # what this source (and every other) waits for

@@ -335,7 +335,8 @@ class Bridge:
 
     def _publishes_freed(self) -> None:
         """Wake the sources that stopped for want of room among the publishes in flight (``PublishBudget``), longest
-        waiting first, while there is room; each takes what fits, and one that still has more waits again."""
+        waiting first, while there is room; each in its turn takes what fits, and one that still has more waits
+        again, behind the others."""
         budget = self._publishes
         if budget is None:
             return
@@ -346,6 +347,7 @@ class Bridge:
             task = self._tasks.get(name) if name is not None else None
             if task is not None:
                 task.runner.publishes_freed()
+            budget.end_turn()
 
     def _config_error(self, message: str) -> None:
         """A source found its configuration unusable against its server (``mode = "flow_control"`` on an origin

@@ -44,6 +44,25 @@ def test_pipelines_sharing_a_budget_send_no_more_than_it_together_and_the_waitin
     assert budget.next_waiting() == "c"
 
 
+def test_while_sources_wait_a_busy_source_does_not_take_the_room_its_own_acks_free() -> None:
+    """A busy source's acks free room that its own next publishes would take at once: while another source waits,
+    the busy one waits its turn behind it."""
+    budget = PublishBudget(2)
+    busy, quiet = shared(budget, "busy"), shared(budget, "quiet")
+    fill(busy, 1, 2)
+    sent = busy.take_sendable(0.0)
+    assert seqs(sent) == [1, 2] and budget.waiting == 0
+    fill(quiet, 1, 2)
+    assert quiet.take_sendable(0.0) == [] and budget.waiting == 1
+    fill(busy, *range(3, 11))  # more for the busy one
+    busy.stored(sent[0].entry.order, 1)  # room for one
+    assert busy.take_sendable(0.1) == []  # not its turn: quiet waited first
+    assert budget.next_waiting() == "quiet"
+    assert seqs(quiet.take_sendable(0.1)) == [1]
+    budget.end_turn()
+    assert budget.next_waiting() == "busy"  # then the busy one, which queued behind it
+
+
 def test_every_way_out_of_flight_gives_the_room_back() -> None:
     budget = PublishBudget(10)
     p = shared(budget, "p")
