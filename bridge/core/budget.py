@@ -45,9 +45,9 @@ class PublishBudget:
         in its turn."""
         return self.in_flight < self.limit and (not self._waiting or key == self._turn)
 
-    def take(self) -> None:
-        """A publish went out."""
-        self.in_flight += 1
+    def take(self, count: int = 1) -> None:
+        """``count`` publishes went out (or a pipeline joined with them in flight)."""
+        self.in_flight += count
 
     def give(self, count: int = 1) -> None:
         """``count`` publishes are no longer in flight (stored, failed, timed out, or their source stopped)."""

@@ -48,6 +48,14 @@ def parse_msg_line(line: bytes) -> MsgLine | None:
     return args[1], sid, reply, header_size, total
 
 
+def take(sink: list[Frame]) -> list[Frame]:
+    """What has been appended to ``sink`` (the frames one read took for a subscription), leaving it empty: the
+    parser keeps appending to that very list, so it is copied and cleared, never replaced."""
+    frames = sink.copy()
+    sink.clear()
+    return frames
+
+
 def take_messages(buf: bytes, pos: int, sinks: dict[int, list[Frame]], filled: list[int]) -> int:
     """Append the complete message frames at ``buf[pos:]`` whose subscription id has a list in ``sinks`` to that
     list, in order; return the position of the first thing not taken (``len(buf)`` when it took everything).

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from bridge.core.effects import Effect
-from bridge.core.frames import Frame
-from bridge.core.inbound import FlowControlRequest, Inbound, classify_frames
+from bridge.core.frames import Frame, take
+from bridge.core.inbound import Inbound, classify_frames, flow_control_replies
 from bridge.core.replication import Replication
 
 __all__ = ["Inlet"]
@@ -43,12 +43,8 @@ class Inlet:
 
     def read(self) -> None:
         """The wire parser's hook, called once after each read that appended to ``sink``."""
-        sink = self.sink
-        if not sink:
-            return
-        frames = sink.copy()
-        sink.clear()
-        self.receive(classify_frames(frames))
+        if self.sink:
+            self.receive(classify_frames(take(self.sink)))
 
     def receive(self, messages: Sequence[Inbound]) -> None:
         """What one read of the deliver subject brought, classified, in order (also nats-py's own dispatch, before
@@ -56,12 +52,11 @@ class Inlet:
         if self.closed:
             return
         now = self.clock()
-        for message in messages:
-            if isinstance(message, FlowControlRequest):
-                arrivals = self.fc_arrivals
-                if len(arrivals) > FC_ARRIVALS_KEPT:
-                    arrivals.clear()
-                arrivals[message.reply] = now
+        for reply in flow_control_replies(messages):
+            arrivals = self.fc_arrivals
+            if len(arrivals) > FC_ARRIVALS_KEPT:
+                arrivals.clear()
+            arrivals[reply] = now
         engine = self.engine
         effects = engine.receive_many(messages, now)
         if effects or self.paused or not engine.quiet:

@@ -283,7 +283,7 @@ class PublishPipeline:
         what does not fit waits, unsent, until ``budget`` wakes ``key`` (the engine's ``publishes_freed``)."""
         self._budget = budget
         self._budget_key = key
-        budget.in_flight += len(self._in_flight)
+        budget.take(len(self._in_flight))
 
     def leave_budget(self) -> None:
         """The source is gone: what it had in flight no longer counts, and it is not woken."""

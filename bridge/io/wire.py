@@ -36,7 +36,7 @@ from nats.aio.msg import Msg
 from nats.errors import ProtocolError
 from nats.protocol.parser import ERR_RE, INFO_RE, MAX_CONTROL_LINE_SIZE, Parser
 
-from bridge.core.frames import Frame, parse_msg_line, take_messages
+from bridge.core.frames import Frame, parse_msg_line, take, take_messages
 
 __all__ = [
     "RawHandler",
@@ -533,14 +533,6 @@ class _Sinked:
 
 
 SINKED = _Sinked()
-
-
-def take(sink: list[Frame]) -> list[Frame]:
-    """What the parser has appended to ``sink`` (:func:`add_sink`), leaving it empty: the parser keeps appending to
-    that very list, so it is copied and cleared, never replaced."""
-    frames = sink.copy()
-    sink.clear()
-    return frames
 
 
 def _parser_and_sid(nc: Any, sub: Any) -> tuple[WireParser | None, int]:

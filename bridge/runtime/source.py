@@ -219,13 +219,14 @@ class SourceRunner:
         self.log = get_logger(source=source.name)
         # the model is chosen once connected (`mode`); until then the configured one, or flow control for auto
         first = Mode.PULL if source.mode == "pull" else Mode.FLOW_CONTROL
-        self.engine = new_engine(first, engine_settings(source, engine, target, stalled_after), clock(), windows)
         self._publishes = publishes  # the process's publishes in flight, every source's together (None: no bound)
-        if publishes is not None:
-            self.engine.pipeline.share_budget(publishes, source.name)
-        # what takes the deliveries off the wire and feeds the engine (compiled); kept in step with ``engine``,
-        # ``fenced`` and ``paused`` here
-        self._inlet = Inlet(self.engine, clock, self._emit)
+        # what takes the deliveries off the wire and feeds the engine (compiled); kept in step with ``engine``
+        # (``_use``), ``fenced`` and ``paused`` here
+        self._inlet = Inlet(
+            self._use(new_engine(first, engine_settings(source, engine, target, stalled_after), clock(), windows)),
+            clock,
+            self._emit,
+        )
         self.mode: Choice | None = None
         self.ready = anyio.Event()  # connected, consumer bound, first reset done
         self._effects: deque[Effect] = deque()
@@ -489,14 +490,17 @@ class SourceRunner:
         if choice.mode is not self.engine.mode:
             # nothing happened in it yet
             self.engine.pipeline.leave_budget()
-            self.engine = self._inlet.engine = new_engine(
-                choice.mode, self.engine.settings, self.clock(), self._windows
-            )
-            if self._publishes is not None:
-                self.engine.pipeline.share_budget(self._publishes, self.source.name)
+            self._inlet.engine = self._use(new_engine(choice.mode, self.engine.settings, self.clock(), self._windows))
         if not self._mode_presumed:
             self._log_mode()
         return choice.mode
+
+    def _use(self, engine: Replication) -> Replication:
+        """Make ``engine`` this source's (counting its publishes in flight among the process's); returns it."""
+        self.engine = engine
+        if self._publishes is not None:
+            engine.pipeline.share_budget(self._publishes, self.source.name)
+        return engine
 
     async def retune(self, source: SourceConfig) -> None:
         """Take ``source``, which differs from the running configuration only in what applies in place

@@ -36,7 +36,7 @@ from bridge.core.effects import (
     PullAnchor,
     ResetReply,
 )
-from bridge.core.frames import Frame
+from bridge.core.frames import Frame, take
 from bridge.core.inbound import Data, FlowControlRequest, Heartbeat, Inbound, PullStatus, classify_frames
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.pipeline import TargetLimits
@@ -55,9 +55,7 @@ class Collected:
         self.messages: list[Inbound] = messages if messages is not None else []
 
     def read(self) -> None:
-        frames = self.sink.copy()
-        self.sink.clear()
-        self.receive(classify_frames(frames))
+        self.receive(classify_frames(take(self.sink)))
 
     def receive(self, messages: Sequence[Inbound]) -> None:
         self.messages.extend(messages)
