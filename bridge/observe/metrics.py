@@ -140,6 +140,8 @@ class BridgeSnapshot:
     api_waiting: int = 0  # and those waiting for a slot
     publishes_in_flight: int = 0  # every source's publishes in flight to the aggregate together (bounded per process)
     publishes_waiting: int = 0  # sources waiting for room among them
+    origins_doubted: int = 0  # origins whose sources went silent or got no answer, not answering yet
+    resets_waiting: int = 0  # resets waiting for their origin's turn (an answer to its scout)
 
 
 def publish_error_reason(error: str) -> str:
@@ -271,6 +273,19 @@ def _snapshot_families(out: Exposition, snap: BridgeSnapshot) -> None:
         "gauge",
         "Sources with publishes waiting for room among the process's publishes in flight (backlogs after a storm).",
         [("", float(snap.publishes_waiting))],
+    )
+    out.family(
+        "nats_bridge_origins_doubted",
+        "gauge",
+        "Origins in doubt: a source of theirs went silent or got no answer, and none has answered since (resets to "
+        "them go one scout at a time).",
+        [("", float(snap.origins_doubted))],
+    )
+    out.family(
+        "nats_bridge_resets_waiting",
+        "gauge",
+        "Resets waiting for their origin's turn: an answer to its scout, or their own turn as its next scout.",
+        [("", float(snap.resets_waiting))],
     )
     _source_families(out, snap)
     if snap.fleet is not None:

@@ -44,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, assert_never
+from typing import Any, TypeVar, assert_never
 
 import anyio
 from anyio.abc import TaskGroup
@@ -79,7 +79,15 @@ from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.replication import Replication
 from bridge.core.targetwire import AckOutcome
 from bridge.core.window import WindowBudget
-from bridge.errors import ApiError, ApiTimeout, BridgeError, ConsumerUnfit, OriginUnavailable, TargetUnavailable
+from bridge.errors import (
+    ApiError,
+    ApiTimeout,
+    ApiUnavailable,
+    BridgeError,
+    ConsumerUnfit,
+    OriginUnavailable,
+    TargetUnavailable,
+)
 from bridge.io.connect import describe, error_fields
 from bridge.io.jsapi import STREAM_NOT_FOUND
 from bridge.io.origin import OriginClient
@@ -88,8 +96,11 @@ from bridge.logs import Throttle, get_logger
 from bridge.observe.metrics import SourceObservers, SourceSnapshot
 from bridge.ports import LeaseFence, OriginPort, PublisherPort, TargetPort
 from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
+from bridge.runtime.scouts import ReachGate
 from bridge.runtime.ticker import Ticker
 from bridge.runtime.waits import WaitLog
+
+_R = TypeVar("_R")
 
 TICK = 0.1
 QUIET_TICKS = 10  # a quiet engine (``Replication.quiet``) is ticked on every 10th tick only: once a second
@@ -154,6 +165,7 @@ class SourceRunner:
         "_performing",
         "_publisher",
         "_publishes",
+        "_reach",
         "_resumed",
         "_shared_ticker",
         "_stopping",
@@ -197,8 +209,10 @@ class SourceRunner:
         connections: OriginConnections | None = None,
         windows: WindowBudget | None = None,
         publishes: PublishBudget | None = None,
+        reach: ReachGate | None = None,
     ):
         self.source = source
+        self._reach = reach  # the process's origins in doubt: a reset to one goes as a scout or waits (None: never)
         self._windows = windows  # the process's budget for grown windows (None: this source's own only)
         self.engine_cfg = engine
         self._shared_ticker = ticker  # the process's one clock; None: a ticker task of this runner's own
@@ -990,6 +1004,8 @@ class SourceRunner:
         self._emit(engine.window_resized(effect.size, self.clock()))
 
     async def _reset(self, request: RequestReset) -> None:
+        if self._reach is not None:  # (a silent consumer's origin may be out of reach: bridge/core/reach.py)
+            self._reach.reset_requested(self._origin_key, request.cause)
         self.log.info(
             "reset.requested",
             cause=request.cause.value,
@@ -1039,17 +1055,19 @@ class SourceRunner:
                 # a RESET is answered by the consumer itself, so one sent to a deleted consumer waits out the whole
                 # reset_timeout unanswered (and an Interest origin drops what is published meanwhile); the stream's
                 # API answers a create or look-up at once, and a managed consumer comes back within a round trip
+                if self._reach is not None:  # its origin's turn first, outside the slot: a doubted one's holds none
+                    await self._reach.turn(self._origin_key)
                 async with self._slot_to_act() as acting:
                     if not acting:
                         return
-                    looked_up = await self.origin.bind() if bound is None else None
+                    looked_up = await self._reaching(self.origin.bind()) if bound is None else None
                     if self.may_act():
                         if looked_up is not None:
                             self._log_start(looked_up)
                             self.engine.consumer_start(looked_up.start_seq)
                             effects = self.engine.consumer_at_rest(looked_up, self.clock())
                         if effects is None:
-                            effects = await exchange()
+                            effects = await self._reaching(exchange())
                         break
                 # the lease was suspended during the bind: the fence is waited for outside the slot, and the
                 # consumer bound again once it opens (what this bind found is old by then)
@@ -1068,6 +1086,29 @@ class SourceRunner:
         self._emit(effects)
         if self.engine.takes_deliveries:
             self.ready.set()
+
+    @property
+    def _origin_key(self) -> str:
+        """What names this source's origin to ``reach``: the servers it is reached through and its JetStream domain
+        (made when asked: only resets ask)."""
+        return " ".join(self.source.servers) + " " + self.source.api_prefix
+
+    async def _reaching(self, request: Awaitable[_R]) -> _R:
+        """``request`` to the origin, its outcome told to the process's ``reach``: no answer (a timeout, no
+        responders, the connection down) puts the origin in doubt; any answer, an error reply too, clears it."""
+        reach = self._reach
+        if reach is None:
+            return await request
+        try:
+            result = await request
+        except (ApiTimeout, ApiUnavailable, OriginUnavailable):
+            reach.doubt(self._origin_key)
+            raise
+        except BridgeError:
+            reach.answered(self._origin_key)
+            raise
+        reach.answered(self._origin_key)
+        return result
 
     async def _pull(self, request: Pull) -> None:
         if not await self._act():

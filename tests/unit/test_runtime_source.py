@@ -3,6 +3,7 @@ in order, through the ports, and feeds every outcome back. What real servers do 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,7 +17,9 @@ from bridge.core.effects import BoundConsumer
 from bridge.core.engine import Phase
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
+from bridge.errors import ApiTimeout
 from bridge.runtime import source as source_module
+from bridge.runtime.scouts import ReachGate
 from bridge.runtime.source import QUIET_TICKS, SourceRunner
 from bridge.runtime.ticker import Ticker
 from bridge.testing.fakes import FakeFence, FakeOrigin, FakeTarget
@@ -57,9 +60,11 @@ async def running(
     ticker: Ticker | None = None,
     engine: EngineConfig = ENGINE,
     api: anyio.CapacityLimiter | None = None,
+    source: SourceConfig = SOURCE,
+    reach: ReachGate | None = None,
 ) -> AsyncIterator[tuple[SourceRunner, anyio.Event]]:
     runner = SourceRunner(
-        SOURCE,
+        source,
         engine,
         target,
         clock or Clock(),
@@ -68,6 +73,7 @@ async def running(
         fence=fence,
         ticker=ticker,
         api=api,
+        reach=reach,
     )
     stop = anyio.Event()
     with anyio.fail_after(3 * DEADLINE):
@@ -616,3 +622,100 @@ async def test_a_verification_whose_read_never_comes_back_is_given_up_and_asked_
     assert "no read of the aggregate within 0.2s" in failed[0]["reason"], failed[0]
     (stalled,) = [e for e in logs if e["event"] == "source.stalled"]
     assert stalled["unverified"] is True and isinstance(stalled["verifying"], bool), stalled
+
+
+SECOND = SOURCE.model_copy(update={"name": "edge2"})  # the same servers and domain as SOURCE: the same origin
+SILENT_ENGINE = EngineConfig(silence_timeout=5.0, shutdown_grace=2.0)
+
+
+class _Silent:
+    """A source of the shared origin, started, whose consumer the test makes silent (``silence``)."""
+
+    def __init__(self, runner: SourceRunner, origin: FakeOrigin, clock: Clock) -> None:
+        self.runner, self.origin, self.clock = runner, origin, clock
+
+    async def silence(self) -> int:
+        """Silent past ``silence_timeout``: the mark in ``origin.ops`` before its reset, once the reset began."""
+        mark = len(self.origin.ops)
+        self.clock.offset += 6.0
+        name = self.runner.source.name
+        await until(lambda: "unsubscribe" in self.origin.ops[mark:], f"{name}: silence, the reset procedure")
+        return mark
+
+
+@asynccontextmanager
+async def two_sources_of_one_origin(
+    gate: ReachGate, api: anyio.CapacityLimiter
+) -> AsyncIterator[tuple[_Silent, _Silent]]:
+    """Two sources with the same servers and domain (one origin to ``gate``), both started."""
+    sources = []
+    async with contextlib.AsyncExitStack() as stack:
+        for config in (SOURCE, SECOND):
+            origin, clock = FakeOrigin(), Clock()
+            runner, _ = await stack.enter_async_context(
+                running(origin, FakeTarget(), clock=clock, engine=SILENT_ENGINE, api=api, reach=gate, source=config)
+            )
+            sources.append(_Silent(runner, origin, clock))
+        await until(lambda: all(s.runner.ready.is_set() for s in sources), "both started")
+        yield sources[0], sources[1]
+
+
+async def test_a_silent_origin_is_scouted_by_one_reset_while_its_other_sources_wait_without_an_api_slot() -> None:
+    """Every source of a leaf goes silent when it restarts: the first reset's bind goes as a scout, and the other
+    source of that origin waits for it holding no API slot (the slots stay free for origins that answer; sent, its
+    request could only wait out its timeout too); the scout's answer lets it go at once."""
+    gate, api = ReachGate(scout_every=3600.0), anyio.CapacityLimiter(4)
+    answer = anyio.Event()
+    async with two_sources_of_one_origin(gate, api) as (first, second):
+        bind = first.origin.bind
+
+        async def scouting_bind() -> BoundConsumer:
+            first.origin.bind = bind  # type: ignore[method-assign]
+            first.origin.ops.append("bind")
+            await answer.wait()  # the origin answers when the test says so
+            return await bind()
+
+        first.origin.bind = scouting_bind  # type: ignore[method-assign]
+        mark1 = await first.silence()
+        await until(lambda: "bind" in first.origin.ops[mark1:], "the first reset's bind: the scout")
+        mark2 = await second.silence()
+        await until(lambda: gate.waiting == 1, "the second source waits for the scout")
+        assert api.borrowed_tokens == 1 and "bind" not in second.origin.ops[mark2:]  # the scout's slot only
+        answer.set()
+        await until(lambda: "subscribe" in second.origin.ops[mark2:], "the second's reset, once the origin answered")
+        assert second.origin.ops[mark2:] == ["unsubscribe", "bind", "subscribe"] and gate.reach.doubted == 0
+        assert first.origin.ops[mark1:] == ["unsubscribe", "bind", "bind", "subscribe"]  # (held, then answered)
+
+
+async def test_a_scout_that_gets_no_answer_keeps_the_origin_in_doubt_and_the_next_goes_an_interval_later() -> None:
+    """The scout's bind times out (a link not usable yet): its reset fails and backs off, and the origin stays in
+    doubt; the other source goes as the next scout once the interval has passed, and its answer clears the doubt."""
+    gate, api = ReachGate(scout_every=0.2), anyio.CapacityLimiter(4)
+    refuse = anyio.Event()
+    async with two_sources_of_one_origin(gate, api) as (first, second):
+        bind = first.origin.bind
+
+        async def lost_bind() -> BoundConsumer:
+            first.origin.bind = bind  # type: ignore[method-assign]
+            first.origin.ops.append("bind")
+            await refuse.wait()
+            raise ApiTimeout("no reply to $JS.API.CONSUMER.CREATE within 5s")
+
+        first.origin.bind = lost_bind  # type: ignore[method-assign]
+        mark1 = await first.silence()
+        await until(lambda: "bind" in first.origin.ops[mark1:], "the scout's bind")
+        refuse.set()
+        await until(lambda: "subscribe" in first.origin.ops[mark1:], "the scout's reset failed (deliveries again)")
+        assert first.runner.last_error.startswith("reset: no reply") and gate.reach.doubted == 1
+        doubted_at_bind: list[bool] = []
+        second_bind = second.origin.bind
+
+        async def watched_bind() -> BoundConsumer:
+            doubted_at_bind.append(gate.reach.doubted == 1)
+            return await second_bind()
+
+        second.origin.bind = watched_bind  # type: ignore[method-assign]
+        mark2 = await second.silence()
+        await until(lambda: "subscribe" in second.origin.ops[mark2:], "the next scout's reset")
+        assert second.origin.ops[mark2:] == ["unsubscribe", "bind", "subscribe"] and doubted_at_bind == [True]
+        assert gate.reach.doubted == 0  # its answer cleared the doubt
