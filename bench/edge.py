@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -535,14 +536,25 @@ class EdgeServers:
     def start_leaves(self) -> None:
         for leaf in self.leaves:
             leaf.start()
-        for leaf in self.leaves:
-            leaf.wait_ready(SERVER_READY_TIMEOUT)
 
-    def wait_linked(self) -> None:
-        """Every leaf linked to the hub, its JetStream API reachable across the link (one deadline for all)."""
+    def wait_linked(self) -> int:
+        """Every leaf ready and linked to the hub, its JetStream API reachable across the link (one deadline for
+        all); returns when the last link was seen (wall clock, ns).
+
+        A link counts once both ends list it with the other's JetStream API interest (usable for requests: seconds
+        after the connection is logged, on servers busy recovering). Each leaf is watched by a thread of its own:
+        looked at one after another, the links after the slowest were each seen a monitoring round trip or two
+        later (0.1-0.4 s each during a storm), so the links' return was read late and the recovery times measured
+        from it came out short."""
         deadline = time.monotonic() + LINK_DEADLINE
-        for link in self.links:
+
+        def watch(link: Topology) -> int:
+            link.leaf.wait_ready(max(0.1, min(SERVER_READY_TIMEOUT, deadline - time.monotonic())))
             link.wait_linked(max(0.1, deadline - time.monotonic()))
+            return time.time_ns()
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(self.links))) as pool:
+            return max(pool.map(watch, self.links), default=time.time_ns())
 
     def stop(self) -> None:
         for leaf in self.leaves:
@@ -753,8 +765,7 @@ class _Run:
         await asyncio.sleep(max(0.0, self.down - (time.monotonic() - killed)))
         await asyncio.to_thread(self.servers.start_leaves)
         run.storm_down_s = time.monotonic() - killed
-        await asyncio.to_thread(self.servers.wait_linked)
-        links_ns = time.time_ns()
+        links_ns = await asyncio.to_thread(self.servers.wait_linked)
         run.storm_links_s = (links_ns - kill_ns) / 1e9
         self.kill_ns, self.links_ns = kill_ns, links_ns
         self._alive()
