@@ -1,7 +1,8 @@
 """The flat set of exception types raised at the bridge's boundaries.
 
 Everything nats-py or the OS raises is mapped to one of these once, at the adapter edge, so callers (the
-runtime, the CLI) handle a short documented list instead of a library's hierarchy.
+runtime, the CLI) handle a short documented list instead of a library's hierarchy; :func:`spark_failure` does the
+same for what Spark raises (one line of text).
 """
 
 from __future__ import annotations
@@ -89,3 +90,19 @@ class SparkJobFailed(AuditError):
     def __init__(self, message: str, detail: str) -> None:
         super().__init__(message)
         self.detail = detail
+
+
+def spark_failure(exc: BaseException) -> str:
+    """One line for a failure Spark raised (read while its JVM still runs: a JVM exception's text is fetched from
+    it, and after the JVM stops Python can only print ``<exception str() failed>``). A failure of the bridge's own
+    code in a Spark worker travels inside the JVM's text as ``AuditError: <message>``: that message, else the first
+    line."""
+    try:
+        text = str(exc)
+    except Exception:  # the JVM that held it is gone
+        return type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if "AuditError: " in line:
+            return line.split("AuditError: ", 1)[1]
+    return lines[0][:500] if lines else type(exc).__name__

@@ -26,9 +26,8 @@ from pyspark.sql import functions as F
 
 from bridge.audit import analysis as an
 from bridge.audit.report import AuditReport, SourceReport, write_chart, write_json
-from bridge.commands.common import spark_failure
 from bridge.config import BridgeConfig, SourceConfig, TargetConfig
-from bridge.errors import AuditError, SparkJobFailed
+from bridge.errors import AuditError, SparkJobFailed, spark_failure
 from bridge.spark.options import ReadOptions, side_options
 from bridge.spark.read import stream_bounds
 from bridge.spark.session import prepare, running_session, spark_session, stop_spark

@@ -210,19 +210,3 @@ def directory_problem(option: str, path: str) -> str | None:
 def add_verbose(parser: argparse.ArgumentParser) -> None:
     """``--verbose`` of the Spark commands: a failure is one line, and with it the whole traceback too."""
     parser.add_argument("--verbose", action="store_true", help="with a failure, Spark's whole traceback too")
-
-
-def spark_failure(exc: BaseException) -> str:
-    """One line for a failure Spark raised (read while its JVM still runs: a JVM exception's text is fetched from
-    it, and after the JVM stops Python can only print ``<exception str() failed>``). A failure of the bridge's own
-    code in a Spark worker travels inside the JVM's text as ``AuditError: <message>``: that message, else the first
-    line."""
-    try:
-        text = str(exc)
-    except Exception:  # the JVM that held it is gone
-        return type(exc).__name__
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for line in lines:
-        if "AuditError: " in line:
-            return line.split("AuditError: ", 1)[1]
-    return lines[0][:500] if lines else type(exc).__name__

@@ -35,8 +35,8 @@ from bridge.commands.common import (
     directory_problem,
     guarded,
     spark_cannot_run,
-    spark_failure,
 )
+from bridge.errors import spark_failure
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

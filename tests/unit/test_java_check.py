@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.commands.common import EXIT_CONFIG, EXIT_UNAUDITED, java_problem, master_problem, spark_failure
+from bridge.commands.common import EXIT_CONFIG, EXIT_UNAUDITED, java_problem, master_problem
+from bridge.errors import spark_failure
 from bridge.testing.configs import SourceSpec, write_config
 from bridge.testing.processes import REPO_ROOT, child_env
 
