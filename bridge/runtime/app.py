@@ -129,7 +129,7 @@ class Bridge:
         self._api: anyio.CapacityLimiter | None = None  # made in run(): the sources' API requests in flight
         self._windows: WindowBudget | None = None  # made in run(): the bytes every source's grown window may hold
         self._publishes: PublishBudget | None = None  # made in run(): every source's publishes in flight together
-        self._reach: ReachGate | None = None  # made in run(): the origins in doubt (resets scout them first)
+        self._reach = ReachGate()  # the origins in doubt after their sources went silent: resets scout them first
         self._origins = OriginConnections()  # one connection per distinct origin settings, shared by its sources
         self._target_nc: NATS | None = None
         self._side: TargetSide | None = None
@@ -165,7 +165,6 @@ class Bridge:
         self._api = anyio.CapacityLimiter(self.config.engine.api_requests_in_flight)
         self._windows = WindowBudget(self.config.engine.windows_budget)  # every source's grown window together
         self._publishes = PublishBudget(self.config.engine.publishes_in_flight)
-        self._reach = ReachGate()  # the origins in doubt after their sources went silent: resets scout them first
         if self._file_data is None and self.config_path is not None:
             try:
                 self._file_data = read_toml(self.config_path)
@@ -614,8 +613,8 @@ class Bridge:
             api_waiting=api.statistics().tasks_waiting if api is not None else 0,
             publishes_in_flight=self._publishes.in_flight if self._publishes is not None else 0,
             publishes_waiting=self._publishes.waiting if self._publishes is not None else 0,
-            origins_doubted=self._reach.reach.doubted if self._reach is not None else 0,
-            resets_waiting=self._reach.waiting if self._reach is not None else 0,
+            origins_doubted=self._reach.reach.doubted,
+            resets_waiting=self._reach.waiting,
             sources=tuple(task.runner.snapshot() for task in self._tasks.values()),
             now=time.time(),
             fleet=self.fleet.snapshot() if self.fleet is not None else None,

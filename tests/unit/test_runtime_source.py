@@ -660,6 +660,22 @@ async def two_sources_of_one_origin(
         yield sources[0], sources[1]
 
 
+def hold_next_bind(origin: FakeOrigin, release: anyio.Event, failure: Exception | None = None) -> None:
+    """``origin``'s next bind is recorded, then held until ``release`` is set: answered then (the bind itself, recorded
+    again), or failing with ``failure``."""
+    bind = origin.bind
+
+    async def held() -> BoundConsumer:
+        origin.bind = bind  # type: ignore[method-assign]
+        origin.ops.append("bind")
+        await release.wait()
+        if failure is not None:
+            raise failure
+        return await bind()
+
+    origin.bind = held  # type: ignore[method-assign]
+
+
 async def test_a_silent_origin_is_scouted_by_one_reset_while_its_other_sources_wait_without_an_api_slot() -> None:
     """Every source of a leaf goes silent when it restarts: the first reset's bind goes as a scout, and the other
     source of that origin waits for it holding no API slot (the slots stay free for origins that answer; sent, its
@@ -667,15 +683,7 @@ async def test_a_silent_origin_is_scouted_by_one_reset_while_its_other_sources_w
     gate, api = ReachGate(scout_every=3600.0), anyio.CapacityLimiter(4)
     answer = anyio.Event()
     async with two_sources_of_one_origin(gate, api) as (first, second):
-        bind = first.origin.bind
-
-        async def scouting_bind() -> BoundConsumer:
-            first.origin.bind = bind  # type: ignore[method-assign]
-            first.origin.ops.append("bind")
-            await answer.wait()  # the origin answers when the test says so
-            return await bind()
-
-        first.origin.bind = scouting_bind  # type: ignore[method-assign]
+        hold_next_bind(first.origin, answer)  # the origin answers when the test says so
         mark1 = await first.silence()
         await until(lambda: "bind" in first.origin.ops[mark1:], "the first reset's bind: the scout")
         mark2 = await second.silence()
@@ -693,15 +701,7 @@ async def test_a_scout_that_gets_no_answer_keeps_the_origin_in_doubt_and_the_nex
     gate, api = ReachGate(scout_every=0.2), anyio.CapacityLimiter(4)
     refuse = anyio.Event()
     async with two_sources_of_one_origin(gate, api) as (first, second):
-        bind = first.origin.bind
-
-        async def lost_bind() -> BoundConsumer:
-            first.origin.bind = bind  # type: ignore[method-assign]
-            first.origin.ops.append("bind")
-            await refuse.wait()
-            raise ApiTimeout("no reply to $JS.API.CONSUMER.CREATE within 5s")
-
-        first.origin.bind = lost_bind  # type: ignore[method-assign]
+        hold_next_bind(first.origin, refuse, ApiTimeout("no reply to $JS.API.CONSUMER.CREATE within 5s"))
         mark1 = await first.silence()
         await until(lambda: "bind" in first.origin.ops[mark1:], "the scout's bind")
         refuse.set()
