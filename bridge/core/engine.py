@@ -22,7 +22,9 @@ keeps (docs/design.md) and how:
    sequences; the pipeline publishes in that order and retries in that order.
 4. **Liveness.** A delivery-sequence jump or rewind, a heartbeat disagreeing with the last delivery sequence, or
    silence longer than ``silence_timeout`` leads to a RESET (throttled: at least ``reset_min_interval`` apart,
-   backing off after failures). FC requests are never left unanswered while the target accepts writes.
+   backing off after failures), unless the origin is in doubt and another source's reset scouts it
+   (``bridge.core.reach``: then the silence counts again from the origin's answer). FC requests are never left
+   unanswered while the target accepts writes.
 5. **Adopting resets.** After every RESET (own or, via the discontinuity it causes, someone else's) a new epoch
    starts at delivery sequence 1 (or past it for the very message the reset named: ``_renumbered``) and
    ``reset_seq - 1`` (the ack floor; never the reply's ``delivered``, see docs/protocol.md 4.3) above ``accepted``
@@ -375,7 +377,7 @@ class SourceEngine(Replication):
             deadline = pipeline.next_deadline() or now
         else:
             return now
-        deadline = min(deadline, self._last_activity + self.settings.silence_timeout)
+        deadline = min(deadline, self.silence_deadline())
         if self._stranded.enabled:
             deadline = min(deadline, self._stranded.next_at)
         if not quiet or self.origin_pending or pipeline.blocked is not None:  # not idle: the stall clock runs

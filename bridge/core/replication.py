@@ -35,6 +35,7 @@ from bridge.core.inbound import Data, Inbound, Unrecognised
 from bridge.core.modes import Mode
 from bridge.core.phases import Event, Phase, PhaseMachine
 from bridge.core.pipeline import AckOutcome, OutboundMessage, PublishPipeline, TargetLimits
+from bridge.core.reach import Origin
 from bridge.core.resets import ResetScheduler
 from bridge.core.transforms import SubjectTransforms
 from bridge.core.watch import StallWatch
@@ -118,6 +119,9 @@ class Replication(ABC):
         self.refusal: str | None = None  # why the source cannot start (recovery refused it), for the operator
         self._present: set[int] = set()
         self._last_activity = now
+        # the origin as every source of it sees it (shared by the runtime; this one of its own until then)
+        self.origin = Origin()
+        self._excused_since = -math.inf  # the silence last said to be excused (one notice per silence)
         self.skipped_through = 0  # the end of the newest range a forward reset skipped (never replicated)
         self.start_floor = 0  # below a WorkQueue start position: never replicated, never the bridge's to ack
         self._started = False  # the consumer was just created at the source's start position
@@ -615,12 +619,8 @@ class Replication(ABC):
         """What every tick does: publish ack timeouts, silence, due resets, the target's limits while blocked."""
         if self.pipeline.expire(now):
             self._note_blocked(effects, now)
-        if (
-            self._phases.takes_deliveries
-            and self._expects_traffic()
-            and now - self._last_activity > self.settings.silence_timeout
-        ):
-            effects += self._broken(ResetCause.SILENCE, now, silent_for=round(now - self._last_activity, 3))
+        if self._phases.takes_deliveries and self._expects_traffic():
+            self._watch_silence(now, effects)
         effects += self._reset_if_due(now)
         if (
             self.pipeline.degraded
@@ -629,6 +629,43 @@ class Replication(ABC):
         ):
             self._limits_read_at = now
             effects.append(ReadTargetLimits())
+
+    def _watch_silence(self, now: float, effects: list[Effect]) -> None:
+        """A consumer silent past ``silence_timeout`` asks for a reset, unless its origin's doubt excuses it
+        (``bridge.core.reach``): then it waits, said once per silence (``source.silent``), and looks again when
+        the excuse would lapse (``silence_deadline``)."""
+        origin, timeout = self.origin, self.settings.silence_timeout
+        since = origin.silent_since(self._last_activity)
+        if now - since <= timeout:
+            return
+        if origin.excuses(now, timeout):
+            if self._excused_since != since:
+                self._excused_since = since
+                fields = {
+                    "silent_for": round(now - since, 3),
+                    "why": "its origin is in doubt: another source scouts it",
+                }
+                effects.append(Notice("source.silent", fields=fields))
+            return
+        origin.silence_reset(since, now)
+        effects += self._broken(ResetCause.SILENCE, now, silent_for=round(now - since, 3))
+
+    def silence_deadline(self) -> float:
+        """When the consumer's silence is next looked at: ``silence_timeout`` after it began, or while its origin
+        excuses it, when the excuse would lapse (a tick before finds nothing to do)."""
+        origin, timeout = self.origin, self.settings.silence_timeout
+        deadline = origin.silent_since(self._last_activity) + timeout
+        if origin.doubted:
+            deadline = max(deadline, origin.silence_asked_at + timeout)
+        return deadline
+
+    def silence_excused(self, now: float) -> bool:
+        """Whether the consumer is silent past ``silence_timeout`` and waits for its origin instead of a reset
+        (shown in ``/readyz`` and ``status``)."""
+        if not self._phases.takes_deliveries:
+            return False
+        origin, timeout = self.origin, self.settings.silence_timeout
+        return now - origin.silent_since(self._last_activity) > timeout and origin.excuses(now, timeout)
 
     def _expects_traffic(self) -> bool:
         """The consumer should be sending something (data or heartbeats) right now, so silence means trouble."""

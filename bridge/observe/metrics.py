@@ -45,6 +45,9 @@ class SourceSnapshot:
     resets: Mapping[str, int] = field(default_factory=dict)
     blocked_reason: str = ""
     stalled: bool = False
+    # silent past silence_timeout and waiting for its origin, in doubt, to answer another source's reset
+    # (bridge.core.reach): no reset of its own meanwhile
+    waiting_for_origin: bool = False
     seconds_since_progress: float = 0.0
     last_replicated_origin_time: float | None = None  # unix seconds: origin store time of the newest copy
     oldest_unstored_origin_time: float | None = None  # unix seconds: origin store time of the oldest message waiting
@@ -72,6 +75,7 @@ class SourceSnapshot:
             "in_flight": self.in_flight,
             "blocked": self.blocked_reason or None,
             "stalled": self.stalled,
+            "waiting_for_origin": self.waiting_for_origin,
             "seconds_since_progress": round(self.seconds_since_progress, 1),
             "lag_seconds": None if (lag := self.lag(now)) is None else round(lag, 1),
             "rate_limit": self.rate_limit,

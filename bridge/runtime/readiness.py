@@ -69,6 +69,8 @@ def readyz(
             reasons.append("consumer not bound yet")
         if src.stalled:
             reasons.append(f"stalled: no progress for {src.seconds_since_progress:.0f}s with messages waiting")
+        if src.waiting_for_origin:
+            reasons.append("silent: its origin is in doubt (a leaf restarting, a link down); another source scouts it")
         if src.source in suspended:
             reasons.append("lease suspended: paused until a renew of its lease succeeds (the hub answers late)")
         ready = ready and not reasons

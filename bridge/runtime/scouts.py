@@ -11,8 +11,7 @@ from collections.abc import Callable
 
 import anyio
 
-from bridge.core.effects import ResetCause
-from bridge.core.reach import SCOUT_EVERY, Reach
+from bridge.core.reach import SCOUT_EVERY, Origin, Reach
 
 
 class _Place:
@@ -30,29 +29,25 @@ class ReachGate:
     def __init__(self, clock: Callable[[], float] = time.monotonic, scout_every: float = SCOUT_EVERY) -> None:
         self.reach = Reach(scout_every)
         self.clock = clock
-        self._lines: dict[str, deque[_Place]] = {}  # per origin with resets waiting, in arrival order
+        self._lines: dict[Origin, deque[_Place]] = {}  # per origin with resets waiting, in arrival order
         self.waiting = 0  # resets waiting now
 
-    def reset_requested(self, origin: str, cause: ResetCause) -> None:
-        """See :meth:`Reach.reset_requested`."""
-        self.reach.reset_requested(origin, cause)
+    def origin(self, name: str) -> Origin:
+        """See :meth:`Reach.origin`."""
+        return self.reach.origin(name)
 
-    def doubt(self, origin: str) -> None:
-        """See :meth:`Reach.doubt`."""
-        self.reach.doubt(origin)
-
-    def answered(self, origin: str) -> None:
+    def answered(self, origin: Origin) -> None:
         """``origin`` answered a request: the first of its waiting resets goes (and lets the next go, and so on)."""
-        if self.reach.answered(origin):
+        if self.reach.answered(origin, self.clock()):
             line = self._lines.get(origin)
             if line:
                 line[0].event.set()
 
-    async def turn(self, origin: str) -> None:
+    async def turn(self, origin: Origin) -> None:
         """Return once a reset may go to ``origin``: at once when it is not in doubt (and nobody waits for it); else
-        when it answers, or as its next scout (its outcome told with :meth:`answered` or :meth:`doubt`)."""
+        when it answers, or as its next scout (its outcome told with :meth:`answered` or ``origin.doubt()``)."""
         line = self._lines.get(origin)
-        if not line and not self.reach.is_doubted(origin):
+        if not line and not origin.doubted:
             return
         if line is None:
             line = self._lines[origin] = deque()

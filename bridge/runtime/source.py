@@ -75,6 +75,7 @@ from bridge.core.inlet import Inlet
 from bridge.core.modes import Choice, Mode, ModeUnsupported, choose_mode, mode_key, presume_mode
 from bridge.core.pipeline import TargetLimits
 from bridge.core.pull import PullEngine
+from bridge.core.reach import Origin
 from bridge.core.recovery import Copy, recover, recovery_depth
 from bridge.core.replication import Replication
 from bridge.core.targetwire import AckOutcome
@@ -161,6 +162,7 @@ class SourceRunner:
         "_inlet",
         "_mode_presumed",
         "_on_config_error",
+        "_origin",
         "_paused_at",
         "_performing",
         "_publisher",
@@ -213,6 +215,10 @@ class SourceRunner:
     ):
         self.source = source
         self._reach = reach  # the process's origins in doubt: a reset to one goes as a scout or waits (None: never)
+        # this source's origin as every source of it sees it (its servers and JetStream domain name it; made once)
+        self._origin = (
+            reach.origin(" ".join(source.servers) + " " + source.api_prefix) if reach is not None else Origin()
+        )
         self._windows = windows  # the process's budget for grown windows (None: this source's own only)
         self.engine_cfg = engine
         self._shared_ticker = ticker  # the process's one clock; None: a ticker task of this runner's own
@@ -512,6 +518,7 @@ class SourceRunner:
     def _use(self, engine: Replication) -> Replication:
         """Make ``engine`` this source's (counting its publishes in flight among the process's); returns it."""
         self.engine = engine
+        engine.origin = self._origin
         if self._publishes is not None:
             engine.pipeline.share_budget(self._publishes, self.source.name)
         return engine
@@ -811,6 +818,7 @@ class SourceRunner:
             resets=dict(engine.resets),
             blocked_reason=blocked.reason if blocked is not None else "",
             stalled=engine.stalled(now),
+            waiting_for_origin=engine.silence_excused(now),
             seconds_since_progress=now - engine.stall.since,
             last_replicated_origin_time=(
                 pipeline.last_stored_origin_ns / 1e9 if pipeline.last_stored_origin_ns else None
@@ -1004,8 +1012,6 @@ class SourceRunner:
         self._emit(engine.window_resized(effect.size, self.clock()))
 
     async def _reset(self, request: RequestReset) -> None:
-        if self._reach is not None:  # (a silent consumer's origin may be out of reach: bridge/core/reach.py)
-            self._reach.reset_requested(self._origin_key, request.cause)
         self.log.info(
             "reset.requested",
             cause=request.cause.value,
@@ -1056,7 +1062,7 @@ class SourceRunner:
                 # reset_timeout unanswered (and an Interest origin drops what is published meanwhile); the stream's
                 # API answers a create or look-up at once, and a managed consumer comes back within a round trip
                 if self._reach is not None:  # its origin's turn first, outside the slot: a doubted one's holds none
-                    await self._reach.turn(self._origin_key)
+                    await self._reach.turn(self._origin)
                 async with self._slot_to_act() as acting:
                     if not acting:
                         return
@@ -1087,12 +1093,6 @@ class SourceRunner:
         if self.engine.takes_deliveries:
             self.ready.set()
 
-    @property
-    def _origin_key(self) -> str:
-        """What names this source's origin to ``reach``: the servers it is reached through and its JetStream domain
-        (made when asked: only resets ask)."""
-        return " ".join(self.source.servers) + " " + self.source.api_prefix
-
     async def _reaching(self, request: Awaitable[_R]) -> _R:
         """``request`` to the origin, its outcome told to the process's ``reach``: no answer (a timeout, no
         responders, the connection down) puts the origin in doubt; any answer, an error reply too, clears it."""
@@ -1102,12 +1102,12 @@ class SourceRunner:
         try:
             result = await request
         except (ApiTimeout, ApiUnavailable, OriginUnavailable):
-            reach.doubt(self._origin_key)
+            self._origin.doubt()
             raise
         except BridgeError:
-            reach.answered(self._origin_key)
+            reach.answered(self._origin)
             raise
-        reach.answered(self._origin_key)
+        reach.answered(self._origin)
         return result
 
     async def _pull(self, request: Pull) -> None:

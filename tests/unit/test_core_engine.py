@@ -28,6 +28,7 @@ from bridge.core.engine import Phase, SourceEngine
 from bridge.core.histogram import LoopHistogram
 from bridge.core.inbound import Data, Heartbeat, Unrecognised
 from bridge.core.pipeline import BATCH_COMMIT_EOB, AckOutcome, TargetLimits
+from bridge.core.reach import Reach
 from bridge.core.transforms import SubjectTransforms
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CHECK_MAX, STRANDED_CONFIRM, stranded_spread
 from bridge.testing.engines import CONSUMER, SETTINGS, STREAM
@@ -459,6 +460,32 @@ def test_silence_counts_only_while_the_process_is_not_behind_its_socket() -> Non
     later = start(now=10.0)
     later.reading_behind(5.0)  # a backlog seen before the last activity moves nothing back
     assert of(later.tick(15.01), RequestReset) == [RequestReset(ResetCause.SILENCE, 2)]
+
+
+def test_sources_of_an_origin_in_doubt_wait_for_its_scout_instead_of_asking_for_resets() -> None:
+    """A leaf restarting silences all its sources: the first asks for a reset (the scout) and puts the origin in
+    doubt; the others wait, excused, saying so once, with nothing due until the excuse would lapse (no tick loop);
+    while the doubt lasts one more asks each silence timeout; once the origin answers, silence counts from then,
+    and a consumer heard from meanwhile needs no reset at all."""
+    reach = Reach(1.0)
+    origin = reach.origin("leaf")
+    engines = [start(now=0.0) for _ in range(3)]  # silence_timeout 5 s
+    for engine in engines:
+        engine.origin = origin
+    scout, second, third = engines
+    assert of(scout.tick(5.1), RequestReset) == [RequestReset(ResetCause.SILENCE, 2)] and origin.doubted
+    effects = second.tick(5.2)
+    assert of(effects, RequestReset) == [] and notices(effects) == ["source.silent"]
+    assert second.silence_excused(5.2) and phase(second) is Phase.RUNNING
+    assert second.tick(6.0) == [] and second.tick_deadline(6.0) == 10.1  # said once; nothing due before the lapse
+    assert of(second.tick(10.2), RequestReset) == [RequestReset(ResetCause.SILENCE, 2)]  # the next to ask
+    assert of(third.tick(10.3), RequestReset) == [] and third.tick_deadline(10.3) == 15.2
+    assert reach.answered(origin, 12.0)  # a scout's answer
+    assert not third.silence_excused(12.0) and third.tick_deadline(12.0) == 17.0
+    third.heartbeat(beat(0), 13.0)  # its consumer goes on where it stood
+    assert third.tick(17.5) == [] and third.tick_deadline(17.5) == 18.0
+    assert of(third.tick(18.1), RequestReset) == [RequestReset(ResetCause.SILENCE, 2)]  # silent again
+    assert origin.doubted  # heard from after the answer, then silent: the origin may be gone again (this one scouts)
 
 
 def test_no_silence_reset_while_resetting() -> None:

@@ -26,16 +26,17 @@ async def until(condition: Callable[[], bool], what: str) -> None:
 
 async def test_a_doubted_origin_lets_one_scout_go_until_it_answers_then_the_rest() -> None:
     gate = ReachGate(scout_every=3600.0)
-    gate.doubt("leaf")
+    leaf = gate.origin("leaf")
+    leaf.doubt()
     entered: list[int] = []
     answered = anyio.Event()
 
     async def reset(n: int) -> None:
-        await gate.turn("leaf")
+        await gate.turn(leaf)
         entered.append(n)
         if n == 0:
             await answered.wait()
-            gate.answered("leaf")
+            gate.answered(leaf)
 
     async with anyio.create_task_group() as tg:
         for n in range(5):
@@ -49,15 +50,16 @@ async def test_a_doubted_origin_lets_one_scout_go_until_it_answers_then_the_rest
 
 async def test_scouts_go_one_interval_apart_while_nobody_answers_and_an_origin_in_no_doubt_waits_for_nothing() -> None:
     gate = ReachGate(scout_every=0.2)
-    await gate.turn("other")  # never doubted: at once
+    await gate.turn(gate.origin("other"))  # never doubted: at once
     assert gate.waiting == 0
-    gate.doubt("leaf")
+    leaf = gate.origin("leaf")
+    leaf.doubt()
     went: list[float] = []
 
     async def scout() -> None:
-        await gate.turn("leaf")
+        await gate.turn(leaf)
         went.append(gate.clock())
-        gate.doubt("leaf")  # no answer: still in doubt
+        leaf.doubt()  # no answer: still in doubt
 
     async with anyio.create_task_group() as tg:
         for _ in range(3):

@@ -676,28 +676,39 @@ def hold_next_bind(origin: FakeOrigin, release: anyio.Event, failure: Exception 
     origin.bind = held  # type: ignore[method-assign]
 
 
-async def test_a_silent_origin_is_scouted_by_one_reset_while_its_other_sources_wait_without_an_api_slot() -> None:
-    """Every source of a leaf goes silent when it restarts: the first reset's bind goes as a scout, and the other
-    source of that origin waits for it holding no API slot (the slots stay free for origins that answer; sent, its
-    request could only wait out its timeout too); the scout's answer lets it go at once."""
+async def test_a_silent_origin_is_scouted_by_one_reset_while_its_other_sources_wait_without_asking() -> None:
+    """Every source of a leaf goes silent when it restarts: the first asks for a reset, whose bind goes as a scout;
+    the other source of that origin asks for nothing (excused: its consumer may go on where it stood once the leaf
+    is back), says so once and in ``/readyz``; the scout's answer clears the doubt, the other's silence counts from
+    it, and its consumer, delivering again, replicates with no reset at all."""
     gate, api = ReachGate(scout_every=3600.0), anyio.CapacityLimiter(4)
     answer = anyio.Event()
-    async with two_sources_of_one_origin(gate, api) as (first, second):
-        hold_next_bind(first.origin, answer)  # the origin answers when the test says so
-        mark1 = await first.silence()
-        await until(lambda: "bind" in first.origin.ops[mark1:], "the first reset's bind: the scout")
-        mark2 = await second.silence()
-        await until(lambda: gate.waiting == 1, "the second source waits for the scout")
-        assert api.borrowed_tokens == 1 and "bind" not in second.origin.ops[mark2:]  # the scout's slot only
-        answer.set()
-        await until(lambda: "subscribe" in second.origin.ops[mark2:], "the second's reset, once the origin answered")
-        assert second.origin.ops[mark2:] == ["unsubscribe", "bind", "subscribe"] and gate.reach.doubted == 0
-        assert first.origin.ops[mark1:] == ["unsubscribe", "bind", "bind", "subscribe"]  # (held, then answered)
+    with structlog.testing.capture_logs() as logs:
+        async with two_sources_of_one_origin(gate, api) as (first, second):
+            hold_next_bind(first.origin, answer)  # the origin answers when the test says so
+            mark1 = await first.silence()
+            await until(lambda: "bind" in first.origin.ops[mark1:], "the first reset's bind: the scout")
+            mark2 = len(second.origin.ops)
+            second.clock.offset += 6.0
+            await until(lambda: any(e["event"] == "source.silent" for e in logs), "the second waits for its origin")
+            assert second.runner.snapshot().waiting_for_origin and second.origin.ops[mark2:] == []
+            assert api.borrowed_tokens == 1 and gate.waiting == 0  # the scout's slot only, and nobody in line
+            answer.set()
+            await until(lambda: "subscribe" in first.origin.ops[mark1:], "the scout's reset, answered")
+            assert gate.reach.doubted == 0 and not second.runner.snapshot().waiting_for_origin
+            second.origin.publish(2)  # the leaf is back: the second's consumer goes on where it stood
+            second.origin.deliver(2)
+            await until(lambda: second.runner.engine.watermark == 2, "the second replicates again")
+            assert second.origin.ops[mark2:] == [] and second.runner.engine.resets == {}
+            assert first.origin.ops[mark1:] == ["unsubscribe", "bind", "bind", "subscribe"]  # (held, then answered)
+    (excused,) = [e for e in logs if e["event"] == "source.silent"]  # once per silence
+    assert excused["source"] == "edge2" and excused["silent_for"] > 5.0, excused
 
 
 async def test_a_scout_that_gets_no_answer_keeps_the_origin_in_doubt_and_the_next_goes_an_interval_later() -> None:
     """The scout's bind times out (a link not usable yet): its reset fails and backs off, and the origin stays in
-    doubt; the other source goes as the next scout once the interval has passed, and its answer clears the doubt."""
+    doubt; the other source, excused meanwhile, asks for its own reset once the excuse lapses (a silence timeout
+    after the scout's), goes as the next scout, and its answer clears the doubt."""
     gate, api = ReachGate(scout_every=0.2), anyio.CapacityLimiter(4)
     refuse = anyio.Event()
     async with two_sources_of_one_origin(gate, api) as (first, second):
@@ -715,6 +726,7 @@ async def test_a_scout_that_gets_no_answer_keeps_the_origin_in_doubt_and_the_nex
             return await second_bind()
 
         second.origin.bind = watched_bind  # type: ignore[method-assign]
+        second.clock.offset += 6.0  # the scout asked over a silence timeout before this one's silence is seen
         mark2 = await second.silence()
         await until(lambda: "subscribe" in second.origin.ops[mark2:], "the next scout's reset")
         assert second.origin.ops[mark2:] == ["unsubscribe", "bind", "subscribe"] and doubted_at_bind == [True]
