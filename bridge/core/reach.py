@@ -21,8 +21,8 @@ A source whose consumer goes silent while its origin is in doubt does not ask fo
 Most consumers go on where they stood once their leaf is back: the deliveries and heartbeats that follow name the
 next delivery sequence, and one that does not shows a discontinuity, which is repaired as any other. A reset for
 every silent source after a regional cut was a consumer create and a RESET for each, sent to leaves just restarted,
-and the leaves' pace at those set when the last source came back (bench edge, 2,000 sources: 1,673 resets, against
-382 with silence excused; bench/RESULTS.md). While the doubt lasts, one more source of the origin asks for its reset
+and the leaves' pace at those set when the last source came back (bench edge, 2,000 sources: 1,678 resets in the
+storm before, 38-315 with silence excused; bench/RESULTS.md). While the doubt lasts, one more source of the origin asks for its reset
 every ``silence_timeout`` (an excuse needs a silence reset of the origin that recent), so a scout stays in line even
 if the source that asked first stops. A silence that began no earlier than the origin's last answer doubts nothing:
 the origin is reachable, and its sources' resets go side by side.
