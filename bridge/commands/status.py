@@ -166,7 +166,9 @@ _DAEMON_KEYS = (
     "phase",
     "last_error",
     "stalled",
+    "waiting_for_origin",
     "lag_seconds",
+    "window",
     "batched",
 )
 

@@ -18,14 +18,14 @@ JetStream domain). Pure bookkeeping.
 
 A source whose consumer goes silent while its origin is in doubt does not ask for a reset: its silence is *excused*
 (:meth:`Origin.excuses`) while another source's reset scouts the origin, and counts again from the origin's answer.
-Most consumers go on where they stood once their leaf is back: the deliveries and heartbeats that follow name the
-next delivery sequence, and one that does not shows a discontinuity, which is repaired as any other. A reset for
-every silent source after a regional cut was a consumer create and a RESET for each, sent to leaves just restarted,
-and the leaves' pace at those set when the last source came back (bench edge, 2,000 sources: 1,678 resets in the
-storm before, 38-315 with silence excused; bench/RESULTS.md). While the doubt lasts, one more source of the origin asks for its reset
-every ``silence_timeout`` (an excuse needs a silence reset of the origin that recent), so a scout stays in line even
-if the source that asked first stops. A silence that began no earlier than the origin's last answer doubts nothing:
-the origin is reachable, and its sources' resets go side by side.
+Most consumers go on where they stood once their leaf is back: the deliveries and heartbeats that follow name the next
+delivery sequence, and one that does not shows a discontinuity, which is repaired as any other. A reset for every
+silent source after a regional cut was a consumer create and a RESET for each, sent to leaves just restarted, and the
+leaves' pace at those set when the last source came back (bench edge, 2,000 sources: 1,678 resets in the storm before,
+38-315 with silence excused; bench/RESULTS.md). While the doubt lasts, one more source of the origin asks for its
+reset every ``silence_timeout`` (an excuse needs a silence reset of the origin that recent), so a scout stays in line
+even if the source that asked first stops. A silence that began no earlier than the origin's last answer doubts
+nothing: the origin is reachable, and its sources' resets go side by side.
 
 Tried and not kept: each origin also held to its share of the API slots (the slots over the origins with resets in
 flight), so that a leaf just back, slow to answer, could not take every slot: no difference the bench could show

@@ -38,6 +38,8 @@ READYZ = {
             "last_error": None,
             "stalled": False,
             "batched": True,
+            "waiting_for_origin": True,
+            "window": 2048,
             "watermark": 12,
         },
         "edge2": {"ready": True, "reasons": [], "role": "standby", "owner": "other-1"},
@@ -50,6 +52,7 @@ def test_the_daemons_mode_and_reason_are_carried_per_source() -> None:
     assert view is not None
     assert view["mode"] == "pull" and view["mode_reason"].startswith("the origin runs nats-server 2.12.8")
     assert view["batched"] is True  # windows go out as fast batches
+    assert view["window"] == 2048 and view["waiting_for_origin"] is True  # grown window; silent, its origin in doubt
     assert "watermark" not in view  # status reads that from the servers itself
     standby = daemon_source_view(READYZ, "edge2")
     assert standby is not None and standby["mode"] is None  # a standby runs nothing, so has no mode
