@@ -80,7 +80,9 @@ class OriginPort(Protocol):
         ``on_error`` gets the connection's errors about this source (its subjects); ``on_connection_error`` those
         about nobody in particular, which the connection, shared with other sources, logs once itself."""
 
-    async def stream(self) -> OriginStream: ...
+    async def stream(self, slot: Gate = ...) -> OriginStream:
+        """The origin stream's info (raises ``OriginUnavailable``); ``slot`` is held for each request it makes (a
+        source waiting for another's request holds none)."""
 
     async def consumer_kind(self) -> ConsumerKind | None:
         """What the source's durable is, or None when it does not exist (raises ``OriginUnavailable``)."""

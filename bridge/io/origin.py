@@ -45,7 +45,7 @@ from bridge.io.consumer import (
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
 from bridge.io.shared import Member, OriginConnections, names_source
 from bridge.io.start import APPLIED, CopiesExist, creation_fields, start_seq_of
-from bridge.ports import Callback, ErrorCallback, Receiver
+from bridge.ports import Callback, ErrorCallback, Gate, Receiver
 
 PENDING_BYTES = 512 * 1024 * 1024
 
@@ -130,10 +130,11 @@ class OriginClient:
             raise OriginUnavailable("not connected to the origin")
         return self._api
 
-    async def stream(self) -> OriginStream:
+    async def stream(self, slot: Gate = contextlib.nullcontext) -> OriginStream:
         stream = self.source.stream
         try:
-            info = await self._jsapi().stream_info(stream, timeout=self.timeout)
+            directory = self._shared.directory(self.source.api_prefix)
+            info = await directory.info(self._jsapi(), stream, self.timeout, slot)
         except (ApiError, ApiTimeout, ApiUnavailable) as exc:
             raise _unavailable(f"origin stream {stream!r}", exc) from exc
         retention = info.get("config", {}).get("retention")

@@ -16,14 +16,13 @@ today's isolation:
   failure and retries on its own (jittered) schedule, and the next attempt is again made once.
 * **The last source** to leave closes the connection; the next one to join opens a new one.
 * **A flush** (a PING and its PONG: the server has everything written before it) is made once for every source
-  asking meanwhile (:class:`GroupFlush`): a thousand sources stopping together wait for a few PINGs, not a thousand.
+  asking meanwhile (:class:`GroupRun`): a thousand sources stopping together wait for a few PINGs, not a thousand.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -32,6 +31,8 @@ from nats.aio.client import Client as NATS
 from bridge.errors import BridgeError, OriginUnavailable
 from bridge.io import wire
 from bridge.io.connect import ConnectionSettings, close_connection, describe, error_fields, open_connection
+from bridge.io.directory import StreamDirectory
+from bridge.io.group import GroupRun
 from bridge.io.permissions import error_subjects
 from bridge.logs import Throttle, get_logger
 from bridge.ports import Callback, ErrorCallback
@@ -83,40 +84,6 @@ class _Attempt:
     error: BridgeError | None = None
 
 
-class GroupFlush:
-    """An operation whose completion covers everything done before it began (nats-py's flush: the PONG of a PING
-    written after what came before), run once for every caller waiting when it begins.
-
-    A caller's ask is covered by the first run that begins after it: asks that arrive while a run is under way wait
-    for the next one, which one of them starts once it ends. A run's failure is its callers' too, and ends their
-    wait as a success would (a flush that fails says nothing anyone acts on); a cancelled run covers nobody, and
-    the next asker runs again."""
-
-    def __init__(self) -> None:
-        self._asked = 0  # asks so far, numbered
-        self._covered = 0  # the highest ask a finished run covers
-        self._running = False
-        self._ended = anyio.Event()  # set when a run ends (then replaced)
-
-    async def run(self, operation: Callable[[], Awaitable[None]]) -> None:
-        self._asked += 1
-        ask = self._asked
-        while self._covered < ask:
-            if self._running:
-                await self._ended.wait()
-                continue
-            self._running = True
-            upto = self._asked  # every ask so far came before this run begins
-            try:
-                with contextlib.suppress(Exception):
-                    await operation()
-                self._covered = max(self._covered, upto)
-            finally:
-                self._running = False
-                ended, self._ended = self._ended, anyio.Event()
-                ended.set()
-
-
 class SharedConnection:
     """One connection and the sources on it."""
 
@@ -124,10 +91,18 @@ class SharedConnection:
         self.settings = settings
         self.nc: NATS | None = None
         self.members: dict[Member, None] = {}  # (an insertion-ordered set: a thousand leave in O(1) each)
-        self._flushes = GroupFlush()
+        self._flushes: GroupRun[None] = GroupRun()
+        self._directories: dict[str, StreamDirectory] = {}  # per JetStream API prefix (domain) on this connection
         self._attempt: _Attempt | None = None
         self._throttle = Throttle()
         self._log = get_logger(component="origin", servers=list(settings.servers))
+
+    def directory(self, api_prefix: str) -> StreamDirectory:
+        """The streams of the origin reached under ``api_prefix`` on this connection, shared by its sources."""
+        directory = self._directories.get(api_prefix)
+        if directory is None:
+            directory = self._directories[api_prefix] = StreamDirectory(api_prefix)
+        return directory
 
     async def join(self, member: Member) -> NATS:
         """The connection, opened if none is (raises ``OriginUnavailable``); ``member`` is on it from now on."""
@@ -199,6 +174,8 @@ class SharedConnection:
         claimed = [member for member in self.members if member.claims(text)]
         for member in claimed:
             await member.on_error(exc)
+        if any(directory.claims(text) for directory in self._directories.values()):
+            return  # a listing refused: its request failed at once, and the directory said so (bridge.io.directory)
         if not claimed:
             for member in self.members:
                 if member.on_connection_error is not None:

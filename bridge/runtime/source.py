@@ -461,8 +461,7 @@ class SourceRunner:
             )
             self._connected = self.origin_connected = True
             self.log.info("origin.connected", servers=list(src.servers), api_prefix=src.api_prefix)
-        async with self._api_slot():
-            stream = await origin.stream()
+        stream = await origin.stream(self._api_slot)
         if self.mode is None:
             await self._choose_mode(stream)
         if not await self._act(poll=True):

@@ -263,9 +263,10 @@ class FakeOrigin:
             raise OriginUnavailable("cannot connect to nats://fake: connection refused")
         self._connected = True
 
-    async def stream(self) -> OriginStream:
+    async def stream(self, slot: Gate = contextlib.nullcontext) -> OriginStream:
         self.ops.append("stream")
-        await self._api_request()
+        async with slot():
+            await self._api_request()
         return OriginStream(self.workqueue, max(self.messages, default=0), self.api_level, self.version)
 
     async def consumer_kind(self) -> ConsumerKind | None:

@@ -387,6 +387,7 @@ def origin_permissions(
     return Permissions(
         publish=(
             f"{api}.STREAM.INFO.{stream}",
+            f"{api}.STREAM.LIST",
             bind,
             f"{api}.CONSUMER.RESET.{stream}.{consumer}",
             f"$JS.FC.{stream}.{consumer}.*",
@@ -440,6 +441,7 @@ def leaf_link_permissions(stream: str, consumer: str, deliver_subject: str, *, l
         publish=(deliver_subject, "_INBOX.>"),
         subscribe=(
             f"{api}.STREAM.INFO.{stream}",
+            f"{api}.STREAM.LIST",
             f"{api}.CONSUMER.CREATE.{stream}.{consumer}",
             f"{api}.CONSUMER.RESET.{stream}.{consumer}",
             f"$JS.FC.{stream}.{consumer}.*",

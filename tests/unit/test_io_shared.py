@@ -10,7 +10,8 @@ import anyio.lowlevel
 import pytest
 
 from bridge.config import SourceConfig
-from bridge.io.shared import GroupFlush, OriginConnections, names_source
+from bridge.io.group import GroupRun
+from bridge.io.shared import OriginConnections, names_source
 
 
 def source(name: str, **extra: object) -> SourceConfig:
@@ -77,11 +78,11 @@ def test_sources_share_a_connection_only_with_the_same_servers_and_credentials(t
 
 
 class Flushes:
-    """Callers of one ``GroupFlush`` and its flush: which asks had been made when each run began; ``gate`` (when set)
+    """Callers of one ``GroupRun`` and its flush: which asks had been made when each run began; ``gate`` (when set)
     holds every run, ``fail`` makes them fail."""
 
     def __init__(self) -> None:
-        self.group = GroupFlush()
+        self.group: GroupRun[None] = GroupRun()
         self.asked: list[int | str] = []
         self.done: list[int | str] = []  # the asks whose wait ended, in order
         self.runs: list[int] = []  # asks made when each run began
@@ -148,3 +149,34 @@ async def test_a_cancelled_flush_covers_nobody_and_the_next_asker_runs_again() -
         await until(lambda: len(flushes.runs) == 2)  # the waiting ask runs one of its own
         flushes.gate.set()
     assert flushes.done == ["waiting"] and flushes.runs == [1, 2]
+
+
+@pytest.mark.anyio
+async def test_every_caller_gets_the_result_of_a_run_that_began_after_its_ask_and_none_when_it_failed() -> None:
+    group: GroupRun[int] = GroupRun()
+    runs: list[int] = []
+    gate = anyio.Event()
+    results: dict[str, int | None] = {}
+
+    async def listing() -> int:
+        runs.append(len(runs) + 1)
+        number = len(runs)
+        if number == 1:
+            await gate.wait()
+        if number == 3:
+            raise OSError("no answer")
+        return number * 10
+
+    async def ask(name: str) -> None:
+        results[name] = await group.run(listing)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask, "first")
+        await until(lambda: runs == [1])
+        tg.start_soon(ask, "late-a")  # asked while run 1 was under way: run 2 covers them
+        tg.start_soon(ask, "late-b")
+        await until(lambda: group._asked == 3)
+        gate.set()
+    assert results == {"first": 10, "late-a": 20, "late-b": 20} and runs == [1, 2]
+    assert await group.run(listing) is None  # run 3 failed: its callers do without
+    assert await group.run(listing) == 40
