@@ -82,10 +82,11 @@ class StreamDirectory:
         streams: dict[str, dict[str, Any]] = {}
         if self.unusable:  # (found while this listing's callers waited for it)
             raise BridgeError(self.unusable)
+        offset = 0
         for _ in range(LIST_PAGES):
             try:
                 async with slot():
-                    page = await api.request("STREAM.LIST", {"offset": len(streams)}, min(timeout, LIST_TIMEOUT))
+                    page = await api.request("STREAM.LIST", {"offset": offset}, min(timeout, LIST_TIMEOUT))
             except PermissionDenied as exc:
                 self._no_listings(f"{exc}; allow {self.api_prefix}.STREAM.LIST for one request per origin instead")
                 raise
@@ -97,8 +98,10 @@ class StreamDirectory:
                 name = (info.get("config") or {}).get("name")
                 if isinstance(name, str):
                     streams[name] = self._with_level(info)
+            # a page passes over the streams it lists and those offline (named in "missing", left to their infos)
+            offset += len(infos) + len(page.get("missing") or ())
             total = page.get("total")
-            if not infos or not isinstance(total, int) or len(streams) >= total:
+            if not infos or not isinstance(total, int) or offset >= total:
                 return streams
         self._no_listings(f"the origin holds more than {LIST_PAGES * 256} streams")
         raise BridgeError("too many streams to list")
