@@ -111,6 +111,8 @@ async def test_status_adds_the_running_daemons_view_and_reset_without_seq_goes_t
             "mode": "flow_control",
             "lag_seconds": 0.0,  # everything delivered is stored
             "batched": True,  # the aggregate allows fast batches (create_aggregate)
+            "waiting_for_origin": False,  # its consumer is heard from
+            "window": 1000,  # the consumer's max_ack_pending, not grown (a near origin)
         }
 
         # the running daemon adopts an operator's reset to the ack floor: nothing skipped, nothing doubled
