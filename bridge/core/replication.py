@@ -634,11 +634,11 @@ class Replication(ABC):
         """A consumer silent past ``silence_timeout`` asks for a reset, unless its origin's doubt excuses it
         (``bridge.core.reach``): then it waits, said once per silence (``source.silent``), and looks again when
         the excuse would lapse (``silence_deadline``)."""
-        origin, timeout = self.origin, self.settings.silence_timeout
-        since = origin.silent_since(self._last_activity)
-        if now - since <= timeout:
+        since = self.origin.silent_since(self._last_activity)
+        excused = self._silence_excused(since, now)
+        if excused is None:
             return
-        if origin.excuses(now, timeout):
+        if excused:
             if self._excused_since != since:
                 self._excused_since = since
                 fields = {
@@ -647,8 +647,16 @@ class Replication(ABC):
                 }
                 effects.append(Notice("source.silent", fields=fields))
             return
-        origin.silence_reset(since, now)
+        self.origin.silence_reset(since, now)
         effects += self._broken(ResetCause.SILENCE, now, silent_for=round(now - since, 3))
+
+    def _silence_excused(self, since: float, now: float) -> bool | None:
+        """For a silence counted from ``since``: None when it is not past ``silence_timeout`` at ``now``, else
+        whether the origin's doubt excuses it (True) or it asks for a reset (False)."""
+        timeout = self.settings.silence_timeout
+        if now - since <= timeout:
+            return None
+        return self.origin.excuses(now, timeout)
 
     def silence_deadline(self) -> float:
         """When the consumer's silence is next looked at: ``silence_timeout`` after it began, or while its origin
@@ -664,8 +672,7 @@ class Replication(ABC):
         (shown in ``/readyz`` and ``status``)."""
         if not self._phases.takes_deliveries:
             return False
-        origin, timeout = self.origin, self.settings.silence_timeout
-        return now - origin.silent_since(self._last_activity) > timeout and origin.excuses(now, timeout)
+        return self._silence_excused(self.origin.silent_since(self._last_activity), now) is True
 
     def _expects_traffic(self) -> bool:
         """The consumer should be sending something (data or heartbeats) right now, so silence means trouble."""
