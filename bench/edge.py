@@ -116,10 +116,14 @@ POLL = 0.2
 SAMPLE_EVERY = 0.5
 MB = 1_000_000
 STORM_EVENTS = ("lease.lost", "source.fenced", "lease.renew_failed", "lease.suspended")
+# a publish with no ack within target.ack_timeout (sent again and verified: nothing lost, but the hub fell behind)
+PUBLISH_EVENTS = ("publish.blocked", "publish.verified")
 COUNTERS = (
     "nats_bridge_deliveries",
     "nats_bridge_replicated_messages",
     "nats_bridge_flow_control_requests",
+    "nats_bridge_publishes_limit",  # the process's limit on publishes in flight at the end (bridge/core/budget.py)
+    "nats_bridge_publishes_limit_cuts",
 )
 
 
@@ -375,7 +379,7 @@ class EdgeLog(BridgeLog):
             stamp = time.time_ns()
         if stamp < self.mark_ns:
             return
-        if name in STORM_EVENTS:
+        if name in STORM_EVENTS or name in PUBLISH_EVENTS:
             self.since_mark.setdefault(name, []).append(stamp)
         elif name in ("reset.requested", "resync.requested"):
             cause = str(event.get("cause", "?"))
@@ -818,7 +822,7 @@ class _Run:
         run.warnings = dict(sorted(self.log.warnings.items()))
         if self.log.mark_ns is None:
             return
-        run.storm_events = {name: len(self.log.since_mark.get(name, [])) for name in STORM_EVENTS}
+        run.storm_events = {name: len(self.log.since_mark.get(name, [])) for name in (*STORM_EVENTS, *PUBLISH_EVENTS)}
         run.storm_event_times = {
             name: [(min(ts) - self.kill_ns) / 1e9, (max(ts) - self.kill_ns) / 1e9]
             for name, ts in self.log.since_mark.items()
@@ -971,9 +975,14 @@ def targets(run: EdgeRun) -> list[Target]:
             )
         )
     if run.storm_events or run.storm_resets:
-        events = ", ".join(f"{name} {run.storm_events.get(name, 0)}" for name in STORM_EVENTS)
+        events = ", ".join(f"{name} {run.storm_events.get(name, 0)}" for name in (*STORM_EVENTS, *PUBLISH_EVENTS))
         resets = ", ".join(f"{c} x{k}" for c, k in run.storm_resets.items()) or "none"
-        out.append(Target("storm: log lines from the kill to the end", "-", f"{events}; resets: {resets}", "reported"))
+        cuts = run.counters.get("nats_bridge_publishes_limit_cuts")
+        at_end = run.counters.get("nats_bridge_publishes_limit", 0)
+        limit = "" if cuts is None else f"; publishes' limit cut {cuts:.0f} times, {at_end:.0f} at the end"
+        out.append(
+            Target("storm: log lines from the kill to the end", "-", f"{events}; resets: {resets}{limit}", "reported")
+        )
     whole = {name: run.warnings.get(name, 0) for name in STORM_EVENTS}
     if any(whole.values()):  # a starved start of production costs leases before any kill: counted here
         out.append(

@@ -104,10 +104,10 @@ class EngineConfig(BaseModel):
     # bound their requests reach the hub in one burst, behind which everything else waits. Publishes, answers and
     # acks are not requests. Why 128: docs/design.md, "Why 128 slots".
     api_requests_in_flight: Annotated[int, int_between(1, 4096, " requests")] = 128
-    # Publishes of every source together in flight to the aggregate at once (each source also keeps to the target's
-    # publish_window): after a reconnect storm every source has a backlog at once, and the rest wait in the process,
-    # unsent and without an ack deadline, rather than queue at the hub past target.ack_timeout
-    # (bridge/core/budget.py).
+    # The most publishes of every source together in flight to the aggregate at once (each source also keeps to the
+    # target's publish_window): after a reconnect storm every source has a backlog at once, and the rest wait in the
+    # process, unsent and without an ack deadline, rather than queue at the hub past target.ack_timeout. The limit in
+    # force follows the hub's ack times, from 512 up to this (bridge/core/budget.py).
     publishes_in_flight: Annotated[int, int_between(1, 1_048_576, " publishes")] = 4096
 
     @field_validator("reset_backoff_max", "publish_retry_max")

@@ -284,12 +284,14 @@ class PublishPipeline:
         self._budget = budget
         self._budget_key = key
         budget.take(len(self._in_flight))
+        budget.batches += len(self._batches)
 
     def leave_budget(self) -> None:
         """The source is gone: what it had in flight no longer counts, and it is not woken."""
         budget = self._budget
         if budget is not None:
             budget.give(len(self._in_flight))
+            budget.batch_ended(len(self._batches))
             budget.forget(self._budget_key)
             self._budget = None
 
@@ -356,8 +358,9 @@ class PublishPipeline:
         # whose ack is late (or lost) must not be overtaken by more than a window of copies
         window_end = self._entries[0].order + self.window
         captures, retry, fresh = self.subjects.captures, self._retry, self._fresh
-        batching = self.batched(now)
         budget = self._budget
+        # no batch open and the process holds its most: plain publishes, pipelined, until a batch may open again
+        batching = self.batched(now) and (self._batch is not None or budget is None or budget.batch_room)
         while self._barrier is None and (retry or fresh):
             queue = retry if retry else fresh
             entry = queue[0]
@@ -420,7 +423,7 @@ class PublishPipeline:
     def _send(self, entry: Entry, now: float, batch: Batch | None = None) -> Send:
         entry.state = EntryState.SENT
         if entry.attempt:  # a retry: to the end of the in-flight order
-            self._landed(entry.order)
+            self._landed(entry.order, None)
         entry.attempt += 1
         entry.deadline = now + self.ack_timeout
         self._in_flight[entry.order] = entry
@@ -434,14 +437,22 @@ class PublishPipeline:
         op = BATCH_START if bseq == 1 else BATCH_APPEND
         return Send(entry, entry.attempt, batch.number, bseq, op, self.batch_flow)
 
-    def _landed(self, order: int) -> None:
-        """Entry ``order`` is no longer in flight (stored, failed, or sent again)."""
-        if self._in_flight.pop(order, None) is not None and self._budget is not None:
-            self._budget.give()
+    def _landed(self, order: int, answered: float | None) -> None:
+        """Entry ``order`` is no longer in flight (stored, failed, or sent again): the hub ``answered`` it then (an
+        ack, a refusal, the ack timeout), or nothing was learnt of it (None: the connection was lost)."""
+        entry = self._in_flight.pop(order, None)
+        budget = self._budget
+        if entry is not None and budget is not None:
+            if answered is None:
+                budget.give()
+            else:
+                budget.answered(entry.deadline - self.ack_timeout, answered)
 
     # -- fast batches -------------------------------------------------------------------------------------
 
     def _open_batch(self) -> Batch:
+        if self._budget is not None:
+            self._budget.batch_opened()
         self.batches += 1
         batch = Batch(self.batches)
         self._batch = batch
@@ -457,7 +468,7 @@ class PublishPipeline:
         self._batch = None
         batch.closed = True
         if batch.settled:
-            del self._batches[batch.number]
+            self._drop_batch(batch.number)
         if batch.members:
             last, attempt = batch.members[-1]
             self._commit = Send(last, attempt, batch.number, len(batch.members) + 1, BATCH_COMMIT_EOB, self.batch_flow)
@@ -540,7 +551,7 @@ class PublishPipeline:
                     # (a member lost on its way ends it only when the next one arrives)
                     self._close_batch()
             if batch.closed and batch.settled:
-                self._batches.pop(batch.number, None)
+                self._drop_batch(batch.number)
         return out
 
     @property
@@ -580,8 +591,9 @@ class PublishPipeline:
 
     # -- outcomes -----------------------------------------------------------------------------------------
 
-    def stored(self, order: int, attempt: int) -> bool:
-        """The target stored (or already had) entry ``order``. Returns True when the watermark advanced."""
+    def stored(self, order: int, attempt: int, now: float | None) -> bool:
+        """The target stored (or already had) entry ``order``: its ack was read at ``now`` (None: found otherwise,
+        by a read of the target). Returns True when the watermark advanced."""
         entry = self._by_order.get(order)
         if entry is None or entry.state is EntryState.STORED:
             return False
@@ -594,7 +606,7 @@ class PublishPipeline:
         self.stored_messages += 1
         if entry is self._barrier:
             self._barrier = None
-        self._landed(order)
+        self._landed(order, now)
         was_probe = entry is self._probe
         if was_probe:
             self._probe = None
@@ -613,9 +625,9 @@ class PublishPipeline:
         entry = self._by_order.get(order)
         if entry is None or entry.state is not EntryState.SENT or entry.attempt != attempt:
             return False
-        return self._fail(entry, reason, now)
+        return self._fail(entry, reason, now, answered=True)
 
-    def _fail(self, entry: Entry, reason: str, now: float, *, ambiguous: bool = False) -> bool:
+    def _fail(self, entry: Entry, reason: str, now: float, *, ambiguous: bool = False, answered: bool = False) -> bool:
         if ambiguous:
             # the message may be stored even though no ack said so (timeout, lost connection): re-sending it blind
             # would rely on the target's duplicate window, which a long outage outlasts
@@ -629,7 +641,7 @@ class PublishPipeline:
             self._close_batch()
         if entry is self._barrier:
             self._barrier = None
-        self._landed(entry.order)
+        self._landed(entry.order, now if answered else None)
         bisect.insort(self._retry, entry)
         newly = not self._degraded
         if entry is self._probe or newly:
@@ -651,7 +663,7 @@ class PublishPipeline:
             if entry.deadline > now:
                 break
             expired.append(entry)
-            self._fail(entry, f"no publish ack within {self.ack_timeout:g}s", now, ambiguous=True)
+            self._fail(entry, f"no publish ack within {self.ack_timeout:g}s", now, ambiguous=True, answered=True)
         return expired
 
     def fail_in_flight(self, reason: str, now: float) -> int:
@@ -678,7 +690,7 @@ class PublishPipeline:
         before = self.watermark
         for entry in list(self._retry) + list(self._in_flight.values()):
             if entry.stream_seq in present:
-                self.stored(entry.order, entry.attempt)
+                self.stored(entry.order, entry.attempt, None)
         if generation == self._unverified:
             self._unverified = 0
             self._retry_at = 0.0  # the target answered the read: probe now
@@ -715,7 +727,12 @@ class PublishPipeline:
             batch = self._batches[number]
             if not batch.closed or batch.members[-1][0].order >= head:
                 break
-            del self._batches[number]
+            self._drop_batch(number)
+
+    def _drop_batch(self, number: int) -> None:
+        """Batch ``number`` is over: nothing more is heard of it, and the process may open another."""
+        if self._batches.pop(number, None) is not None and self._budget is not None:
+            self._budget.batch_ended()
 
     # -- views --------------------------------------------------------------------------------------------
 

@@ -495,7 +495,7 @@ class Replication(ABC):
         stored = self.pipeline.stored
         advanced = False
         for order, attempt in tokens:
-            if stored(order, attempt):
+            if stored(order, attempt, now):
                 advanced = True
         effects: list[Effect] = []
         if advanced:

@@ -144,6 +144,8 @@ class BridgeSnapshot:
     api_waiting: int = 0  # and those waiting for a slot
     publishes_in_flight: int = 0  # every source's publishes in flight to the aggregate together (bounded per process)
     publishes_waiting: int = 0  # sources waiting for room among them
+    publishes_limit: int = 0  # how many may be in flight now (follows the hub's ack times, bridge/core/budget.py)
+    publishes_limit_cuts: int = 0  # times that limit was halved for an ack slower than half the ack timeout
     origins_doubted: int = 0  # origins whose sources went silent or got no answer, not answering yet
     resets_waiting: int = 0  # resets waiting for their origin's turn (an answer to its scout)
 
@@ -277,6 +279,19 @@ def _snapshot_families(out: Exposition, snap: BridgeSnapshot) -> None:
         "gauge",
         "Sources with publishes waiting for room among the process's publishes in flight (backlogs after a storm).",
         [("", float(snap.publishes_waiting))],
+    )
+    out.family(
+        "nats_bridge_publishes_limit",
+        "gauge",
+        "How many publishes may be in flight to the aggregate now: halved by an ack slower than half the ack "
+        "timeout, grown while acks come quickly, at most engine.publishes_in_flight.",
+        [("", float(snap.publishes_limit))],
+    )
+    out.family(
+        "nats_bridge_publishes_limit_cuts_total",
+        "counter",
+        "Times the limit on publishes in flight was halved because the hub acked slower than half the ack timeout.",
+        [("", float(snap.publishes_limit_cuts))],
     )
     out.family(
         "nats_bridge_origins_doubted",

@@ -164,7 +164,8 @@ class Bridge:
         server = await self._bind_http() if self.config.http.listen else None
         self._api = anyio.CapacityLimiter(self.config.engine.api_requests_in_flight)
         self._windows = WindowBudget(self.config.engine.windows_budget)  # every source's grown window together
-        self._publishes = PublishBudget(self.config.engine.publishes_in_flight)
+        # the hub's queue of this process's publishes kept near a quarter of the ack timeout (bridge/core/budget.py)
+        self._publishes = PublishBudget(self.config.engine.publishes_in_flight, self.config.target.ack_timeout / 4)
         if self._file_data is None and self.config_path is not None:
             try:
                 self._file_data = read_toml(self.config_path)
@@ -613,6 +614,8 @@ class Bridge:
             api_waiting=api.statistics().tasks_waiting if api is not None else 0,
             publishes_in_flight=self._publishes.in_flight if self._publishes is not None else 0,
             publishes_waiting=self._publishes.waiting if self._publishes is not None else 0,
+            publishes_limit=self._publishes.limit if self._publishes is not None else 0,
+            publishes_limit_cuts=self._publishes.cuts if self._publishes is not None else 0,
             origins_doubted=self._reach.reach.doubted,
             resets_waiting=self._reach.waiting,
             sources=tuple(task.runner.snapshot() for task in self._tasks.values()),

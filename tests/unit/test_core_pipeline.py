@@ -44,7 +44,7 @@ def test_window_is_respected() -> None:
     assert [s.attempt for s in first] == [1, 1, 1]
     assert p.take_sendable(0.0) == []
     assert p.in_flight == 3
-    p.stored(first[0].entry.order, 1)
+    p.stored(first[0].entry.order, 1, 0.0)
     assert seqs(p.take_sendable(0.0)) == [4]
     assert p.backlog == 4
 
@@ -61,10 +61,10 @@ def test_watermark_only_over_the_contiguous_acked_prefix() -> None:
     p = pipeline(window=5)
     fill(p, 1, 2, 3)
     s = by_seq(p.take_sendable(0.0))
-    assert p.stored(s[2].entry.order, 1) is False  # 2 before 1 proves nothing about 1
+    assert p.stored(s[2].entry.order, 1, 0.0) is False  # 2 before 1 proves nothing about 1
     assert p.watermark == 0
-    assert p.stored(s[3].entry.order, 1) is False
-    assert p.stored(s[1].entry.order, 1) is True
+    assert p.stored(s[3].entry.order, 1, 0.0) is False
+    assert p.stored(s[1].entry.order, 1, 0.0) is True
     assert p.watermark == 3
     assert p.empty
     assert p.stored_messages == 3
@@ -74,9 +74,9 @@ def test_watermark_follows_origin_sequences_with_gaps() -> None:
     p = pipeline(watermark=10)
     fill(p, 12, 17)
     s = by_seq(p.take_sendable(0.0))
-    p.stored(s[12].entry.order, 1)
+    p.stored(s[12].entry.order, 1, 0.0)
     assert p.watermark == 12
-    p.stored(s[17].entry.order, 1)
+    p.stored(s[17].entry.order, 1, 0.0)
     assert p.watermark == 17
 
 
@@ -84,9 +84,9 @@ def test_duplicate_or_unknown_acks_are_harmless() -> None:
     p = pipeline()
     fill(p, 1)
     (send,) = p.take_sendable(0.0)
-    assert p.stored(send.entry.order, 1) is True
-    assert p.stored(send.entry.order, 1) is False
-    assert p.stored(999, 1) is False
+    assert p.stored(send.entry.order, 1, 0.0) is True
+    assert p.stored(send.entry.order, 1, 0.0) is False
+    assert p.stored(999, 1, 0.0) is False
     assert p.failed(send.entry.order, 1, "late error", 0.0) is False
     assert p.stored_messages == 1
 
@@ -98,7 +98,7 @@ def test_add_stored_marker_waits_for_earlier_entries() -> None:
     assert p.add_stored(5) is False  # e.g. a forward skip to 5: it must not vouch for 1
     assert p.watermark == 0
     assert p.take_sendable(0.0) == []  # markers are never sent
-    assert p.stored(send.entry.order, 1) is True
+    assert p.stored(send.entry.order, 1, 0.0) is True
     assert p.watermark == 5
     assert p.add_stored(8) is True
     assert p.watermark == 8
@@ -112,7 +112,7 @@ def test_failure_degrades_stops_new_sends_and_probes_after_backoff() -> None:
     assert p.degraded
     assert p.failures == 1
     assert p.blocked == Blocked(stream_seq=1, since=1.0, reason="boom", attempts=1)
-    p.stored(s[2].entry.order, 1)  # window room, but degraded: nothing new goes out
+    p.stored(s[2].entry.order, 1, 0.0)  # window room, but degraded: nothing new goes out
     assert p.take_sendable(1.0) == []
     assert p.next_deadline() == pytest.approx(1.5)  # min(ack deadline 5.0 of 3, retry at 1.0 + 0.5)
     assert p.take_sendable(1.49) == []
@@ -148,11 +148,11 @@ def test_probe_success_resends_the_remaining_failed_in_order_before_new_ones() -
     s = by_seq(p.take_sendable(0.0))
     p.failed(s[1].entry.order, 1, "x", 0.0)
     p.failed(s[3].entry.order, 1, "x", 0.0)
-    p.stored(s[2].entry.order, 1)
+    p.stored(s[2].entry.order, 1, 0.0)
     p.failed(s[4].entry.order, 1, "x", 0.0)
     (probe,) = p.take_sendable(0.5)
     assert probe.entry.stream_seq == 1
-    p.stored(probe.entry.order, probe.attempt)
+    p.stored(probe.entry.order, probe.attempt, 0.0)
     assert not p.degraded
     assert p.failures == 0
     assert p.blocked is None
@@ -170,7 +170,7 @@ def test_late_success_of_an_earlier_attempt_counts() -> None:
     (probe,) = p.take_sendable(0.5)
     assert probe.attempt == 2
     # the first attempt's ack arrives after all: stored, whatever becomes of attempt 2
-    assert p.stored(s[1].entry.order, 1) is True
+    assert p.stored(s[1].entry.order, 1, 0.0) is True
     assert p.watermark == 1
     assert not p.degraded
     assert p.failed(s[1].entry.order, 2, "late error of attempt 2", 1.0) is False
@@ -183,12 +183,12 @@ def test_late_success_of_a_failed_entry_waiting_for_its_probe() -> None:
     s = by_seq(p.take_sendable(0.0))
     p.failed(s[1].entry.order, 1, "x", 0.0)
     p.failed(s[2].entry.order, 1, "x", 0.0)
-    p.stored(s[2].entry.order, 1)  # 2's first attempt did get through: no longer to retry
+    p.stored(s[2].entry.order, 1, 0.0)  # 2's first attempt did get through: no longer to retry
     (probe,) = p.take_sendable(0.5)
     assert probe.entry.stream_seq == 1
-    p.stored(probe.entry.order, probe.attempt)
+    p.stored(probe.entry.order, probe.attempt, 0.0)
     assert p.take_sendable(0.5) == []  # 2 is not sent again
-    p.stored(s[3].entry.order, 1)
+    p.stored(s[3].entry.order, 1, 0.0)
     assert p.watermark == 3
 
 
@@ -198,7 +198,7 @@ def test_all_failed_entries_stored_late_leaves_degraded_mode() -> None:
     s = by_seq(p.take_sendable(0.0))
     p.failed(s[1].entry.order, 1, "x", 0.0)
     assert p.degraded
-    p.stored(s[1].entry.order, 1)  # before any probe was sent
+    p.stored(s[1].entry.order, 1, 0.0)  # before any probe was sent
     assert not p.degraded
     assert seqs(p.take_sendable(0.0)) == [3]
 
@@ -237,7 +237,7 @@ def test_an_ambiguous_failure_is_verified_before_anything_is_resent() -> None:
     p = pipeline(window=3, ack_timeout=5.0)
     fill(p, 1, 2, 3, 4)
     s = by_seq(p.take_sendable(0.0))
-    p.stored(s[2].entry.order, 1)
+    p.stored(s[2].entry.order, 1, 0.0)
     p.expire(5.0)  # 1 and 3 time out
     generation = p.unverified
     assert generation != 0
@@ -247,7 +247,7 @@ def test_an_ambiguous_failure_is_verified_before_anything_is_resent() -> None:
     assert p.unverified == 0
     (probe,) = p.take_sendable(5.1)  # probe at once, no backoff: the target just answered
     assert (probe.entry.stream_seq, probe.attempt) == (1, 2)
-    p.stored(probe.entry.order, 2)
+    p.stored(probe.entry.order, 2, 0.0)
     assert p.watermark == 3
     assert seqs(p.take_sendable(5.2)) == [4]
 
@@ -290,14 +290,14 @@ def test_a_late_ack_of_the_last_unresolved_publish_leaves_nothing_to_verify() ->
     (send,) = p.take_sendable(0.0)
     p.expire(5.0)
     assert p.unverified != 0 and p.unverified_seqs() == [1]
-    assert p.stored(send.entry.order, 1) is True
+    assert p.stored(send.entry.order, 1, 0.0) is True
     assert (p.unverified, p.unverified_seqs(), p.degraded, p.empty) == (0, [], False, True)
     # with another entry still unresolved, the read is still needed
     q = pipeline(window=2)
     fill(q, 1, 2)
     s = by_seq(q.take_sendable(0.0))
     q.expire(5.0)
-    q.stored(s[1].entry.order, 1)
+    q.stored(s[1].entry.order, 1, 0.0)
     assert q.unverified != 0 and q.unverified_seqs() == [2]
 
 
@@ -335,7 +335,7 @@ def test_no_probe_overtakes_an_earlier_publish_still_in_flight() -> None:
     p.verified(p.unverified, set())
     (probe,) = p.take_sendable(10.0)
     assert (probe.entry.stream_seq, probe.attempt) == (1, 2)
-    p.stored(probe.entry.order, probe.attempt)
+    p.stored(probe.entry.order, probe.attempt, 0.0)
     assert seqs(p.take_sendable(10.0)) == [2, 3]
 
 
@@ -345,7 +345,7 @@ def test_a_probe_waits_for_an_earlier_ack_then_goes() -> None:
     s = by_seq(p.take_sendable(0.0))
     p.failed(s[2].entry.order, 1, "refused", 0.1)
     assert p.take_sendable(10.0) == []
-    p.stored(s[1].entry.order, 1)
+    p.stored(s[1].entry.order, 1, 0.0)
     (probe,) = p.take_sendable(10.0)
     assert probe.entry.stream_seq == 2
 
@@ -370,7 +370,7 @@ def test_a_subject_the_target_does_not_capture_is_sent_alone() -> None:
     first = p.take_sendable(0.0)
     assert seqs(first) == [1]  # the barrier waits for what is in flight before it
     assert p.take_sendable(0.0) == []
-    p.stored(first[0].entry.order, 1)
+    p.stored(first[0].entry.order, 1, 0.0)
     (barrier,) = p.take_sendable(0.0)
     assert barrier.entry.stream_seq == 2
     assert p.barriers == 1
@@ -378,7 +378,7 @@ def test_a_subject_the_target_does_not_capture_is_sent_alone() -> None:
     p.failed(barrier.entry.order, 1, "no responders", 0.0)  # refused: blocks, retried alone
     (probe,) = p.take_sendable(0.5)
     assert probe.entry.stream_seq == 2
-    p.stored(probe.entry.order, 2)  # a mapping captured it after all
+    p.stored(probe.entry.order, 2, 0.0)  # a mapping captured it after all
     assert seqs(p.take_sendable(0.6)) == [3]
     assert p.watermark == 2
 
@@ -442,7 +442,7 @@ def test_watermark_never_passes_an_unstored_message(window: int, ops: list[tuple
             else:
                 target.add(send.entry.stream_seq)
                 if op == "ok":
-                    p.stored(send.entry.order, send.attempt)
+                    p.stored(send.entry.order, send.attempt, 0.0)
         sent += p.take_sendable(now)
         assert all(seq in target for seq in range(1, p.watermark + 1))
         assert p.in_flight <= window
@@ -454,7 +454,7 @@ def test_watermark_never_passes_an_unstored_message(window: int, ops: list[tuple
             p.verified(p.unverified, target & set(p.unverified_seqs()))
         for send in p.take_sendable(now):
             target.add(send.entry.stream_seq)
-            p.stored(send.entry.order, send.attempt)
+            p.stored(send.entry.order, send.attempt, 0.0)
         p.expire(now)
     assert p.watermark == n
     assert not p.degraded
@@ -469,11 +469,11 @@ def test_no_entry_is_sent_more_than_a_window_past_an_unacked_one() -> None:
     fill(p, *range(1, 11))
     first = by_seq(p.take_sendable(0.0))
     highest = 2
-    p.stored(first[2].entry.order, 1)  # 1 stays un-acked
+    p.stored(first[2].entry.order, 1, 0.0)  # 1 stays un-acked
     for _ in range(8):
         for send in p.take_sendable(0.1):
             highest = max(highest, send.entry.stream_seq)
-            p.stored(send.entry.order, send.attempt)
+            p.stored(send.entry.order, send.attempt, 0.0)
     assert highest < 1 + 2
 
 
@@ -488,7 +488,7 @@ def test_markers_count_in_the_span() -> None:
     fill(p, 4, 5)
     assert seqs(p.take_sendable(0.0)) == [1]
     assert p.take_sendable(0.0) == []
-    p.stored(1, 1)
+    p.stored(1, 1, 0.0)
     assert p.watermark == 3
     assert seqs(p.take_sendable(0.0)) == [4, 5]
 
@@ -501,9 +501,9 @@ def test_the_oldest_unstored_message_s_origin_time_is_the_first_held() -> None:
         p.add(seq, OutboundMessage(f"agg.{seq}", b"", b"", origin_ns=seq * 1_000_000_000))
     assert p.oldest_unstored_origin_ns == 1_000_000_000
     s = by_seq(p.take_sendable(0.0))
-    p.stored(s[2].entry.order, 1)
+    p.stored(s[2].entry.order, 1, 0.0)
     assert p.oldest_unstored_origin_ns == 1_000_000_000
-    p.stored(s[1].entry.order, 1)
+    p.stored(s[1].entry.order, 1, 0.0)
     assert p.oldest_unstored_origin_ns == 3_000_000_000
-    p.stored(s[3].entry.order, 1)
+    p.stored(s[3].entry.order, 1, 0.0)
     assert p.oldest_unstored_origin_ns == 0 and p.empty

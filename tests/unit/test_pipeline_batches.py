@@ -4,6 +4,7 @@ batch reply settles, and that nothing after a refused member is ever taken as st
 from __future__ import annotations
 
 from bridge.core.backoff import Backoff
+from bridge.core.budget import PublishBudget
 from bridge.core.headers import encode_header_block
 from bridge.core.pipeline import (
     BATCH_APPEND,
@@ -51,7 +52,7 @@ def settle(p: PublishPipeline, outcome: AckOutcome, now: float = 0.0) -> list[tu
         assert entry is not None
         out.append((entry.stream_seq, o.stored))
         if o.stored:
-            p.stored(o.order, o.attempt)
+            p.stored(o.order, o.attempt, 0.0)
         else:
             p.failed(o.order, o.attempt, o.error, now)
     return out
@@ -63,7 +64,7 @@ def test_a_window_goes_out_as_one_batch_and_a_lone_message_plainly() -> None:
     assert shape(p.take_sendable(0.0)) == [(1, 0, 0, 0)]  # alone, nothing in flight: plain
     fill(p, 2, 3)
     assert p.take_sendable(0.0) == []  # a plain publish is unresolved: no batch may overtake it
-    p.stored(1, 1)
+    p.stored(1, 1, 0.0)
     sends = p.take_sendable(0.0)
     assert shape(sends) == [(2, 1, 1, BATCH_START), (3, 1, 2, BATCH_APPEND)]
     fill(p, 4)
@@ -99,7 +100,7 @@ def test_a_refused_member_fails_itself_and_every_later_member_never_an_earlier_o
     assert ack(p, sends[1], 2) == [(1, True), (2, True)]
     probe = p.take_sendable(1.0)
     assert shape(probe) == [(3, 0, 0, 0)]  # the probe goes alone, plainly
-    p.stored(probe[0].entry.order, probe[0].attempt)
+    p.stored(probe[0].entry.order, probe[0].attempt, 0.0)
     assert shape(p.take_sendable(1.0)) == [(4, 2, 1, BATCH_START), (5, 2, 2, BATCH_APPEND)]
 
 
@@ -127,7 +128,7 @@ def test_too_many_batches_on_the_stream_turns_to_plain_publishes_for_a_while() -
     assert not p.batched(1.0) and p.batch_fallbacks == 1  # what status and the metrics show
     p.take_sendable(0.0)  # the commit
     probe = p.take_sendable(1.0)
-    p.stored(probe[0].entry.order, probe[0].attempt)
+    p.stored(probe[0].entry.order, probe[0].attempt, 0.0)
     assert [s.batch for s in p.take_sendable(1.0)] == [0]  # plain, as before batches
     assert p.batched(PLAIN_AFTER_TOO_MANY)
 
@@ -160,3 +161,28 @@ def test_the_flow_stays_well_inside_a_small_window() -> None:
     assert batched(window=4).batch_flow == 1
     assert batched(window=40).batch_flow == 10
     assert batched(window=1000).batch_flow == 16
+
+
+def test_the_process_opens_at_most_its_batch_limit_and_the_rest_publish_plainly() -> None:
+    """nats-server holds at most 1,000 fast batches in flight per stream and refuses more (429): after a storm every
+    source with a backlog would open one. The process keeps to its own limit; beyond it a source publishes plain,
+    and a batch over (settled, or its source gone) frees its slot."""
+    budget = PublishBudget(4096, batch_limit=1)
+    a, b = batched(), batched()
+    a.share_budget(budget, "a")
+    b.share_budget(budget, "b")
+    fill(a, 1, 2)
+    fill(b, 1, 2)
+    sends_a = a.take_sendable(0.0)
+    assert shape(sends_a) == [(1, 1, 1, BATCH_START), (2, 1, 2, BATCH_APPEND)] and budget.batches == 1
+    assert shape(b.take_sendable(0.0)) == [(1, 0, 0, 0), (2, 0, 0, 0)]  # no slot: plain, nothing refused
+    assert ack(a, sends_a[1], 2) == [(1, True), (2, True)]
+    assert shape(a.take_sendable(0.0)) == [(2, 1, 3, BATCH_COMMIT_EOB)]  # committed, settled: over
+    assert budget.batches == 0
+    b.stored(1, 1, 0.1)
+    b.stored(2, 1, 0.1)
+    fill(b, 3, 4)
+    assert shape(b.take_sendable(0.2)) == [(3, 1, 1, BATCH_START), (4, 1, 2, BATCH_APPEND)]
+    assert budget.batches == 1
+    b.leave_budget()  # its source stopped with the batch open
+    assert budget.batches == 0

@@ -32,7 +32,7 @@ def test_oversize_message_is_not_sent_and_nothing_after_it() -> None:
     assert blocked is not None and blocked.stream_seq == 2 and "exceeds the target's limit of 200" in blocked.reason
     assert pipeline.take_sendable(now=1.0) == []  # no retry overtakes 1, still in flight
     assert pipeline.failures == 1
-    assert pipeline.stored(sent[0].entry.order, 1)
+    assert pipeline.stored(sent[0].entry.order, 1, 0.0)
     assert pipeline.watermark == 1
     # retried with backoff, still refused without being sent while the limit stays
     assert pipeline.take_sendable(now=1.0) == []
@@ -47,10 +47,10 @@ def test_raising_the_limit_unblocks_in_order() -> None:
     pipeline.size_limit = 1000
     probe = pipeline.take_sendable(now=1.0)
     assert [s.entry.stream_seq for s in probe] == [1]
-    assert pipeline.stored(probe[0].entry.order, probe[0].attempt)
+    assert pipeline.stored(probe[0].entry.order, probe[0].attempt, 0.0)
     rest = pipeline.take_sendable(now=1.0)
     assert [s.entry.stream_seq for s in rest] == [2]
-    assert pipeline.stored(rest[0].entry.order, rest[0].attempt)
+    assert pipeline.stored(rest[0].entry.order, rest[0].attempt, 0.0)
     assert pipeline.watermark == 2 and pipeline.blocked is None
 
 
@@ -69,7 +69,7 @@ def test_a_message_that_must_never_be_published_blocks_like_an_oversize_one() ->
     assert [s.entry.stream_seq for s in sent] == [1]
     blocked = pipeline.blocked
     assert blocked is not None and blocked.stream_seq == 2 and blocked.reason == "replication cycle: ..."
-    assert pipeline.stored(sent[0].entry.order, 1) and pipeline.watermark == 1
+    assert pipeline.stored(sent[0].entry.order, 1, 0.0) and pipeline.watermark == 1
     for now in (10.0, 100.0, 1000.0):  # probed again and again, never sent, nothing behind it either
         assert pipeline.take_sendable(now=now) == []
     assert pipeline.watermark == 1 and pipeline.blocked is not None
