@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -143,6 +144,36 @@ def test_a_failed_resize_keeps_the_window_and_waits() -> None:
     sizer.delivered(now, 256)
     sizer.requested(1000)
     assert sizer.released(now + 0.02) == 0  # not again before RETRY_AFTER
+
+
+@pytest.mark.parametrize("failed", [False, True], ids=["resized", "resize_failed"])
+def test_a_request_held_across_a_resize_times_no_round_trip(failed: bool) -> None:
+    """A request that found the window full comes while the update growing it is on its way; the update lands (or
+    its reply never comes), and its deliveries come a few milliseconds after the held request's answer: that is no
+    round trip of the link (a CI run measured 40 ms over a 50 ms link this way)."""
+    sizer = WindowSizer("s", 1000, 16 * MIB)
+    wanted, now = 0, 0.0
+    while not wanted:  # full windows over a 50 ms link until the sizer asks for more
+        now += 0.050
+        sizer.delivered(now, 256)
+        now += 1000 / 45_000
+        sizer.requested(1000)
+        wanted = sizer.released(now)
+    now += 0.050  # the answer and the update reach the origin; it fills the old window and asks again
+    sizer.delivered(now, 256)
+    rtt = sizer.rtt
+    assert rtt >= 0.050
+    sizer.requested(1000)
+    now += 0.010
+    if failed:
+        sizer.resize_failed(now)  # refused, or its reply lost: the consumer may have taken it all the same
+    else:
+        sizer.resized(wanted)
+    now += 0.005
+    assert sizer.released(now) == 0  # the held request's answer
+    now += 0.005
+    sizer.delivered(now, 256)  # what the update let out, 5 ms after that answer
+    assert sizer.rtt == rtt
 
 
 @settings(max_examples=examples(60), deadline=None)
