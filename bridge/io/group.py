@@ -28,11 +28,23 @@ class GroupRun(Generic[_T]):
     def __init__(self) -> None:
         self._asked = 0  # asks so far, numbered
         self._covered = 0  # the highest ask a finished run covers
-        self._result: _T | None = None  # the last finished run's
+        self._result: _T | None = None  # the last finished run's, while a caller it may cover is inside
+        self._inside = 0  # callers in ``run``
         self._running = False
         self._ended = anyio.Event()  # set when a run ends (then replaced)
 
     async def run(self, operation: Callable[[], Awaitable[_T]]) -> _T | None:
+        self._inside += 1
+        try:
+            return await self._run(operation)
+        finally:
+            self._inside -= 1
+            if not self._inside:
+                # a later ask is never covered by a finished run: nobody reads it again (a listing of every stream
+                # of an origin, kept per origin for as long as the process ran: 2.4 KB of every source's memory)
+                self._result = None
+
+    async def _run(self, operation: Callable[[], Awaitable[_T]]) -> _T | None:
         self._asked += 1
         ask = self._asked
         gathered = False

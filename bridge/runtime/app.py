@@ -52,6 +52,7 @@ from bridge.logs import Throttle, get_logger
 from bridge.observe.http import HttpServer, ListenError, Response, json_response, metrics_handler, parse_listen
 from bridge.observe.metrics import BridgeSnapshot, Metrics
 from bridge.observe.systemd import Notifier, watchdog_loop
+from bridge.runtime.flag import Flag
 from bridge.runtime.fleet import FleetRunner, SourceControl
 from bridge.runtime.fleet_thread import FleetThread
 from bridge.runtime.heap import HeapKeeper
@@ -86,8 +87,8 @@ class _SourceTask:
     def __init__(self, runner: SourceRunner, fence: Fence | None) -> None:
         self.runner = runner
         self.fence = fence  # with leases: the fence of the term it was started in
-        self.stop = anyio.Event()
-        self.done = anyio.Event()
+        self.stop = Flag()
+        self.done = Flag()
 
 
 class Bridge:
@@ -555,10 +556,12 @@ class Bridge:
                     sections=plan.restart_required,
                     hint="these sections apply on restart only",
                 )
-            self.config = self.config.model_copy(
-                update={"sources": new.sources, "source_defaults": new.source_defaults}
-            )
-            self._configured = {s.name: s for s in new.sources}
+            # a source whose configuration did not change keeps the object it runs with: the start-up's merge of the
+            # registry would otherwise hold a second copy of every source's (1.5 KB each)
+            old = self._configured
+            sources = [o if (o := old.get(s.name)) is not None and o == s else s for s in new.sources]
+            self.config = self.config.model_copy(update={"sources": sources, "source_defaults": new.source_defaults})
+            self._configured = {s.name: s for s in sources}
             self.provenance = merged.origins
             for name in plan.stop:
                 await self._stop_source(name)

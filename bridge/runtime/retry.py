@@ -28,6 +28,7 @@ import anyio
 
 from bridge.core.backoff import Backoff
 from bridge.logs import Throttle
+from bridge.runtime.flag import Waitable
 
 T = TypeVar("T")
 
@@ -70,7 +71,7 @@ class Retry:
 
 
 async def retry_until_stopped(
-    stop: anyio.Event,
+    stop: Waitable,
     attempt: Callable[[], Awaitable[T]],
     policy: RetryPolicy,
     *,

@@ -96,6 +96,7 @@ from bridge.io.shared import OriginConnections
 from bridge.logs import Throttle, get_logger
 from bridge.observe.metrics import SourceObservers, SourceSnapshot
 from bridge.ports import LeaseFence, OriginPort, PublisherPort, TargetPort
+from bridge.runtime.flag import Flag, Waitable
 from bridge.runtime.retry import RetryPolicy, RetryStep, retry_until_stopped
 from bridge.runtime.scouts import ReachGate
 from bridge.runtime.ticker import Ticker
@@ -248,9 +249,9 @@ class SourceRunner:
             self._emit,
         )
         self.mode: Choice | None = None
-        self.ready = anyio.Event()  # connected, consumer bound, first reset done
+        self.ready = Flag()  # connected, consumer bound, first reset done
         self._effects: deque[Effect] = deque()
-        self._wake = anyio.Event()
+        self._wake = Flag()
         self._changed: anyio.Event | None = None  # set while something waits in _wait_until (see _notify)
         self._connected = False
         self._publisher: PublisherPort | None = None
@@ -270,7 +271,7 @@ class SourceRunner:
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
-    async def run(self, stop: anyio.Event) -> None:
+    async def run(self, stop: Waitable) -> None:
         """Connect, bind the consumer, recover, replicate; on ``stop`` drain and return."""
         try:
             await self._run(stop)
@@ -281,7 +282,7 @@ class SourceRunner:
                 self._windows.release(self.source.name)
             self.engine.pipeline.leave_budget()  # nor counts among the process's publishes in flight
 
-    async def _run(self, stop: anyio.Event) -> None:
+    async def _run(self, stop: Waitable) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._start, stop, tg)
@@ -290,7 +291,7 @@ class SourceRunner:
             await self._watch_stop(stop, tg)
         await self._close()
 
-    async def _start(self, stop: anyio.Event, tg: TaskGroup) -> None:
+    async def _start(self, stop: Waitable, tg: TaskGroup) -> None:
         """Set up, then start the executor (and the ticker); the task ends there."""
         try:
             await self._setup(stop)
@@ -380,7 +381,7 @@ class SourceRunner:
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
-    async def _watch_stop(self, stop: anyio.Event, tg: TaskGroup) -> None:
+    async def _watch_stop(self, stop: Waitable, tg: TaskGroup) -> None:
         await stop.wait()
         if self._publisher is None:
             tg.cancel_scope.cancel()  # still setting up: nothing in flight to wait for
@@ -388,7 +389,7 @@ class SourceRunner:
         await self._shutdown()
         tg.cancel_scope.cancel()
 
-    async def _setup(self, stop: anyio.Event) -> None:
+    async def _setup(self, stop: Waitable) -> None:
         began: set[str] = set()  # what the source is waiting for now (source.waiting lines)
 
         def report(exc: BaseException, step: RetryStep) -> None:
@@ -935,7 +936,7 @@ class SourceRunner:
                 finally:
                     self._performing = False
             self._notify()
-            self._wake = anyio.Event()
+            self._wake = Flag()
             if not effects:
                 await self._wake.wait()
 

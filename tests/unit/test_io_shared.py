@@ -180,3 +180,4 @@ async def test_every_caller_gets_the_result_of_a_run_that_began_after_its_ask_an
     assert results == {"first": 10, "late-a": 20, "late-b": 20} and runs == [1, 2]
     assert await group.run(listing) is None  # run 3 failed: its callers do without
     assert await group.run(listing) == 40
+    assert group._result is None  # nobody inside: a listing of every stream is not kept for no one
