@@ -235,7 +235,7 @@ class SourceRunner:
         self._fence = fence
         self._on_config_error = on_config_error
         self.fenced = False  # the fence closed: nothing more is done for this source
-        self._resumed: anyio.Event | None = None  # what waits at a closed fence looks again once it is set
+        self._resumed: Flag | None = None  # what waits at a closed fence looks again once it is set
         self._paused_at: float | None = None  # the fence closed while the lease is kept: waiting since then
         self.log = get_logger(source=source.name)
         # the model is chosen once connected (`mode`); until then the configured one, or flow control for auto
@@ -252,7 +252,7 @@ class SourceRunner:
         self.ready = Flag()  # connected, consumer bound, first reset done
         self._effects: deque[Effect] = deque()
         self._wake = Flag()
-        self._changed: anyio.Event | None = None  # set while something waits in _wait_until (see _notify)
+        self._changed: Flag | None = None  # set while something waits in _wait_until (see _notify)
         self._connected = False
         self._publisher: PublisherPort | None = None
         self._tg: TaskGroup | None = None
@@ -346,7 +346,7 @@ class SourceRunner:
             if self.fenced or self._stopping:
                 return False
             if self._resumed is None or self._resumed.is_set():
-                self._resumed = anyio.Event()
+                self._resumed = Flag()
             with anyio.move_on_after(PAUSE_POLL if poll else math.inf):
                 await self._resumed.wait()
         return True
@@ -750,7 +750,7 @@ class SourceRunner:
         # woken on every executor pass, publish outcome and tick, so a condition on engine state is seen promptly
         while not condition():
             if self._changed is None:
-                self._changed = anyio.Event()
+                self._changed = Flag()
             await self._changed.wait()
 
     def _notify(self) -> None:
