@@ -19,6 +19,7 @@ from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.watch import STRANDED_CHECK, STRANDED_CONFIRM
 from bridge.errors import ApiTimeout
 from bridge.runtime import source as source_module
+from bridge.runtime.flag import Flag
 from bridge.runtime.scouts import ReachGate
 from bridge.runtime.source import QUIET_TICKS, SourceRunner
 from bridge.runtime.ticker import Ticker
@@ -518,7 +519,7 @@ async def test_a_quiet_engine_is_ticked_once_a_second_one_awaiting_acks_at_its_d
     def ticked(runner: SourceRunner, times: int) -> int:
         count = 0
         for _ in range(times):
-            changed = runner._changed = anyio.Event()  # as if something waited: every tick fed to the engine sets it
+            changed = runner._changed = Flag()  # as if something waited: every tick fed to the engine sets it
             ticker.tick()
             count += changed.is_set()
         return count
