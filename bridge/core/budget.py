@@ -14,10 +14,12 @@ leaves recovering their streams, its disk saturated), and 4,096 publishes queued
 seven seconds each. So the limit follows the acks (``answered``), by the time they spent queued at the hub: an ack's
 time less the quickest of the last minute or two (the round trip; a far hub's is not a queue). A queue longer than
 ``target`` (a quarter of the ack timeout) halves the limit, once for every publish sent after the previous cut (the
-ones sent before were queued under the old limit and say nothing new); one within half of ``target`` while at least
-half the limit is in use grows it by one, which doubles it in a round trip while the hub keeps up. Between the two it
-holds. The queue at the hub stays near ``target``, so a hub that suddenly stores three times slower still acks
-within the timeout, and one that keeps up is never kept waiting for work.
+ones sent before were queued under the old limit and say nothing new); every second ack queued within a quarter of
+``target``, while at least half the limit is in use, grows it by one: half again in a round trip while the hub keeps
+up. Between the two it holds. Growth overshoots by what one round trip adds before its acks tell (doubling per round
+trip, 0.5 s away, the queue reached 1.75 s, and a hub three times slower then took 6 s to ack: the property test
+found it); so the queue at the hub stays near a quarter of ``target``, at most about ``target``, a hub that suddenly
+stores three times slower still acks within the timeout, and one that keeps up is never kept waiting for work.
 
 Fast batches are counted the same way (``batch_room``, ``batch_opened``, ``batch_ended``): the server keeps at most
 1,000 open per stream, and a storm's backlogs would open one per source; beyond ``BATCHES`` a source publishes plain.
@@ -57,6 +59,7 @@ class PublishBudget:
         self.in_flight = 0
         self.batch_limit = batch_limit
         self.batches = 0  # fast batches open (``open_batch``), every source's together
+        self._quick = 0  # quick acks counted towards the next growth of the limit
         self._cut_at = float("-inf")  # when the limit was last halved: acks of publishes sent before cut nothing more
         # the quickest ack of this span and of the one before (the round trip, never taken above ``target``)
         self._quickest = self._quickest_before = float("inf")
@@ -107,8 +110,11 @@ class PublishBudget:
                 self.limit = max(self.floor, self.limit // 2)
                 self._cut_at = now
                 self.cuts += 1
-        elif took * 2 <= self.target and self.limit < self.ceiling and self.in_flight * 2 >= self.limit:
-            self.limit += 1
+        elif took * 4 <= self.target and self.limit < self.ceiling and self.in_flight * 2 >= self.limit:
+            self._quick += 1
+            if self._quick >= 2:
+                self._quick = 0
+                self.limit += 1
 
     @property
     def batch_room(self) -> bool:

@@ -210,14 +210,19 @@ def test_quick_acks_grow_the_limit_while_it_is_in_use_up_to_the_ceiling() -> Non
         budget.answered(0.0, 0.001)
     assert budget.limit == START
     budget.take(budget.limit - budget.in_flight)
-    budget.answered(0.0, 0.6)  # within half the target: quick enough
+    budget.answered(0.0, 0.3)  # within a quarter of the target: quick enough
+    assert budget.limit == START  # (one step for every two quick acks)
+    budget.answered(0.0, 0.3)
     assert budget.limit == START + 1
-    budget.answered(0.0, 0.8)  # between half the target and the target: holds
+    for _ in range(4):
+        budget.answered(0.0, 0.8)  # between a quarter of the target and the target: holds
     assert budget.limit == START + 1
     for _ in range(400):
         budget.take()
         budget.answered(0.0, 0.001)
     assert budget.limit == 600  # the ceiling (engine.publishes_in_flight)
+    budget.answered(0.0, 0.001)
+    assert budget.limit == 600
 
 
 def test_a_far_hubs_round_trip_is_not_a_queue() -> None:
@@ -230,7 +235,7 @@ def test_a_far_hubs_round_trip_is_not_a_queue() -> None:
         budget.answered(now, now + 0.9)
         budget.take()
         now += 0.01
-    assert budget.limit == START + 200 and budget.cuts == 0
+    assert budget.limit == START + 100 and budget.cuts == 0
     budget.answered(now, now + 0.9 + 1.3)
     assert budget.cuts == 1
     # the round trip counts at most the target: a hub 3 s away cuts the limit (the ack timeout is the user's to raise)
