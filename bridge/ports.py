@@ -99,6 +99,10 @@ class OriginPort(Protocol):
     """Whether the aggregate holds copies of this source, set by the runner: asked before a start position is
     applied to a consumer being created (``bridge.io.start``)."""
 
+    fence: Callable[[], bool] | None
+    """The source's lease fence, set by the runner: a flow-control answer written without waiting is dropped if it
+    closed before the answer leaves the process (``bridge.io.wire.flush_writes``)."""
+
     async def set_window(self, max_ack_pending: int) -> None:
         """Grow the managed consumer's ``max_ack_pending`` in place (a create of the same durable, as
         :meth:`set_rate_limit`; in pull mode it covers the requests in flight and is never lowered); later binds
@@ -184,8 +188,11 @@ class TargetPort(Protocol):
     @property
     def ack_timeout(self) -> float: ...
 
-    def publisher(self, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> PublisherPort:
-        """A publisher for one source; the acks of its publishes go to ``on_outcomes``, those of one read together."""
+    def publisher(
+        self, on_outcomes: Callable[[Sequence[AckOutcome]], None], fence: Callable[[], bool] | None = None
+    ) -> PublisherPort:
+        """A publisher for one source; the acks of its publishes go to ``on_outcomes``, those of one read together.
+        ``fence``: the source's lease fence, looked at again right before its publishes leave the process."""
 
     async def limits(self) -> TargetLimits: ...
 

@@ -122,8 +122,10 @@ class TargetSide:
     tail_reads: anyio.Semaphore = field(default_factory=lambda: anyio.Semaphore(CONCURRENT_TAIL_READS))
     infos: SharedReads = field(default_factory=SharedReads)
 
-    def publisher(self, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> SourcePublisher:
-        return SourcePublisher(self.nc, on_outcomes)
+    def publisher(
+        self, on_outcomes: Callable[[Sequence[AckOutcome]], None], fence: Callable[[], bool] | None = None
+    ) -> SourcePublisher:
+        return SourcePublisher(self.nc, on_outcomes, fence)
 
     async def _info(self, since: float) -> dict[str, Any]:
         return await self.infos.since(lambda: self.api.stream_info(self.stream, timeout=self.timeout), since)

@@ -69,6 +69,7 @@ class OriginClient:
         self.mode = mode  # set by the runner once chosen, before bind (bridge.core.modes)
         # whether the aggregate holds copies of this source (the runner's), asked before a start position is applied
         self.copies_exist: CopiesExist | None = None
+        self.fence: Callable[[], bool] | None = None  # the source's lease fence (the runner's): see answer_now
         self._stream: OriginStream | None = None  # what stream() last read of the origin stream
         pool = connections if connections is not None else OriginConnections()
         self._shared = pool.for_settings(source)
@@ -306,7 +307,7 @@ class OriginClient:
         nc: Any = self._nc
         if nc is None or not self._raw or not nc.is_connected or nc._transport is None:
             return False
-        wire.write_soon(nc, frames.encode_answer(effect.subject, effect.last_consumer, effect.last_stream))
+        wire.write_soon(nc, frames.encode_answer(effect.subject, effect.last_consumer, effect.last_stream), self.fence)
         return True
 
     def _connection(self, what: str) -> NATS:

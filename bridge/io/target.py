@@ -28,9 +28,15 @@ from bridge.io.connect import describe
 class SourcePublisher:
     """Publishes one source's messages and hands their acks to ``on_outcomes``, all those of one read together."""
 
-    def __init__(self, nc: NATS, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        on_outcomes: Callable[[Sequence[AckOutcome]], None],
+        fence: Callable[[], bool] | None = None,
+    ) -> None:
         self._nc = nc
         self._on_outcomes = on_outcomes
+        self._fence = fence  # the source's lease fence: its writes are dropped if it closed before they leave
         self._arrived: list[Frame] = []  # the acks of the read being parsed (wire.add_sink)
         self._inbox = nc.new_inbox()
         self._inbox_bytes = self._inbox.encode()
@@ -143,7 +149,7 @@ class SourcePublisher:
         # than through nats-py's flusher task (latency at low rates)
         data, failures = self._encode(batch, nc.max_payload)
         if data:
-            wire.write_soon(nc, data)  # with every other source's of this read: one write
+            wire.write_soon(nc, data, self._fence)  # with every other source's of this read: one write
         return failures
 
     async def _publish_buffered(self, batch: Sequence[Publication]) -> list[tuple[int, int, str]]:

@@ -295,16 +295,18 @@ def has_raw_writes(nc: Any) -> bool:
 
 
 class _Outbox:
-    """What this event-loop pass wrote to one connection with :func:`write_soon`, and the transport it was for."""
+    """What this event-loop pass wrote to one connection with :func:`write_soon`, the transport it was for, and the
+    fences of the parts written under one."""
 
-    __slots__ = ("parts", "transport")
+    __slots__ = ("fenced", "parts", "transport")
 
     def __init__(self, transport: Any) -> None:
         self.parts: list[bytes] = []
         self.transport = transport
+        self.fenced: list[tuple[int, Callable[[], bool]]] = []  # (index in parts, its source's fence)
 
 
-def write_soon(nc: Any, data: bytes) -> None:
+def write_soon(nc: Any, data: bytes, fence: Callable[[], bool] | None = None) -> None:
     """Write ``data`` to ``nc``'s socket at the end of this event-loop pass, in one call with everything else written
     so meanwhile, in order. Every source on a shared connection writes the publishes of one read: a system call
     each was a quarter of a busy 2,000-source process's time. For a connection that is up (``nc.is_connected``);
@@ -315,7 +317,10 @@ def write_soon(nc: Any, data: bytes) -> None:
     taken into the same write, ahead of ``data``, so nothing overtakes it; its flusher then finds nothing to write.
     Waiting for the flusher instead made every later write of the pass wait too: on a connection shared by a
     thousand sources, one API request sent every source's flow-control answers through the flusher and woke
-    each source's executor (half of them, 1,000 sources at 1 msg/s)."""
+    each source's executor (half of them, 1,000 sources at 1 msg/s).
+
+    ``fence``: the lease fence of the source whose publishes or answers ``data`` is; looked at again when the pass
+    writes, and ``data`` is dropped if it closed meanwhile (:func:`flush_writes`)."""
     outbox: _Outbox | None = getattr(nc, "_bridge_outbox", None)
     if outbox is None:
         outbox = nc._bridge_outbox = _Outbox(nc._transport)
@@ -325,19 +330,35 @@ def write_soon(nc: Any, data: bytes) -> None:
         outbox.parts.extend(pending)
         nc._pending = []
         nc._pending_data_size = 0
+    if fence is not None:
+        outbox.fenced.append((len(outbox.parts), fence))
     outbox.parts.append(data)
 
 
 def flush_writes(nc: Any) -> None:
     """Write now what :func:`write_soon` holds for ``nc`` (before anything that must follow it). Held for a
     connection replaced since, it is dropped, as if written to the old one just before it died: what it carried is
-    never acked, and the engine's ack timeouts and verification take it from there."""
+    never acked, and the engine's ack timeouts and verification take it from there.
+
+    A part whose source's fence closed since it was written is dropped the same way. A process stopped between a
+    source's fence check and this write (SIGSTOP, a paused VM) would otherwise send, when it wakes, publishes
+    decided under a lease another process may have taken meanwhile: duplicates in the aggregate once its duplicate
+    window has passed (seen in tests/integration/test_leases.py). What is left of that race is the few instructions
+    from here to the socket, and what the transport itself holds when the socket is full."""
     outbox: _Outbox | None = getattr(nc, "_bridge_outbox", None)
     if outbox is None:
         return
     nc._bridge_outbox = None
-    if outbox.transport is not None and outbox.transport is nc._transport:
-        outbox.transport.write(outbox.parts[0] if len(outbox.parts) == 1 else b"".join(outbox.parts))
+    if outbox.transport is None or outbox.transport is not nc._transport:
+        return
+    parts = outbox.parts
+    closed = [index for index, fence in outbox.fenced if not fence()]
+    if closed:
+        dropped = set(closed)
+        parts = [part for index, part in enumerate(parts) if index not in dropped]
+        if not parts:
+            return
+    outbox.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))
 
 
 def install(nc: Any) -> WireParser | None:

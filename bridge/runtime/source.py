@@ -230,6 +230,7 @@ class SourceRunner:
             origin if origin is not None else OriginClient(source, engine.reset_timeout, connections=connections)
         )
         self.origin.copies_exist = self._copies_exist
+        self.origin.fence = fence
         self.clock = clock
         self.observers = observers
         self._fence = fence
@@ -481,7 +482,7 @@ class SourceRunner:
         if self.engine.awaits_recovery:
             await self._recover(stream, bound.ack_floor)
         if self._publisher is None:
-            self._publisher = self.target.publisher(self._on_outcomes)
+            self._publisher = self.target.publisher(self._on_outcomes, self._fence)
             await self._publisher.start()
             self._target_epoch = self._publisher.epoch
         self._emit(self.engine.target_limits(await self._target_limits(), self.clock()))

@@ -150,6 +150,7 @@ class FakeOrigin:
     behind: bool = False  # what reading_behind says: the process has a backlog on this connection
     looks_soon: bool = False  # first_seq_soon answers (on the loop's next pass) rather than refusing
     copies_exist: Callable[[], Awaitable[bool]] | None = None  # set by the runner (OriginPort); unused here
+    fence: Callable[[], bool] | None = None  # set by the runner (OriginPort); unused here
     _receiver: Receiver | None = None
     _connected: bool = False
     _fc: int = 0
@@ -461,7 +462,9 @@ class FakeTarget:
 
     # -- TargetPort -----------------------------------------------------------------------------------------
 
-    def publisher(self, on_outcomes: Callable[[Sequence[AckOutcome]], None]) -> FakePublisher:
+    def publisher(
+        self, on_outcomes: Callable[[Sequence[AckOutcome]], None], fence: Callable[[], bool] | None = None
+    ) -> FakePublisher:
         self._on_outcomes = on_outcomes
         return FakePublisher(self)
 

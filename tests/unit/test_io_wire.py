@@ -641,3 +641,27 @@ async def test_writes_held_for_a_connection_replaced_since_are_not_written_to_th
     write_soon(nc, b"new")
     await anyio.lowlevel.checkpoint()
     assert nc._transport.writes == [b"new"]
+
+
+async def test_a_write_whose_fence_closed_before_the_pass_wrote_is_dropped_and_the_rest_goes() -> None:
+    """A process stopped (SIGSTOP, a paused VM) between a source's fence check and the end of the pass would, on
+    waking, send what it decided under a lease another process may hold by then: that source's parts are dropped,
+    everything else (other sources', nats-py's own commands) goes, in order."""
+    nc = _Client()
+    transport = nc._transport
+    assert transport is not None
+    open_a = [True]
+    nc.buffer(b"SUB")
+    write_soon(nc, b"a1", lambda: open_a[0])
+    write_soon(nc, b"b1", lambda: True)
+    write_soon(nc, b"a2", lambda: open_a[0])
+    write_soon(nc, b"c1")  # no lease
+    open_a[0] = False  # (the process slept here)
+    await anyio.lowlevel.checkpoint()
+    assert transport.writes == [b"SUBb1c1"]
+    write_soon(nc, b"a3", lambda: False)
+    await anyio.lowlevel.checkpoint()
+    assert transport.writes == [b"SUBb1c1"]  # nothing left to write: no empty write either
+    write_soon(nc, b"b2", lambda: True)
+    await anyio.lowlevel.checkpoint()
+    assert transport.writes == [b"SUBb1c1", b"b2"]
