@@ -352,10 +352,9 @@ def flush_writes(nc: Any) -> None:
     if outbox.transport is None or outbox.transport is not nc._transport:
         return
     parts = outbox.parts
-    closed = [index for index, fence in outbox.fenced if not fence()]
+    closed = {index for index, fence in outbox.fenced if not fence()}
     if closed:
-        dropped = set(closed)
-        parts = [part for index, part in enumerate(parts) if index not in dropped]
+        parts = [part for index, part in enumerate(parts) if index not in closed]
         if not parts:
             return
     outbox.transport.write(parts[0] if len(parts) == 1 else b"".join(parts))

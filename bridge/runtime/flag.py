@@ -1,10 +1,10 @@
 """A one-shot event for the many per-source waits (:class:`Flag`), and what a wait for a stop needs (:class:`Waitable`).
 
 Why not ``anyio.Event``: on asyncio it wraps an ``asyncio.Event``, whose empty waiter deque alone takes 760 bytes;
-every source held four (its runner's ``ready`` and wake-up, its task's ``stop`` and ``done``), about 3.6 KB of a
-quiet source's 39 (``tracemalloc``, 200 against 600 sources), and the runner makes a new wake-up on every wake
-(and a change event whenever something waits for one). A
-:class:`Flag` is two slots; its waiters' futures are a list made by the first wait. Same rules as ``anyio.Event``:
+every source held four at all times (its runner's ``ready`` and wake-up, its task's ``stop`` and ``done``), about
+3.6 KB of a quiet source's 39 (``tracemalloc``, 200 against 600 sources), and the runner makes a new wake-up on
+every wake, a change event whenever something waits for one. A :class:`Flag` is two slots; its waiters' futures are
+a list made by the first wait. Same rules as ``anyio.Event``:
 set once, never cleared; a wait on a set flag is still a checkpoint; a cancelled wait leaves nothing behind. One
 event loop only (no thread-safety, as ``asyncio.Event``)."""
 
