@@ -92,8 +92,9 @@ class OriginPort(Protocol):
 
     async def set_rate_limit(self, rate_limit: int) -> None:
         """Take a new ``rate_limit`` (bytes per second, 0: none) in place: in flow-control mode the managed consumer
-        is updated (a create of the same durable: its position and deliveries are untouched); raises the
-        ``bridge.errors`` family. In pull mode nothing changes on the server."""
+        is updated (``action: update`` of the same durable: its position and deliveries are untouched; a consumer
+        that does not exist is not created: ``OriginUnavailable``); raises the ``bridge.errors`` family. In pull
+        mode nothing changes on the server."""
 
     copies_exist: Callable[[], Awaitable[bool]] | None
     """Whether the aggregate holds copies of this source, set by the runner: asked before a start position is
@@ -104,7 +105,7 @@ class OriginPort(Protocol):
     closed before the answer leaves the process (``bridge.io.wire.flush_writes``)."""
 
     async def set_window(self, max_ack_pending: int) -> None:
-        """Grow the managed consumer's ``max_ack_pending`` in place (a create of the same durable, as
+        """Grow the managed consumer's ``max_ack_pending`` in place (an update of the same durable, as
         :meth:`set_rate_limit`; in pull mode it covers the requests in flight and is never lowered); later binds
         keep it. Raises the ``bridge.errors`` family."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from bridge.core.frames import Frame
 from bridge.core.headers import parse_header_block
@@ -53,11 +54,28 @@ def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] |
         return AckOutcome(order, attempt, False, error=f"undecodable publish ack {data[:80]!r}")
     err = body.get("error")
     if err:
-        text = f"{err.get('description', 'error')} (code {err.get('code')}, err_code {err.get('err_code')})"
-        return AckOutcome(order, attempt, False, error=text)
+        return AckOutcome(order, attempt, False, error=error_text(err))
     if body.get("seq") is None:
         return AckOutcome(order, attempt, False, error=f"publish ack without seq: {body!r}"[:200])
     return AckOutcome(order, attempt, True, duplicate=bool(body.get("duplicate")))
+
+
+ID_IN_PROCESS = 10158  # "duplicate message id is in process"
+_EXPLAINED = {
+    ID_IN_PROCESS: (
+        "a leader of the aggregate still marks this id from a proposal lost when leadership moved; it refuses the "
+        "id until the aggregate's duplicate_window ends, then the re-send is stored"
+    ),
+}
+
+
+def error_text(err: Mapping[str, Any]) -> str:
+    """A publish ack's error as the bridge reports it: the server's words, its codes, and what an error a person
+    could not place means."""
+    code = err.get("err_code")
+    text = f"{err.get('description', 'error')} (code {err.get('code')}, err_code {code})"
+    why = _EXPLAINED.get(code) if isinstance(code, int) else None
+    return f"{text}: {why}" if why else text
 
 
 def parse_batch_reply(tail: str, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:
@@ -110,7 +128,7 @@ def parse_batch_reply(tail: str, data: bytes, headers: Mapping[str, str] | None)
         if not isinstance(err, dict):
             err = {}
         code = int(err.get("err_code") or 0)
-        text = f"{err.get('description', 'error')} (code {err.get('code')}, err_code {code})"
+        text = error_text(err)
         first = int(body.get("seq") or bseq) if kind == "err" else bseq
         return AckOutcome(order, attempt, False, error=text, batch=batch, bseq=first, ended=True, code=code)
     if "count" in body:  # the commit's publish ack: members 1..count are stored, none after

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 from bridge.config import SourceConfig
 from bridge.core.effects import BoundConsumer
 from bridge.core.modes import Choice, ConsumerKind, Mode, choose_mode
-from bridge.errors import ConsumerUnfit
-from bridge.io.jsapi import ApiError, JsApi, seconds_ns, server_level
+from bridge.errors import ConsumerUnfit, OriginUnavailable
+from bridge.io.jsapi import CONSUMER_DOES_NOT_EXIST, ApiError, JsApi, seconds_ns, server_level
 
 HEARTBEAT_NS = 1_000_000_000  # flow_control consumers must use exactly 1 s (server-enforced)
 MIN_ACK_WAIT_NS = 1_000_000_000  # below it, a publish to the aggregate and its ack may outlast the ack wait
@@ -220,18 +220,31 @@ async def ensure_consumer(
     timeout: float,
     mode: Mode,
     deliver: Mapping[str, Any] | None = None,
+    update_only: bool = False,
 ) -> dict[str, Any]:
     """Create/repair (managed) or look up and vet (bound) the source's consumer for ``mode``; return its info.
+    ``update_only`` (managed): update the consumer's settings, never create it (a consumer deleted by an operator
+    is the engine's discontinuity to notice, and its resync's bind creates it again).
 
-    Raises ``ConsumerUnfit`` when it cannot be created or does not fit, and the ``bridge.errors`` API errors.
+    Raises ``ConsumerUnfit`` when it cannot be created or does not fit, ``OriginUnavailable`` when an update
+    found no consumer, and the ``bridge.errors`` API errors.
     """
     pull = mode is Mode.PULL
     if manage:
         try:
             info = await api.create_consumer(
-                source.stream, desired_for(mode, source, deliver), pedantic=True, timeout=timeout
+                source.stream,
+                desired_for(mode, source, deliver),
+                pedantic=True,
+                timeout=timeout,
+                update_only=update_only,
             )
         except ApiError as exc:
+            if update_only and exc.err_code == CONSUMER_DOES_NOT_EXIST:
+                raise OriginUnavailable(
+                    f"consumer {source.stream}/{source.consumer} does not exist: not updated (the source's next "
+                    "bind creates it)"
+                ) from exc
             fixed = (
                 "ack_policy, deliver_policy, a push consumer's deliver_subject"
                 if pull

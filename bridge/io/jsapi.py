@@ -28,6 +28,7 @@ from bridge.io.connect import describe
 
 __all__ = [
     "ANY_SUBJECT",
+    "CONSUMER_DOES_NOT_EXIST",
     "CONSUMER_EXISTS",
     "CONSUMER_NOT_FOUND",
     "NO_MESSAGE_FOUND",
@@ -45,6 +46,7 @@ __all__ = [
 # err_code values the bridge reacts to (nats-server server/errors.json)
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
+CONSUMER_DOES_NOT_EXIST = 10149  # an update (``action: update``) of a durable that does not exist
 STREAM_NAME_IN_USE = 10058  # a stream create met an existing stream with another configuration
 CONSUMER_EXISTS = 10148  # a create-only consumer create met an existing durable with another configuration
 NO_MESSAGE_FOUND = 10037  # STREAM.MSG.GET: nothing at (or after) the sequence; a missing stream is also a 404
@@ -88,12 +90,22 @@ class JsApi:
             raise
 
     async def create_consumer(
-        self, stream: str, config: dict[str, Any], *, pedantic: bool = True, timeout: float = 5.0
+        self,
+        stream: str,
+        config: dict[str, Any],
+        *,
+        pedantic: bool = True,
+        timeout: float = 5.0,
+        update_only: bool = False,
     ) -> dict[str, Any]:
-        """Create or update a durable (``CONSUMER.CREATE.<stream>.<name>``); pedantic: the server forces nothing."""
+        """Create or update a durable (``CONSUMER.CREATE.<stream>.<name>``); pedantic: the server forces nothing.
+        ``update_only``: ``action: update`` (2.10+), so a durable that does not exist is refused
+        (:data:`CONSUMER_DOES_NOT_EXIST`), never created."""
         body: dict[str, Any] = {"stream_name": stream, "config": config}
         if pedantic:
             body["pedantic"] = True
+        if update_only:
+            body["action"] = "update"
         return await self.request(f"CONSUMER.CREATE.{stream}.{config['durable_name']}", body, timeout)
 
     async def add_consumer(self, stream: str, config: dict[str, Any], *, timeout: float = 5.0) -> dict[str, Any]:

@@ -153,7 +153,7 @@ class OriginClient:
             raise _unavailable(f"consumer {src.stream}/{src.consumer}", exc) from exc
         return consumer_kind(info) if info is not None else None
 
-    async def bind(self) -> BoundConsumer:
+    async def bind(self, *, update_only: bool = False) -> BoundConsumer:
         src, api = self.source, self._jsapi()
         problem = several_filters_problem(src, self._stream.api_level) if self._stream is not None else None
         if problem is not None:
@@ -162,7 +162,13 @@ class OriginClient:
         if src.manage_consumer and src.start_position != "all":
             deliver, note = await creation_fields(api, src, self.mode, self.timeout, self.copies_exist)
         info = await ensure_consumer(
-            api, src, manage=src.manage_consumer, timeout=self.timeout, mode=self.mode, deliver=deliver
+            api,
+            src,
+            manage=src.manage_consumer,
+            timeout=self.timeout,
+            mode=self.mode,
+            deliver=deliver,
+            update_only=update_only,
         )
         self._filters = consumer_filters(info)
         start_seq = start_seq_of(info)
@@ -191,10 +197,12 @@ class OriginClient:
 
     async def _update_consumer(self, consumer: bool, **settings: int) -> None:
         """Take ``settings`` into the source's configuration (later binds keep them) and, when they are the
-        ``consumer``'s and it is managed, into the consumer now: a create of the same durable is an update."""
+        ``consumer``'s and it is managed, into the consumer now (an update, never a create: a consumer an operator
+        deleted is not brought back behind the engine's back, whose discontinuity rules would then meet deliveries
+        numbered from 1 again and reset for another client's act)."""
         self.source = self.source.model_copy(update=settings)
         if consumer and self.source.manage_consumer:
-            await self.bind()
+            await self.bind(update_only=True)
 
     async def reset(self, seq: int | None) -> ResetReply:
         src = self.source

@@ -166,6 +166,17 @@ def test_batch_refusals_gaps_and_commits_say_where_the_batch_ends() -> None:
     assert commit.batch == 3
 
 
+def test_an_id_in_process_is_explained_plain_or_in_a_batch() -> None:
+    # what an operator reads in publish.blocked: why the aggregate refuses, and that the wait ends by itself
+    body = b'{"error":{"code":409,"err_code":10158,"description":"duplicate message id is in process"}}'
+    for outcome in (parse_pub_ack(b"7.2", body, None), parse_pub_ack(BATCH_TAIL, body, None)):
+        assert outcome is not None and not outcome.stored
+        assert outcome.error.startswith("duplicate message id is in process (code 409, err_code 10158): ")
+        assert "until the aggregate's duplicate_window ends" in outcome.error
+    plain = parse_pub_ack(b"7.2", b'{"error":{"code":400,"err_code":10071,"description":"bad"}}', None)
+    assert plain is not None and plain.error == "bad (code 400, err_code 10071)"
+
+
 def test_a_batch_reply_subject_that_is_not_ours_is_left_out() -> None:
     from bridge.core.targetwire import parse_pub_ack
 

@@ -15,7 +15,7 @@ from bridge.config import SourceConfig
 from bridge.core.effects import BoundConsumer, OriginMessage
 from bridge.core.modes import ConsumerKind, Mode
 from bridge.core.subjects import subject_matches
-from bridge.errors import ApiError, ApiUnavailable, ConsumerUnfit
+from bridge.errors import ApiError, ApiUnavailable, ConsumerUnfit, OriginUnavailable
 from bridge.io.consumer import (
     bound_consumer,
     consumer_kind,
@@ -149,9 +149,17 @@ class StubApi:
         self.created: list[tuple[dict[str, Any], bool]] = []
 
     async def create_consumer(
-        self, stream: str, config: dict[str, Any], *, pedantic: bool = True, timeout: float = 5.0
+        self,
+        stream: str,
+        config: dict[str, Any],
+        *,
+        pedantic: bool = True,
+        timeout: float = 5.0,
+        update_only: bool = False,
     ) -> dict[str, Any]:
         self.created.append((config, pedantic))
+        if update_only and config["durable_name"] not in self.existing:  # as nats-server answers action: update
+            raise ApiError(f"$JS.API.CONSUMER.CREATE.{stream}", 400, 10149, "consumer does not exist")
         if self.refuse:
             raise ApiError(f"$JS.API.CONSUMER.CREATE.{stream}", 400, 10012, self.refuse)
         self.existing[config["durable_name"]] = config
@@ -171,6 +179,18 @@ async def test_a_managed_source_creates_the_consumer_of_its_mode_pedantically() 
         api = StubApi()
         await ensure_consumer(cast(JsApi, api), src, manage=True, timeout=1, mode=mode)
         assert api.created == [(config, True)]
+
+
+async def test_an_update_never_creates_a_consumer_that_is_gone() -> None:
+    # a resize or a new rate limit of a consumer an operator deleted: the engine's discontinuity re-creates it
+    src = source()
+    api = StubApi()
+    with pytest.raises(OriginUnavailable, match="does not exist: not updated"):
+        await ensure_consumer(cast(JsApi, api), src, manage=True, timeout=1, mode=Mode.PULL, update_only=True)
+    assert src.consumer not in api.existing
+    await ensure_consumer(cast(JsApi, api), src, manage=True, timeout=1, mode=Mode.PULL)
+    await ensure_consumer(cast(JsApi, api), src, manage=True, timeout=1, mode=Mode.PULL, update_only=True)
+    assert len(api.created) == 3
 
 
 async def test_a_refused_create_names_the_mode() -> None:

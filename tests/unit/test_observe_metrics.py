@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bridge.core.targetwire import error_text
 from bridge.observe.metrics import BridgeSnapshot, Metrics, SourceSnapshot, publish_error_reason
 
 
@@ -128,6 +129,7 @@ def test_per_event_metrics_are_labelled_by_source() -> None:
         ("maximum messages exceeded (code 503, err_code 10077)", "limit"),
         ("Permissions Violation for Publish to agg.x", "permission"),
         ("wrong last sequence (code 400, err_code 10071)", "rejected"),
+        (error_text({"code": 409, "err_code": 10158, "description": "duplicate message id is in process"}), "rejected"),
         ("something new", "other"),
     ],
 )
