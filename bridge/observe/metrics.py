@@ -8,6 +8,7 @@ replication latency of every stored message, the flow-control answer latency, pu
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -168,6 +169,7 @@ _REASONS = (
     ("permission", ("permission",)),
     ("rejected", ("code ",)),
 )
+PUBLISH_ERROR_REASONS = (*(reason for reason, _ in _REASONS), "other")
 
 
 class _Histograms:
@@ -224,6 +226,15 @@ class Metrics:
 
     def observers(self, source: str) -> SourceObservers:
         return SourceObservers(self, source)
+
+    def forget(self, source: str) -> None:
+        """Drop the series of ``source``, removed from the configuration (sites come and go live: a series for each
+        one ever configured would grow without end). Its gauges are the snapshot's, which no longer holds it."""
+        self.latency.by_source.pop(source, None)
+        self.fc_latency.by_source.pop(source, None)
+        for reason in PUBLISH_ERROR_REASONS:
+            with contextlib.suppress(KeyError):  # (prometheus-client versions differ on an absent series)
+                self.publish_errors.remove(source, reason)
 
     def read_from(self, snapshot: Callable[[], BridgeSnapshot]) -> None:
         """Where scrape-time values come from (the running bridge)."""

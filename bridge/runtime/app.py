@@ -565,6 +565,8 @@ class Bridge:
             self.provenance = merged.origins
             for name in plan.stop:
                 await self._stop_source(name)
+            for name in plan.removed:
+                self.metrics.forget(name)
             for name in plan.retune:
                 await self._tasks[name].runner.retune(self._configured[name])
             for name in plan.start:

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from bridge.testing.configs import ORIGIN, SourceSpec, config_text, toml_value
-from bridge.testing.http import http_port, readyz
+from bridge.testing.http import http_get, http_port, readyz
 from bridge.testing.jetstream import (
     Publisher,
     connect,
@@ -162,10 +162,15 @@ async def test_add_change_remove_live_with_a_twin_under_traffic(
 
         owner = await owner_of(procs, "edge2")
         assert owner is not None
+        status, scraped = await http_get(await http_port(owner), "/metrics")
+        assert status == 200 and b'source="edge2"' in scraped
         code, out, err = await cli("sources", "remove", "-c", str(config), "edge2")
         assert code == 0, err
         await wait_until(lambda: both_know(procs, "edge2", False), timeout=15, what="edge2 gone from both")
         assert owner.events("lease.released", source="edge2") or owner.events("source.stopped", source="edge2")
+        # nor any series of it: sites come and go, the metrics of those gone do not stay
+        status, scraped = await http_get(await http_port(owner), "/metrics")
+        assert status == 200 and b'source="edge1"' in scraped and b'source="edge2"' not in scraped
         code, out, err = await cli("sources", "remove", "-c", str(config), "edge2")
         assert code == 2 and "edge2: not in the registry" in err, err
     for proc in procs:

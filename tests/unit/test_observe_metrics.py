@@ -118,6 +118,23 @@ def test_per_event_metrics_are_labelled_by_source() -> None:
     assert s[("nats_bridge_publish_errors_total", (("reason", "limit"), ("source", "a")))] == 1
 
 
+def test_a_removed_source_leaves_no_series() -> None:
+    metrics = Metrics()
+    for name in ("a", "b"):
+        observers = metrics.observers(name)
+        observers.latency.observe(0.02)
+        observers.fc_latency.observe(0.001)
+        observers.publish_error("no publish ack within 5s")
+        observers.publish_error("something new")
+    metrics.forget("a")
+    metrics.forget("never-configured")  # nothing to drop: no error
+    sources = {dict(labels).get("source") for (_, labels) in _samples(metrics)}
+    assert "a" not in sources and "b" in sources
+    assert _samples(metrics)[("nats_bridge_publish_errors_total", (("reason", "other"), ("source", "b")))] == 1
+    metrics.observers("a").latency.observe(0.5)  # the name configured again: counted from zero
+    assert _samples(metrics)[("nats_bridge_replication_latency_seconds_count", (("source", "a"),))] == 1
+
+
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
