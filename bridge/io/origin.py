@@ -44,7 +44,7 @@ from bridge.io.consumer import (
 )
 from bridge.io.jsapi import ApiError, ApiTimeout, ApiUnavailable, JsApi, server_level
 from bridge.io.shared import Member, OriginConnections, names_source
-from bridge.io.start import APPLIED, CopiesExist, creation_fields, start_seq_of
+from bridge.io.start import APPLIED, CopiesExist, creation_fields, deliver_fields, start_seq_of
 from bridge.ports import Callback, ErrorCallback, Gate, Receiver
 
 PENDING_BYTES = 512 * 1024 * 1024
@@ -160,7 +160,13 @@ class OriginClient:
             raise ConsumerUnfit(problem)
         deliver, note = None, ""
         if src.manage_consumer and src.start_position != "all":
-            deliver, note = await creation_fields(api, src, self.mode, self.timeout, self.copies_exist)
+            if update_only:
+                # the consumer's own deliver fields (an update cannot change them); without a consumer, the update
+                # is refused: no start to work out
+                found = await api.find_consumer(src.stream, src.consumer, timeout=self.timeout)
+                deliver = deliver_fields(found) if found is not None else None
+            else:
+                deliver, note = await creation_fields(api, src, self.mode, self.timeout, self.copies_exist)
         info = await ensure_consumer(
             api,
             src,

@@ -31,16 +31,28 @@ async def _noop_error(exc: Exception) -> None:
     pass
 
 
+@pytest.mark.parametrize("start", [None, 3], ids=["all", "start-sequence"])
 @pytest.mark.parametrize("mode", [Mode.PULL, Mode.FLOW_CONTROL], ids=["pull", "flow_control"])
 async def test_an_update_keeps_the_position_and_never_creates_a_deleted_consumer(
-    origin: NatsServer, mode: Mode
+    origin: NatsServer, mode: Mode, start: int | None
 ) -> None:
-    source = SourceConfig(name="edge1", servers=[origin.url], stream=STREAM, max_ack_pending=WINDOW)
+    source = SourceConfig(
+        name="edge1", servers=[origin.url], stream=STREAM, max_ack_pending=WINDOW, start_sequence=start
+    )
+    pending = 5 if start is None else 5 - start + 1
+    asked: list[str] = []
+
+    async def copies_exist() -> bool:  # asked before a start is applied: by a create, never by an update
+        asked.append("copies_exist")
+        return False
+
     async with connect(origin.url) as nc:
-        await create_stream(nc, STREAM, ["o.>"], retention="workqueue")
+        # (pull mode cannot start a WorkQueue consumer past its first message before 2.14)
+        await create_stream(nc, STREAM, ["o.>"], retention="workqueue" if start is None else "limits")
         for i in range(5):
             await nc.jetstream().publish(f"o.{i}", b"x")
         client = OriginClient(source, timeout=5.0, mode=mode)
+        client.copies_exist = copies_exist
         await client.connect(on_disconnected=_noop, on_reconnected=_noop, on_error=_noop_error)
         try:
             level = (await client.stream()).api_level
@@ -50,12 +62,15 @@ async def test_an_update_keeps_the_position_and_never_creates_a_deleted_consumer
             name = source.consumer
             before = await consumer_info(nc, STREAM, name)
             assert before["config"]["max_ack_pending"] == WINDOW
+            created_asks = len(asked)
 
             await client.set_window(WINDOW * 4)
             after = await consumer_info(nc, STREAM, name)
             assert after["config"]["max_ack_pending"] == WINDOW * 4
             assert after["created"] == before["created"]  # the same consumer, updated
-            assert after["num_pending"] == before["num_pending"] == 5
+            assert after["num_pending"] == before["num_pending"] == pending
+            assert after["config"]["deliver_policy"] == before["config"]["deliver_policy"]
+            assert len(asked) == created_asks
 
             await js_request(nc, f"CONSUMER.DELETE.{STREAM}.{name}")
             with pytest.raises(OriginUnavailable, match="does not exist: not updated"):
@@ -64,12 +79,13 @@ async def test_an_update_keeps_the_position_and_never_creates_a_deleted_consumer
                 with pytest.raises(OriginUnavailable, match="does not exist: not updated"):
                     await client.set_rate_limit(1_000_000)
             assert not await consumer_exists(nc, STREAM, name)
+            assert len(asked) == created_asks
 
             # the resync's bind creates it again, with what the updates took in
             await client.bind()
             again = await consumer_info(nc, STREAM, name)
             assert again["config"]["max_ack_pending"] == WINDOW * 16
-            assert again["num_pending"] == 5
+            assert again["num_pending"] == pending
             if mode is Mode.FLOW_CONTROL:
                 assert again["config"]["rate_limit_bps"] == 8 * 1_000_000  # bytes per second, the server counts bits
         finally:
