@@ -103,10 +103,16 @@ async def restart(cluster: HubCluster, node: NatsServer, *, kill: bool) -> float
     return round(time.monotonic() - began, 2)
 
 
+# a publish refused because a former leader still marks its id "in process" (err_code 10158: nats-server keeps a
+# lost proposal's id until the duplicate window ends, README "Ids in process after a step-down") waits up to this
+# window: CI saw it at the default two minutes, longer than a test's waits. The product's floor is 2 x ack_timeout.
+DUPLICATE_WINDOW = 30.0
+
+
 async def twins(config: Path, bridge_procs: BridgeFactory, leaf_nc: Client, hub_nc: Client) -> list[BridgeProcess]:
     """The WorkQueue origin, the aggregate R3, and two processes of ``config`` (``p0``, ``p1``), one owning edge1."""
     await create_stream(leaf_nc, ORIGIN, ["orders.>"], retention="workqueue")
-    await create_aggregate(hub_nc, num_replicas=3)
+    await create_aggregate(hub_nc, num_replicas=3, duplicate_window=DUPLICATE_WINDOW)
     procs = [fleet_instance(bridge_procs, config, "p0"), fleet_instance(bridge_procs, config, "p1")]
     await owner(procs)
     return procs
@@ -267,10 +273,6 @@ async def test_the_leader_killed_then_the_owner_a_standby_recovers_in_the_sideca
 
 
 STEPDOWNS = 12
-# a publish refused because a former leader still marks its id "in process" (err_code 10158: nats-server keeps a
-# lost proposal's id until the duplicate window ends, README "Ids in process after a step-down") waits up to this
-# window: CI saw it at the default two minutes, longer than a step's wait. The product's floor is 2 x ack_timeout.
-DUPLICATE_WINDOW = 30.0
 # a move every 2,100 copies or so: two publish windows (1,024) between moves, each move under a full one (it runs
 # on two server versions in CI: 60,000 took 47-67 s of each lane, mostly the R3 aggregate's servers)
 BACKLOG = 30_000
