@@ -61,21 +61,18 @@ def parse_pub_ack(subject_tail: bytes, data: bytes, headers: Mapping[str, str] |
 
 
 ID_IN_PROCESS = 10158  # "duplicate message id is in process"
-_EXPLAINED = {
-    ID_IN_PROCESS: (
-        "a leader of the aggregate still marks this id from a proposal lost when leadership moved; it refuses the "
-        "id until the aggregate's duplicate_window ends, then the re-send is stored"
-    ),
-}
+_IN_PROCESS_WHY = (
+    "a leader of the aggregate still marks this id from a proposal lost when leadership moved; it refuses the id "
+    "until the aggregate's duplicate_window ends, then the re-send is stored"
+)
 
 
 def error_text(err: Mapping[str, Any]) -> str:
-    """A publish ack's error as the bridge reports it: the server's words, its codes, and what an error a person
-    could not place means."""
+    """A publish ack's error as the bridge reports it: the server's words and codes, and for an id "in process"
+    (which a person could not place) what it means."""
     code = err.get("err_code")
     text = f"{err.get('description', 'error')} (code {err.get('code')}, err_code {code})"
-    why = _EXPLAINED.get(code) if isinstance(code, int) else None
-    return f"{text}: {why}" if why else text
+    return f"{text}: {_IN_PROCESS_WHY}" if code == ID_IN_PROCESS else text
 
 
 def parse_batch_reply(tail: str, data: bytes, headers: Mapping[str, str] | None) -> AckOutcome | None:

@@ -237,7 +237,7 @@ async def ensure_consumer(
                 desired_for(mode, source, deliver),
                 pedantic=True,
                 timeout=timeout,
-                update_only=update_only,
+                action="update" if update_only else None,
             )
         except ApiError as exc:
             if update_only and exc.err_code == CONSUMER_DOES_NOT_EXIST:

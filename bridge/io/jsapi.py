@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
@@ -96,23 +96,22 @@ class JsApi:
         *,
         pedantic: bool = True,
         timeout: float = 5.0,
-        update_only: bool = False,
+        action: Literal["create", "update"] | None = None,
     ) -> dict[str, Any]:
         """Create or update a durable (``CONSUMER.CREATE.<stream>.<name>``); pedantic: the server forces nothing.
-        ``update_only``: ``action: update`` (2.10+), so a durable that does not exist is refused
-        (:data:`CONSUMER_DOES_NOT_EXIST`), never created."""
+        ``action`` (2.10+): ``update`` refuses a durable that does not exist (:data:`CONSUMER_DOES_NOT_EXIST`),
+        never creating it; ``create`` (:meth:`add_consumer`) never updates one."""
         body: dict[str, Any] = {"stream_name": stream, "config": config}
         if pedantic:
             body["pedantic"] = True
-        if update_only:
-            body["action"] = "update"
+        if action is not None:
+            body["action"] = action
         return await self.request(f"CONSUMER.CREATE.{stream}.{config['durable_name']}", body, timeout)
 
     async def add_consumer(self, stream: str, config: dict[str, Any], *, timeout: float = 5.0) -> dict[str, Any]:
         """Create a durable, never update one: ``action: create`` (and pedantic). An existing durable with the same
         configuration is answered as created; with another one the server refuses (:data:`CONSUMER_EXISTS`)."""
-        body: dict[str, Any] = {"stream_name": stream, "config": config, "action": "create", "pedantic": True}
-        return await self.request(f"CONSUMER.CREATE.{stream}.{config['durable_name']}", body, timeout)
+        return await self.create_consumer(stream, config, timeout=timeout, action="create")
 
     async def create_stream(self, config: dict[str, Any], *, timeout: float = 5.0) -> dict[str, Any]:
         """``STREAM.CREATE.<name>``: never updates; an existing stream with another configuration is refused

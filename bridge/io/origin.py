@@ -153,28 +153,16 @@ class OriginClient:
             raise _unavailable(f"consumer {src.stream}/{src.consumer}", exc) from exc
         return consumer_kind(info) if info is not None else None
 
-    async def bind(self, *, update_only: bool = False) -> BoundConsumer:
+    async def bind(self) -> BoundConsumer:
         src, api = self.source, self._jsapi()
         problem = several_filters_problem(src, self._stream.api_level) if self._stream is not None else None
         if problem is not None:
             raise ConsumerUnfit(problem)
         deliver, note = None, ""
         if src.manage_consumer and src.start_position != "all":
-            if update_only:
-                # the consumer's own deliver fields (an update cannot change them); without a consumer, the update
-                # is refused: no start to work out
-                found = await api.find_consumer(src.stream, src.consumer, timeout=self.timeout)
-                deliver = deliver_fields(found) if found is not None else None
-            else:
-                deliver, note = await creation_fields(api, src, self.mode, self.timeout, self.copies_exist)
+            deliver, note = await creation_fields(api, src, self.mode, self.timeout, self.copies_exist)
         info = await ensure_consumer(
-            api,
-            src,
-            manage=src.manage_consumer,
-            timeout=self.timeout,
-            mode=self.mode,
-            deliver=deliver,
-            update_only=update_only,
+            api, src, manage=src.manage_consumer, timeout=self.timeout, mode=self.mode, deliver=deliver
         )
         self._filters = consumer_filters(info)
         start_seq = start_seq_of(info)
@@ -206,9 +194,18 @@ class OriginClient:
         ``consumer``'s and it is managed, into the consumer now (an update, never a create: a consumer an operator
         deleted is not brought back behind the engine's back, whose discontinuity rules would then meet deliveries
         numbered from 1 again and reset for another client's act)."""
-        self.source = self.source.model_copy(update=settings)
-        if consumer and self.source.manage_consumer:
-            await self.bind(update_only=True)
+        self.source = src = self.source.model_copy(update=settings)
+        if not (consumer and src.manage_consumer):
+            return
+        api, deliver = self._jsapi(), None
+        if src.start_position != "all":
+            # the consumer's own deliver fields (an update cannot change them); without a consumer the update is
+            # refused: no start to work out
+            found = await api.find_consumer(src.stream, src.consumer, timeout=self.timeout)
+            deliver = deliver_fields(found) if found is not None else None
+        await ensure_consumer(
+            api, src, manage=True, timeout=self.timeout, mode=self.mode, deliver=deliver, update_only=True
+        )
 
     async def reset(self, seq: int | None) -> ResetReply:
         src = self.source

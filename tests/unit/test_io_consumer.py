@@ -155,10 +155,10 @@ class StubApi:
         *,
         pedantic: bool = True,
         timeout: float = 5.0,
-        update_only: bool = False,
+        action: str | None = None,
     ) -> dict[str, Any]:
         self.created.append((config, pedantic))
-        if update_only and config["durable_name"] not in self.existing:  # as nats-server answers action: update
+        if action == "update" and config["durable_name"] not in self.existing:  # as nats-server answers it
             raise ApiError(f"$JS.API.CONSUMER.CREATE.{stream}", 400, 10149, "consumer does not exist")
         if self.refuse:
             raise ApiError(f"$JS.API.CONSUMER.CREATE.{stream}", 400, 10012, self.refuse)
